@@ -1,0 +1,68 @@
+"""Names shared by every part: resources, annotations, labels, the CRD, enums.
+
+They are the default names; the chart may rename resources, never the schemas.
+"""
+
+from typing import Final
+
+# Resources a container asks for.
+RESOURCE_GPU: Final = "nvidia.com/gpu"
+RESOURCE_VGPU: Final = "infergrid.io/vgpu"
+RESOURCE_GPU_MEMORY: Final = "infergrid.io/gpu-memory"
+RESOURCE_GPU_CORES: Final = "infergrid.io/gpu-cores"
+RESOURCE_MIG_PREFIX: Final = "nvidia.com/mig-"
+RESOURCE_DOMAIN_PREFIX: Final = "infergrid.io/"
+
+
+def mig_resource(profile: str) -> str:
+    """The extended resource of one MIG profile, e.g. nvidia.com/mig-1g.10gb."""
+    return RESOURCE_MIG_PREFIX + profile
+
+
+# Annotations: node ones are written by the device plugin, pod inputs by users,
+# and the assignment by the extender.
+ANNOTATION_GPU_INVENTORY: Final = "infergrid.io/gpu-inventory"
+ANNOTATION_GPU_USAGE: Final = "infergrid.io/gpu-usage"
+ANNOTATION_GPU_ASSIGNMENT: Final = "infergrid.io/gpu-assignment"
+ANNOTATION_PLACEMENT_POLICY: Final = "infergrid.io/placement-policy"
+ANNOTATION_TOPOLOGY: Final = "infergrid.io/topology"
+
+# Node labels, for nodeSelector and affinity.
+LABEL_GPU_PRODUCT: Final = "infergrid.io/gpu.product"
+LABEL_GPU_COUNT: Final = "infergrid.io/gpu.count"
+LABEL_GPU_MEMORY: Final = "infergrid.io/gpu.memory"
+LABEL_MIG_CAPABLE: Final = "infergrid.io/mig.capable"
+
+SCHEDULER_NAME: Final = "infergrid-scheduler"
+
+# The InferenceService custom resource.
+CRD_GROUP: Final = "infergrid.io"
+CRD_VERSION: Final = "v1alpha1"
+CRD_KIND: Final = "InferenceService"
+CRD_PLURAL: Final = "inferenceservices"
+CRD_SHORT_NAME: Final = "infsvc"
+
+# Placement policies a pod may ask for.
+POLICY_BINPACK: Final = "binpack"
+POLICY_SPREAD: Final = "spread"
+POLICY_FGD: Final = "fgd"
+PLACEMENT_POLICIES: Final = (POLICY_BINPACK, POLICY_SPREAD, POLICY_FGD)
+DEFAULT_POLICY: Final = POLICY_BINPACK
+
+# Topology a pod may require of its GPU set.
+TOPOLOGY_NVLINK: Final = "nvlink"
+TOPOLOGIES: Final = (TOPOLOGY_NVLINK,)
+
+# How two GPUs are connected, closest first.
+LINK_NVLINK: Final = "nvlink"
+LINK_PCIE_SWITCH: Final = "pcie-switch"
+LINK_HOST_BRIDGE: Final = "host-bridge"
+LINK_NUMA: Final = "numa"
+LINK_SYSTEM: Final = "system"
+LINK_TYPES: Final = (LINK_NVLINK, LINK_PCIE_SWITCH, LINK_HOST_BRIDGE, LINK_NUMA, LINK_SYSTEM)
+
+# Version of every JSON document and fleet file in the contract.
+SCHEMA_VERSION: Final = "v1"
+
+# A vGPU slot is one share a GPU can be split into, as advertised to the kubelet.
+DEFAULT_VGPU_SLOTS_PER_GPU: Final = 10

@@ -1,0 +1,222 @@
+"""A node's GPUs, as the device plugin publishes them in ``infergrid.io/gpu-inventory``.
+
+The extender places pods from this annotation alone, so a restarted extender
+rebuilds everything it knows from it; the same inventory gives the node's labels
+and the extended-resource capacity the device plugin advertises.
+"""
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Final
+
+from infergrid.codec import (
+    dump_document,
+    each,
+    field,
+    integer,
+    join,
+    load_document,
+    unique,
+)
+from infergrid.constants import (
+    ANNOTATION_GPU_INVENTORY,
+    DEFAULT_VGPU_SLOTS_PER_GPU,
+    LABEL_GPU_COUNT,
+    LABEL_GPU_MEMORY,
+    LABEL_GPU_PRODUCT,
+    LABEL_MIG_CAPABLE,
+    LINK_NVLINK,
+    LINK_TYPES,
+    RESOURCE_GPU,
+    RESOURCE_VGPU,
+    mig_resource,
+)
+from infergrid.errors import ContractError
+from infergrid.mig import find_family
+
+_COMPUTE_CAPABILITY: Final = re.compile(r"[0-9]+\.[0-9]+")
+_LABEL_VALUE_FORBIDDEN: Final = re.compile(r"[^A-Za-z0-9_.-]")
+_LABEL_VALUE_MAX: Final = 63
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLink:
+    """How a GPU reaches one peer; ``count`` is the number of NVLinks, 0 for other types."""
+
+    peer_index: int
+    type: str
+    count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """A MIG instance carved out of a GPU; a pod gets it whole."""
+
+    profile: str
+    uuid: str
+    memory_mib: int
+    sm_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One physical GPU; in MIG mode it is offered only as its MIG instances."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    sm_count: int
+    compute_capability: str
+    numa_node: int
+    healthy: bool
+    mig_enabled: bool = False
+    mig_instances: tuple[MigInstance, ...] = ()
+    links: tuple[GpuLink, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInventory:
+    """Every GPU of one node."""
+
+    node: str
+    gpus: tuple[Gpu, ...]
+
+
+def encode_inventory(inventory: GpuInventory) -> str:
+    """The annotation value for ``inventory``."""
+    return dump_document({"node": inventory.node, "gpus": [_gpu_json(g) for g in inventory.gpus]})
+
+
+def _gpu_json(gpu: Gpu) -> dict[str, Any]:
+    return {
+        "uuid": gpu.uuid,
+        "index": gpu.index,
+        "model": gpu.model,
+        "memoryMiB": gpu.memory_mib,
+        "smCount": gpu.sm_count,
+        "computeCapability": gpu.compute_capability,
+        "numaNode": gpu.numa_node,
+        "healthy": gpu.healthy,
+        "mig": {
+            "enabled": gpu.mig_enabled,
+            "instances": [
+                {
+                    "profile": m.profile,
+                    "uuid": m.uuid,
+                    "memoryMiB": m.memory_mib,
+                    "smCount": m.sm_count,
+                }
+                for m in gpu.mig_instances
+            ],
+        },
+        "links": [{"peer": k.peer_index, "type": k.type, "count": k.count} for k in gpu.links],
+    }
+
+
+def decode_inventory(text: str) -> GpuInventory:
+    """The inventory in an annotation value; ContractError names the first bad field."""
+    doc = load_document(text, ANNOTATION_GPU_INVENTORY)
+    decoded = [(_decode_gpu(obj, path), path) for obj, path in each(doc, "gpus", dict)]
+    unique(((g.index, join(p, "index")) for g, p in decoded), "GPU index")
+    unique(((g.uuid, join(p, "uuid")) for g, p in decoded), "GPU uuid")
+    indices = {g.index for g, _ in decoded}
+    for gpu, path in decoded:
+        _check_peers(gpu, path, indices)
+    return GpuInventory(node=field(doc, "node", str), gpus=tuple(g for g, _ in decoded))
+
+
+def _check_peers(gpu: Gpu, path: str, indices: set[int]) -> None:
+    """Each link goes to another GPU of the node, at most one link per peer."""
+    peers = [
+        (k.peer_index, join(join(join(path, "links"), i), "peer")) for i, k in enumerate(gpu.links)
+    ]
+    unique(peers, "peer")
+    for peer, where in peers:
+        if peer == gpu.index or peer not in indices:
+            raise ContractError(where, f"no other GPU has index {peer}")
+
+
+def compute_capability(obj: dict[str, Any], path: str) -> str:
+    """The ``computeCapability`` field, a CUDA version like ``8.0``."""
+    value = field(obj, "computeCapability", str, path)
+    if not _COMPUTE_CAPABILITY.fullmatch(value):
+        raise ContractError(join(path, "computeCapability"), f"{value!r} is not like '8.0'")
+    return value
+
+
+def _decode_gpu(obj: dict[str, Any], path: str) -> Gpu:
+    mig = field(obj, "mig", dict, path)
+    mig_path = join(path, "mig")
+    enabled = field(mig, "enabled", bool, mig_path)
+    instances = tuple(_decode_mig(m, p) for m, p in each(mig, "instances", dict, mig_path))
+    if instances and not enabled:
+        raise ContractError(join(mig_path, "instances"), "MIG instances need mig.enabled true")
+    links = tuple(_decode_link(k, p) for k, p in each(obj, "links", dict, path))
+    return Gpu(
+        uuid=field(obj, "uuid", str, path),
+        index=integer(obj, "index", path),
+        model=field(obj, "model", str, path),
+        memory_mib=integer(obj, "memoryMiB", path),
+        sm_count=integer(obj, "smCount", path),
+        compute_capability=compute_capability(obj, path),
+        numa_node=integer(obj, "numaNode", path),
+        healthy=field(obj, "healthy", bool, path),
+        mig_enabled=enabled,
+        mig_instances=instances,
+        links=links,
+    )
+
+
+def _decode_mig(obj: dict[str, Any], path: str) -> MigInstance:
+    return MigInstance(
+        profile=field(obj, "profile", str, path),
+        uuid=field(obj, "uuid", str, path),
+        memory_mib=integer(obj, "memoryMiB", path),
+        sm_count=integer(obj, "smCount", path),
+    )
+
+
+def _decode_link(obj: dict[str, Any], path: str) -> GpuLink:
+    kind = field(obj, "type", str, path)
+    if kind not in LINK_TYPES:
+        raise ContractError(join(path, "type"), f"{kind!r} is not one of {', '.join(LINK_TYPES)}")
+    low, high = (1, None) if kind == LINK_NVLINK else (0, 0)
+    return GpuLink(
+        peer_index=integer(obj, "peer", path),
+        type=kind,
+        count=integer(obj, "count", path, low, high),
+    )
+
+
+def node_labels(inventory: GpuInventory) -> dict[str, str]:
+    """Labels for nodeSelector; product and memory are those of the lowest-index GPU."""
+    first = min(inventory.gpus, key=lambda g: g.index, default=None)
+    capable = any(g.mig_enabled or find_family(g.model, g.memory_mib) for g in inventory.gpus)
+    return {
+        LABEL_GPU_PRODUCT: label_value(first.model) if first else "",
+        LABEL_GPU_COUNT: str(len(inventory.gpus)),
+        LABEL_GPU_MEMORY: str(first.memory_mib) if first else "0",
+        LABEL_MIG_CAPABLE: "true" if capable else "false",
+    }
+
+
+def label_value(text: str) -> str:
+    """``text`` made a valid label value: other characters become '-', at most 63 long."""
+    return _LABEL_VALUE_FORBIDDEN.sub("-", text)[:_LABEL_VALUE_MAX].strip("-_.")
+
+
+def node_capacity(
+    inventory: GpuInventory, vgpu_slots_per_gpu: int = DEFAULT_VGPU_SLOTS_PER_GPU
+) -> dict[str, str]:
+    """Extended resources the device plugin advertises; unhealthy GPUs offer nothing.
+
+    A GPU in MIG mode is offered only as its MIG instances, never whole or shared.
+    """
+    usable = [g for g in inventory.gpus if g.healthy]
+    whole = sum(1 for g in usable if not g.mig_enabled)
+    migs = Counter(m.profile for g in usable if g.mig_enabled for m in g.mig_instances)
+    capacity = {RESOURCE_GPU: str(whole), RESOURCE_VGPU: str(whole * vgpu_slots_per_gpu)}
+    capacity.update({mig_resource(p): str(n) for p, n in sorted(migs.items())})
+    return capacity

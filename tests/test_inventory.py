@@ -1,0 +1,250 @@
+"""The node GPU inventory annotation, and the labels and capacity derived from it."""
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from infergrid.constants import LINK_NVLINK, LINK_TYPES
+from infergrid.errors import ContractError
+from infergrid.inventory import (
+    Gpu,
+    GpuInventory,
+    GpuLink,
+    MigInstance,
+    decode_inventory,
+    encode_inventory,
+    label_value,
+    node_capacity,
+    node_labels,
+)
+
+names = st.text(min_size=1, max_size=12)
+sizes = st.integers(0, 2**40)
+mig_instances = st.builds(MigInstance, profile=names, uuid=names, memory_mib=sizes, sm_count=sizes)
+capabilities = st.tuples(st.integers(0, 20), st.integers(0, 9)).map(lambda t: f"{t[0]}.{t[1]}")
+
+
+def links_to(peer: int) -> st.SearchStrategy[GpuLink]:
+    nvlink = st.builds(GpuLink, st.just(peer), st.just(LINK_NVLINK), st.integers(1, 18))
+    other = st.builds(GpuLink, st.just(peer), st.sampled_from(LINK_TYPES[1:]), st.just(0))
+    return nvlink | other
+
+
+@st.composite
+def inventories(draw: st.DrawFn) -> GpuInventory:
+    indices = draw(st.lists(st.integers(0, 63), unique=True, max_size=5))
+    uuids = draw(st.lists(names, unique=True, min_size=len(indices), max_size=len(indices)))
+    gpus = []
+    for index, uuid in zip(indices, uuids, strict=True):
+        mig_enabled = draw(st.booleans())
+        peers = draw(st.lists(st.sampled_from(indices), unique=True)) if len(indices) > 1 else []
+        gpus.append(
+            Gpu(
+                uuid=uuid,
+                index=index,
+                model=draw(names),
+                memory_mib=draw(sizes),
+                sm_count=draw(sizes),
+                compute_capability=draw(capabilities),
+                numa_node=draw(st.integers(0, 7)),
+                healthy=draw(st.booleans()),
+                mig_enabled=mig_enabled,
+                mig_instances=tuple(draw(st.lists(mig_instances, max_size=3)))
+                if mig_enabled
+                else (),
+                links=tuple(draw(links_to(p)) for p in peers if p != index),
+            )
+        )
+    return GpuInventory(node=draw(names), gpus=tuple(gpus))
+
+
+@given(inventories())
+def test_encode_then_decode_gives_the_same_inventory(inventory):
+    assert decode_inventory(encode_inventory(inventory)) == inventory
+
+
+def test_encoding_is_versioned_compact_camel_case_json():
+    inventory = GpuInventory("n", (a100(0),))
+    doc = json.loads(encode_inventory(inventory))
+    assert doc["version"] == "v1"
+    assert set(doc["gpus"][0]) == {
+        "uuid",
+        "index",
+        "model",
+        "memoryMiB",
+        "smCount",
+        "computeCapability",
+        "numaNode",
+        "healthy",
+        "mig",
+        "links",
+    }
+    assert " " not in encode_inventory(GpuInventory("n", ()))
+
+
+def a100(index: int, **changes) -> Gpu:
+    fields = {
+        "uuid": f"GPU-{index}",
+        "index": index,
+        "model": "NVIDIA A100-SXM4-80GB",
+        "memory_mib": 81920,
+        "sm_count": 108,
+        "compute_capability": "8.0",
+        "numa_node": 0,
+        "healthy": True,
+    }
+    return Gpu(**(fields | changes))
+
+
+def valid_doc() -> dict:
+    mig = (MigInstance("3g.40gb", "MIG-0", 40192, 46),)
+    gpus = (
+        a100(0, mig_enabled=True, mig_instances=mig, links=(GpuLink(1, "nvlink", 12),)),
+        a100(1, links=(GpuLink(0, "nvlink", 12),)),
+    )
+    return json.loads(encode_inventory(GpuInventory("node-a", gpus)))
+
+
+BAD_DOCS = [
+    ("missing version", lambda d: d.pop("version"), "version"),
+    ("unknown version", lambda d: d.update(version="v2"), "version"),
+    ("missing node", lambda d: d.pop("node"), "node"),
+    ("empty node", lambda d: d.update(node=""), "node"),
+    ("gpus not a list", lambda d: d.update(gpus={}), "gpus"),
+    ("gpu not an object", lambda d: d["gpus"].append(3), "gpus[2]"),
+    ("missing memory", lambda d: d["gpus"][1].pop("memoryMiB"), "gpus[1].memoryMiB"),
+    ("negative memory", lambda d: d["gpus"][1].update(memoryMiB=-1), "gpus[1].memoryMiB"),
+    ("memory as string", lambda d: d["gpus"][1].update(memoryMiB="80"), "gpus[1].memoryMiB"),
+    ("memory as float", lambda d: d["gpus"][1].update(memoryMiB=1.5), "gpus[1].memoryMiB"),
+    ("index as boolean", lambda d: d["gpus"][0].update(index=True), "gpus[0].index"),
+    ("healthy as integer", lambda d: d["gpus"][0].update(healthy=1), "gpus[0].healthy"),
+    (
+        "bad capability",
+        lambda d: d["gpus"][0].update(computeCapability="8"),
+        "gpus[0].computeCapability",
+    ),
+    ("missing numa node", lambda d: d["gpus"][0].pop("numaNode"), "gpus[0].numaNode"),
+    ("duplicate index", lambda d: d["gpus"][1].update(index=0), "gpus[1].index"),
+    ("duplicate uuid", lambda d: d["gpus"][1].update(uuid="GPU-0"), "gpus[1].uuid"),
+    ("missing mig", lambda d: d["gpus"][0].pop("mig"), "gpus[0].mig"),
+    ("mig enabled missing", lambda d: d["gpus"][0]["mig"].pop("enabled"), "gpus[0].mig.enabled"),
+    (
+        "instances without mig mode",
+        lambda d: d["gpus"][0]["mig"].update(enabled=False),
+        "gpus[0].mig.instances",
+    ),
+    (
+        "instance without uuid",
+        lambda d: d["gpus"][0]["mig"]["instances"][0].pop("uuid"),
+        "gpus[0].mig.instances[0].uuid",
+    ),
+    (
+        "unknown link type",
+        lambda d: d["gpus"][0]["links"][0].update(type="pcie"),
+        "gpus[0].links[0].type",
+    ),
+    (
+        "nvlink with no links",
+        lambda d: d["gpus"][0]["links"][0].update(count=0),
+        "gpus[0].links[0].count",
+    ),
+    (
+        "numa link with a count",
+        lambda d: d["gpus"][0]["links"][0].update(type="numa"),
+        "gpus[0].links[0].count",
+    ),
+    ("link to itself", lambda d: d["gpus"][0]["links"][0].update(peer=0), "gpus[0].links[0].peer"),
+    ("link to no gpu", lambda d: d["gpus"][0]["links"][0].update(peer=9), "gpus[0].links[0].peer"),
+    (
+        "two links to one peer",
+        lambda d: d["gpus"][0]["links"].append(d["gpus"][0]["links"][0]),
+        "gpus[0].links[1].peer",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"), [c[1:] for c in BAD_DOCS], ids=[c[0] for c in BAD_DOCS]
+)
+def test_bad_documents_are_refused_naming_the_field(mutate, field):
+    doc = valid_doc()
+    mutate(doc)
+    with pytest.raises(ContractError) as raised:
+        decode_inventory(json.dumps(doc))
+    assert raised.value.field == field
+
+
+@pytest.mark.parametrize("text", ["", "not json", "[]", '"v1"', "null"])
+def test_text_that_is_not_a_json_object_is_refused(text):
+    with pytest.raises(ContractError) as raised:
+        decode_inventory(text)
+    assert raised.value.field == "infergrid.io/gpu-inventory"
+
+
+def test_the_valid_document_decodes():
+    assert decode_inventory(json.dumps(valid_doc())).node == "node-a"
+
+
+def test_capacity_counts_healthy_whole_gpus_slots_and_mig_instances():
+    migs = tuple(MigInstance("3g.40gb", f"MIG-{n}", 40192, 46) for n in range(2))
+    inventory = GpuInventory(
+        "n",
+        (
+            a100(0, mig_enabled=True, mig_instances=migs),
+            a100(1),
+            a100(2),
+            a100(3, healthy=False),
+            a100(4, healthy=False, mig_enabled=True, mig_instances=migs),
+        ),
+    )
+    assert node_capacity(inventory, vgpu_slots_per_gpu=4) == {
+        "nvidia.com/gpu": "2",
+        "infergrid.io/vgpu": "8",
+        "nvidia.com/mig-3g.40gb": "2",
+    }
+
+
+def test_capacity_uses_the_default_slots_and_advertises_zero_gpus():
+    assert node_capacity(GpuInventory("n", ())) == {"nvidia.com/gpu": "0", "infergrid.io/vgpu": "0"}
+    assert node_capacity(GpuInventory("n", (a100(0),)))["infergrid.io/vgpu"] == "10"
+
+
+def test_labels_describe_the_gpus():
+    inventory = GpuInventory("n", (a100(1), a100(0, memory_mib=1000)))
+    assert node_labels(inventory) == {
+        "infergrid.io/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "infergrid.io/gpu.count": "2",
+        "infergrid.io/gpu.memory": "1000",
+        "infergrid.io/mig.capable": "true",
+    }
+
+
+def test_gpus_outside_the_mig_table_are_not_mig_capable_unless_in_mig_mode():
+    l4 = a100(0, model="NVIDIA L4", memory_mib=23034)
+    assert node_labels(GpuInventory("n", (l4,)))["infergrid.io/mig.capable"] == "false"
+    enabled = a100(0, model="Some GPU", mig_enabled=True)
+    assert node_labels(GpuInventory("n", (enabled,)))["infergrid.io/mig.capable"] == "true"
+
+
+def test_labels_of_a_node_without_gpus():
+    assert node_labels(GpuInventory("n", ())) == {
+        "infergrid.io/gpu.product": "",
+        "infergrid.io/gpu.count": "0",
+        "infergrid.io/gpu.memory": "0",
+        "infergrid.io/mig.capable": "false",
+    }
+
+
+@pytest.mark.parametrize(
+    ("model", "value"),
+    [
+        ("NVIDIA H100 80GB HBM3", "NVIDIA-H100-80GB-HBM3"),
+        ("Tesla V100 (SXM2) 16GB", "Tesla-V100--SXM2--16GB"),
+        (" weird/name. ", "weird-name"),
+        ("x" * 80, "x" * 63),
+    ],
+)
+def test_product_label_is_a_valid_label_value(model, value):
+    assert label_value(model) == value
