@@ -1,0 +1,47 @@
+# InferGrid: every target creates and uses the project virtualenv.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
+
+.PHONY: install unit e2e test lint cluster-build cluster-up cluster-down cluster-status demo clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "InferGrid needs Python >= 3.11")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	rm -f $(VENV)/.installed-*; touch $@
+
+install: $(STAMP)
+
+unit: install
+	$(PY) -m pytest -q tests
+
+e2e: install
+	$(PY) -m pytest -q -p no:cacheprovider e2e
+
+test: unit e2e
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+cluster-build: install
+	$(PY) -m e2e.cluster build
+
+cluster-up: install
+	$(PY) -m e2e.cluster status >/dev/null || $(PY) -m e2e.cluster up
+
+cluster-down: install
+	$(PY) -m e2e.cluster down
+
+cluster-status: install
+	$(PY) -m e2e.cluster status
+
+# Until the full demo exists: the local cluster with the sample fleet, and its GPU nodes.
+demo: cluster-up
+	$(PY) -m e2e.cluster nodes
+
+clean: cluster-down
+	rm -rf $(VENV) .cluster

@@ -1,0 +1,1 @@
+"""End-to-end tests on a real Kubernetes API server."""

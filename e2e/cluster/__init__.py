@@ -1,0 +1,1 @@
+"""The local Kubernetes cluster the e2e suite runs against."""

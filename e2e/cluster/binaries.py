@@ -1,0 +1,49 @@
+"""Where the local cluster's binaries live, and building them on first use."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def cache_dir() -> Path:
+    """The cache outside the repository that survives clones and checkouts."""
+    return Path(os.environ.get("INFERGRID_CACHE", Path.home() / ".cache" / "infergrid"))
+
+
+def versions() -> dict[str, str]:
+    pins = {}
+    for line in (HERE / "versions.env").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            pins[key] = value
+    return pins
+
+
+def paths() -> dict[str, Path]:
+    """Binary name to its path in the cache, keyed by pinned version."""
+    v, bin_dir = versions(), cache_dir() / "bin"
+    k8s = bin_dir / f"kubernetes-{v['K8S_VERSION']}"
+    kwok = bin_dir / f"kwok-{v['KWOK_VERSION']}"
+    return {
+        "etcd": bin_dir / f"etcd-{v['ETCD_VERSION']}" / "etcd",
+        "kube-apiserver": k8s / "kube-apiserver",
+        "kube-controller-manager": k8s / "kube-controller-manager",
+        "kube-scheduler": k8s / "kube-scheduler",
+        "kubectl": k8s / "kubectl",
+        "kwok": kwok / "kwok",
+        "kwok-stages": kwok / "stages.yaml",
+        "helm": bin_dir / f"helm-{v['HELM_VERSION']}" / "helm",
+    }
+
+
+def ensure_built() -> dict[str, Path]:
+    """Builds whatever is missing from the cache; a warm cache builds nothing."""
+    found = paths()
+    if not all(p.exists() for p in found.values()):
+        subprocess.run(["bash", str(HERE / "build-binaries.sh")], check=True)
+    return found

@@ -1,0 +1,211 @@
+"""Command lines and config files of the local control plane's processes.
+
+Pure functions of a `Layout` (ports and file paths), so what runs can be read
+and tested apart from starting it.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from infergrid import constants, mig
+
+from .certs import SERVICE_CIDR, CertPaths
+
+POD_CIDR = "10.244.0.0/16"
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    state: Path
+    certs: CertPaths
+    bins: dict[str, Path]
+    etcd_port: int
+    etcd_peer_port: int
+    apiserver_port: int
+    controller_manager_port: int
+    scheduler_port: int
+    infergrid_scheduler_port: int
+    kwok_port: int
+    extender_url: str
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+
+def kubeconfig(layout: Layout) -> str:
+    """An admin kubeconfig with the certificates inlined, so it can be copied."""
+
+    def b64(path: Path) -> str:
+        return base64.b64encode(path.read_bytes()).decode()
+
+    c = layout.certs
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "infergrid-local",
+                    "cluster": {
+                        "server": layout.server,
+                        "certificate-authority-data": b64(c.ca_cert),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "infergrid-admin",
+                    "user": {
+                        "client-certificate-data": b64(c.admin_cert),
+                        "client-key-data": b64(c.admin_key),
+                    },
+                }
+            ],
+            "contexts": [
+                {
+                    "name": "infergrid-local",
+                    "context": {"cluster": "infergrid-local", "user": "infergrid-admin"},
+                }
+            ],
+            "current-context": "infergrid-local",
+        }
+    )
+
+
+def extender_resources() -> list[str]:
+    """Every extended resource whose placement the extender decides."""
+    return [
+        constants.RESOURCE_GPU,
+        constants.RESOURCE_VGPU,
+        constants.RESOURCE_GPU_MEMORY,
+        constants.RESOURCE_GPU_CORES,
+        *sorted({constants.mig_resource(p) for f in mig.MIG_FAMILIES for p in f.profiles}),
+    ]
+
+
+def infergrid_scheduler_config(layout: Layout) -> str:
+    """KubeSchedulerConfiguration of the second scheduler, bound to the extender.
+
+    Extenders apply to every profile of a scheduler process, so this runs as
+    its own process with one profile. `gpu-memory` and `gpu-cores` are never
+    advertised by a node, so kube-scheduler must ignore them.
+    """
+    ignored = {constants.RESOURCE_GPU_MEMORY, constants.RESOURCE_GPU_CORES}
+    return yaml.safe_dump(
+        {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(layout.kubeconfig)},
+            "leaderElection": {"leaderElect": False},
+            "percentageOfNodesToScore": 100,
+            "profiles": [{"schedulerName": constants.SCHEDULER_NAME}],
+            "extenders": [
+                {
+                    "urlPrefix": layout.extender_url,
+                    "filterVerb": "filter",
+                    "prioritizeVerb": "prioritize",
+                    "bindVerb": "bind",
+                    "weight": 1,
+                    "nodeCacheCapable": True,
+                    "enableHTTPS": False,
+                    "httpTimeout": "10s",
+                    "ignorable": False,
+                    "managedResources": [
+                        {"name": name, "ignoredByScheduler": name in ignored}
+                        for name in extender_resources()
+                    ],
+                }
+            ],
+        }
+    )
+
+
+def _serving(port: int, layout: Layout) -> list[str]:
+    kc = str(layout.kubeconfig)
+    return [
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--authentication-kubeconfig={kc}",
+        f"--authorization-kubeconfig={kc}",
+        f"--cert-dir={layout.state / 'serving' / str(port)}",
+    ]
+
+
+def commands(layout: Layout) -> dict[str, list[str]]:
+    """Process name to argv, in start order."""
+    b, c, s = layout.bins, layout.certs, layout.state
+    peer = f"http://127.0.0.1:{layout.etcd_peer_port}"
+    etcd_url = f"http://127.0.0.1:{layout.etcd_port}"
+    return {
+        "etcd": [
+            str(b["etcd"]),
+            "--name=local",
+            f"--data-dir={s / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=local={peer}",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ],
+        "kube-apiserver": [
+            str(b["kube-apiserver"]),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={layout.apiserver_port}",
+            "--endpoint-reconciler-type=none",
+            f"--tls-cert-file={c.server_cert}",
+            f"--tls-private-key-file={c.server_key}",
+            f"--client-ca-file={c.ca_cert}",
+            f"--service-account-key-file={c.sa_pub}",
+            f"--service-account-signing-key-file={c.sa_key}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=RBAC",
+            "--allow-privileged=true",
+        ],
+        "kube-controller-manager": [
+            str(b["kube-controller-manager"]),
+            f"--kubeconfig={layout.kubeconfig}",
+            *_serving(layout.controller_manager_port, layout),
+            "--leader-elect=false",
+            f"--service-account-private-key-file={c.sa_key}",
+            f"--root-ca-file={c.ca_cert}",
+            f"--cluster-signing-cert-file={c.ca_cert}",
+            f"--cluster-signing-key-file={c.ca_key}",
+            "--controllers=*,-nodeipam",
+        ],
+        "kube-scheduler": [
+            str(b["kube-scheduler"]),
+            f"--kubeconfig={layout.kubeconfig}",
+            *_serving(layout.scheduler_port, layout),
+            "--leader-elect=false",
+        ],
+        "infergrid-scheduler": [
+            str(b["kube-scheduler"]),
+            f"--config={s / 'infergrid-scheduler.yaml'}",
+            *_serving(layout.infergrid_scheduler_port, layout),
+        ],
+        "kwok": [
+            str(b["kwok"]),
+            f"--kubeconfig={layout.kubeconfig}",
+            f"--config={b['kwok-stages']}",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--server-address=127.0.0.1:{layout.kwok_port}",
+            f"--cidr={POD_CIDR}",
+            "--node-ip=127.0.0.1",
+        ],
+    }

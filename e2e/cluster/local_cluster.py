@@ -1,0 +1,156 @@
+"""The local cluster: a real control plane on 127.0.0.1 with KWOK GPU nodes.
+
+`up` builds nothing when the binary cache is warm, generates certificates,
+starts etcd, kube-apiserver, kube-controller-manager, the default
+kube-scheduler, `infergrid-scheduler` and KWOK, waits for each to be ready,
+writes a kubeconfig and creates the fleet's nodes. `down` stops all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import ssl
+import time
+import urllib.request
+from dataclasses import asdict
+from pathlib import Path
+
+from kubernetes import client, config
+
+from infergrid.fleet import Fleet, load_fleet
+
+from . import binaries, certs, components, fake_nodes
+from .processes import ClusterError, ProcessTable, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_FLEET = REPO / "e2e" / "fleets" / "sample.yaml"
+DEFAULT_EXTENDER_URL = "http://127.0.0.1:8888/"
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("INFERGRID_CLUSTER_DIR", REPO / ".cluster"))
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    with urllib.request.urlopen(url, context=context, timeout=2) as resp:
+        return resp.status == 200
+
+
+def _insecure() -> ssl.SSLContext:
+    """Components serve health on self-signed certs; only liveness is read from them."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+class LocalCluster:
+    def __init__(self, state: Path | None = None):
+        self.state = state or state_dir()
+        self.processes = ProcessTable(self.state)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state / "kubeconfig"
+
+    def is_running(self) -> bool:
+        """True when a cluster from this state folder answers /readyz."""
+        if not self.kubeconfig.exists() or not self.processes.alive("kube-apiserver"):
+            return False
+        try:
+            return self._apiserver_ready(self._load_layout())
+        except Exception:  # noqa: BLE001 - anything short of ready means not running
+            return False
+
+    def up(self, fleet: Fleet | None = None, extender_url: str = DEFAULT_EXTENDER_URL) -> float:
+        """Starts the whole cluster and returns the seconds it took."""
+        started = time.monotonic()
+        if self.is_running():
+            raise ClusterError(f"a cluster is already running from {self.state}; run down first")
+        self.down()
+        bins = binaries.ensure_built()
+        for stale in ("etcd", "serving", "certs"):
+            shutil.rmtree(self.state / stale, ignore_errors=True)
+        self.state.mkdir(parents=True, exist_ok=True)
+        layout = components.Layout(
+            self.state, certs.generate(self.state / "certs"), bins, *_free_ports(7), extender_url
+        )
+        self._save_layout(layout)
+        self.kubeconfig.write_text(components.kubeconfig(layout))
+        self.kubeconfig.chmod(0o600)
+        (self.state / "infergrid-scheduler.yaml").write_text(
+            components.infergrid_scheduler_config(layout)
+        )
+        try:
+            self._start(layout)
+            fake_nodes.create(self.api(), fleet or load_fleet(DEFAULT_FLEET))
+            fake_nodes.wait_schedulable(self.api(), self.processes)
+        except BaseException:
+            self.down()
+            raise
+        return time.monotonic() - started
+
+    def down(self) -> list[str]:
+        return self.processes.stop_all()
+
+    def api(self) -> client.ApiClient:
+        return config.new_client_from_config(str(self.kubeconfig))
+
+    def _start(self, layout: components.Layout) -> None:
+        argv = components.commands(layout)
+        ready = {
+            "etcd": lambda: _ok(f"http://127.0.0.1:{layout.etcd_port}/health"),
+            "kube-apiserver": lambda: self._apiserver_ready(layout),
+            "kube-controller-manager": lambda: _ok(
+                f"https://127.0.0.1:{layout.controller_manager_port}/healthz", _insecure()
+            ),
+            "kube-scheduler": lambda: _ok(
+                f"https://127.0.0.1:{layout.scheduler_port}/healthz", _insecure()
+            ),
+            "infergrid-scheduler": lambda: _ok(
+                f"https://127.0.0.1:{layout.infergrid_scheduler_port}/healthz", _insecure()
+            ),
+            "kwok": lambda: _ok(f"http://127.0.0.1:{layout.kwok_port}/healthz"),
+        }
+        for name, args in argv.items():
+            self.processes.start(name, args)
+            wait_until(
+                ready[name], 60, f"{name} to be ready", lambda n=name: self.processes.check_alive(n)
+            )
+        wait_until(
+            lambda: client.CoreV1Api(self.api()).read_namespaced_service_account(
+                "default", "default"
+            ),
+            60,
+            "the default ServiceAccount",
+        )
+
+    def _apiserver_ready(self, layout: components.Layout) -> bool:
+        ctx = ssl.create_default_context(cafile=str(layout.certs.ca_cert))
+        ctx.load_cert_chain(str(layout.certs.admin_cert), str(layout.certs.admin_key))
+        return _ok(f"{layout.server}/readyz", ctx)
+
+    def _save_layout(self, layout: components.Layout) -> None:
+        data = asdict(layout)
+        (self.state / "layout.json").write_text(json.dumps(data, default=str, indent=1))
+
+    def _load_layout(self) -> components.Layout:
+        data = json.loads((self.state / "layout.json").read_text())
+        data["state"] = Path(data["state"])
+        data["certs"] = certs.CertPaths(**{k: Path(v) for k, v in data["certs"].items()})
+        data["bins"] = {k: Path(v) for k, v in data["bins"].items()}
+        return components.Layout(**data)

@@ -1,0 +1,67 @@
+"""Session fixtures: one cluster for the whole e2e run.
+
+By default the suite starts the local cluster (or reuses one that `make
+cluster-up` left running, and then leaves it running). With
+`INFERGRID_E2E_CLUSTER=existing` it uses the cluster that `KUBECONFIG` names
+instead, and starts nothing: the tests read what they need from the API.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from e2e.cluster.local_cluster import LocalCluster
+from e2e.cluster.processes import wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+@dataclass(frozen=True)
+class Cluster:
+    api: client.ApiClient
+    kubeconfig: Path
+    local: bool
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    mode = os.environ.get("INFERGRID_E2E_CLUSTER", "local")
+    if mode == "existing":
+        path = Path(os.environ.get("KUBECONFIG", Path.home() / ".kube" / "config"))
+        yield Cluster(config.new_client_from_config(str(path)), path, local=False)
+        return
+    if mode != "local":
+        raise pytest.UsageError(f"INFERGRID_E2E_CLUSTER must be local or existing, not {mode!r}")
+    local = LocalCluster()
+    reused = local.is_running()
+    if not reused:
+        local.up()
+    try:
+        yield Cluster(local.api(), local.kubeconfig, local=True)
+    finally:
+        if not reused:
+            local.down()
+
+
+@pytest.fixture()
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards."""
+    core = client.CoreV1Api(cluster.api)
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    wait_until(
+        lambda: core.read_namespaced_service_account("default", name),
+        60,
+        f"the default ServiceAccount in {name}",
+    )
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)

@@ -1,0 +1,77 @@
+"""What the local cluster runs, read without starting it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from e2e.cluster import binaries, certs, components
+from infergrid import constants
+
+
+def layout(tmp_path: Path) -> components.Layout:
+    return components.Layout(
+        tmp_path,
+        certs.generate(tmp_path / "certs"),
+        binaries.paths(),
+        *range(20001, 20008),
+        "http://127.0.0.1:8888/",
+    )
+
+
+def test_infergrid_scheduler_is_its_own_profile_bound_to_the_extender(tmp_path):
+    config = yaml.safe_load(components.infergrid_scheduler_config(layout(tmp_path)))
+    assert [p["schedulerName"] for p in config["profiles"]] == [constants.SCHEDULER_NAME]
+    assert config["percentageOfNodesToScore"] == 100
+    (extender,) = config["extenders"]
+    assert extender["nodeCacheCapable"] is True
+    assert extender["bindVerb"] == "bind"
+    managed = {r["name"]: r["ignoredByScheduler"] for r in extender["managedResources"]}
+    assert managed[constants.RESOURCE_GPU] is False
+    assert managed[constants.RESOURCE_VGPU] is False
+    assert managed[constants.RESOURCE_GPU_MEMORY] is True
+    assert managed[constants.RESOURCE_GPU_CORES] is True
+    assert constants.mig_resource("1g.10gb") in managed
+
+
+def test_kubeconfig_inlines_admin_credentials(tmp_path):
+    lay = layout(tmp_path)
+    kc = yaml.safe_load(components.kubeconfig(lay))
+    assert kc["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:20003"
+    user = kc["users"][0]["user"]
+    assert user["client-certificate-data"] and user["client-key-data"]
+
+
+def test_admin_certificate_is_in_system_masters(tmp_path):
+    from cryptography import x509
+
+    paths = certs.generate(tmp_path)
+    cert = x509.load_pem_x509_certificate(paths.admin_cert.read_bytes())
+    orgs = [a.value for a in cert.subject.get_attributes_for_oid(x509.NameOID.ORGANIZATION_NAME)]
+    assert orgs == ["system:masters"]
+    server = x509.load_pem_x509_certificate(paths.server_cert.read_bytes())
+    sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "127.0.0.1" in [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]
+
+
+def test_apiserver_runs_offline_on_loopback(tmp_path):
+    argv = components.commands(layout(tmp_path))["kube-apiserver"]
+    assert "--advertise-address=127.0.0.1" in argv
+    assert "--endpoint-reconciler-type=none" in argv
+    assert "--bind-address=127.0.0.1" in argv
+
+
+def test_every_process_listens_on_loopback_only(tmp_path):
+    for name, argv in components.commands(layout(tmp_path)).items():
+        addresses = [a for a in argv if "address=" in a or "urls=" in a]
+        assert addresses, name
+        assert all("127.0.0.1" in a for a in addresses), name
+
+
+def test_pinned_versions_key_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERGRID_CACHE", str(tmp_path))
+    found = binaries.paths()
+    v = binaries.versions()
+    assert found["kube-apiserver"].parent.name == f"kubernetes-{v['K8S_VERSION']}"
+    assert found["etcd"].is_relative_to(tmp_path)
