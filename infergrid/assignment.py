@@ -44,12 +44,22 @@ class AssignedMig:
 
 @dataclass(frozen=True, slots=True)
 class ContainerAssignment:
-    """What one container got: GPUs (whole or one share) or exactly one MIG instance."""
+    """What one container got: whole GPUs, one share of a GPU, or exactly one MIG instance.
+
+    ``shared`` tells a share from a whole GPU: a share may hold all of a GPU's
+    memory and SMs and still not be exclusive, so the numbers cannot tell.
+    """
 
     name: str
     gpus: tuple[AssignedGpu, ...] = ()
     mig: AssignedMig | None = None
     allocated: bool = False
+    shared: bool = False
+
+    @property
+    def kind(self) -> str:
+        """``mig``, ``share`` or ``whole``, the same words as the pod's GPU request."""
+        return "mig" if self.mig is not None else "share" if self.shared else "whole"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +86,7 @@ def _container_json(container: ContainerAssignment) -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": container.name,
         "allocated": container.allocated,
+        "shared": container.shared,
         "gpus": [
             {"uuid": g.uuid, "memoryMiB": g.memory_mib, "cores": g.cores} for g in container.gpus
         ],
@@ -107,11 +118,15 @@ def _decode_container(obj: dict[str, Any], path: str) -> ContainerAssignment:
     mig = None if mig_obj is None else _decode_mig(mig_obj, join(path, "mig"))
     if bool(gpus) == (mig is not None):
         raise ContractError(path, "a container gets either GPUs or one MIG instance")
+    shared = field(obj, "shared", bool, path)
+    if shared and len(gpus) != 1:
+        raise ContractError(join(path, "shared"), "a share is of exactly one GPU")
     return ContainerAssignment(
         name=field(obj, "name", str, path),
         gpus=tuple(g for g, _ in gpus),
         mig=mig,
         allocated=field(obj, "allocated", bool, path),
+        shared=shared,
     )
 
 

@@ -32,7 +32,12 @@ migs = st.builds(AssignedMig, uuid=names, profile=names, gpu_uuid=names)
 def assignments(draw: st.DrawFn) -> PodAssignment:
     container_names = draw(st.lists(names, unique=True, max_size=4))
     containers = tuple(
-        ContainerAssignment(name, gpus=tuple(draw(gpu_lists)), allocated=draw(st.booleans()))
+        ContainerAssignment(
+            name,
+            gpus=(gpus := tuple(draw(gpu_lists))),
+            allocated=draw(st.booleans()),
+            shared=len(gpus) == 1 and draw(st.booleans()),
+        )
         if draw(st.booleans())
         else ContainerAssignment(name, mig=draw(migs), allocated=draw(st.booleans()))
         for name in container_names
@@ -50,7 +55,7 @@ ASSIGNMENT = PodAssignment(
     "node-a",
     datetime(2025, 3, 1, 12, 0, tzinfo=UTC),
     (
-        ContainerAssignment("engine", gpus=(AssignedGpu("GPU-0", 8192, 50),)),
+        ContainerAssignment("engine", gpus=(AssignedGpu("GPU-0", 8192, 50),), shared=True),
         ContainerAssignment("sidecar", mig=AssignedMig("MIG-0", "1g.10gb", "GPU-1")),
     ),
 )
@@ -63,8 +68,10 @@ def test_the_document_carries_node_time_and_containers():
     assert doc["containers"][0] == {
         "name": "engine",
         "allocated": False,
+        "shared": True,
         "gpus": [{"uuid": "GPU-0", "memoryMiB": 8192, "cores": 50}],
     }
+    assert [c.kind for c in ASSIGNMENT.containers] == ["share", "mig"]
     assert doc["containers"][1]["mig"] == {
         "uuid": "MIG-0",
         "profile": "1g.10gb",
@@ -112,6 +119,12 @@ BAD_DOCS = [
         "containers[1]",
     ),
     ("missing gpus", lambda d: d["containers"][1].pop("gpus"), "containers[1].gpus"),
+    ("missing shared", lambda d: d["containers"][0].pop("shared"), "containers[0].shared"),
+    (
+        "a share of two GPUs",
+        lambda d: d["containers"][0]["gpus"].append({"uuid": "GPU-9", "memoryMiB": 1, "cores": 1}),
+        "containers[0].shared",
+    ),
     (
         "memory zero",
         lambda d: d["containers"][0]["gpus"][0].update(memoryMiB=0),
