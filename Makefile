@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 
-.PHONY: install unit e2e test lint cluster-build cluster-up cluster-down cluster-status demo clean
+.PHONY: install unit e2e test lint protos cluster-build cluster-up cluster-down cluster-status demo clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "InferGrid needs Python >= 3.11")'
@@ -26,6 +26,10 @@ test: unit e2e
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+# Regenerate the kubelet API stubs from device_plugin/kubelet/v1beta1/api.proto.
+protos: install
+	$(PY) -m device_plugin.kubelet.codegen
 
 cluster-build: install
 	$(PY) -m e2e.cluster build

@@ -1,0 +1,1 @@
+"""The InferGrid device plugin: a node's GPUs for the kubelet and the extender."""

@@ -1,0 +1,139 @@
+"""Allocate, decided: which assignment a kubelet request honours, and what the container gets.
+
+Pure over plain data. The kubelet names devices, not pods, so a request is
+matched to the oldest unhonoured assignment on this node with the same kind
+and the same GPUs (tie: pod name, then container order). The match is then
+re-checked against the ledger, so no annotation can make the plugin hand out
+more of a GPU than it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from device_plugin.assignments import GpuLoad, Ledger, Pending, PodView, pending_on
+from device_plugin.config import PluginConfig
+from device_plugin.devices import Device
+from infergrid.constants import SCHEDULER_NAME
+
+
+class AllocationError(Exception):
+    """A request the plugin must refuse; the message says what is missing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One container's allocation: the assignment it honours and what the container sees."""
+
+    pending: Pending
+    envs: dict[str, str]
+    cdi_devices: tuple[str, ...] = field(default=())
+
+
+def _devices(ids: Iterable[str], known: dict[str, Device]) -> list[Device]:
+    ids = list(ids)
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        raise AllocationError(f"unknown device IDs: {', '.join(unknown)}")
+    if not ids:
+        raise AllocationError("the request names no devices")
+    devices = [known[i] for i in ids]
+    if len({d.kind for d in devices}) > 1:
+        raise AllocationError("one request mixes whole GPUs, shares and MIG devices")
+    if devices[0].kind == "share" and len(devices) > 1:
+        raise AllocationError(f"a container gets one share slot, not {len(devices)}")
+    return devices
+
+
+def _matches(pending: Pending, kind: str, targets: list[str]) -> bool:
+    c = pending.container
+    if c.kind != kind:
+        return False
+    if kind == "mig":
+        return c.mig is not None and [c.mig.uuid] == targets
+    return sorted(g.uuid for g in c.gpus) == targets
+
+
+def match(devices: list[Device], node: str, pods: Iterable[PodView], ledger: Ledger) -> Pending:
+    """The oldest unhonoured assignment on `node` for exactly these GPUs."""
+    kind = devices[0].kind
+    targets = sorted({d.target for d in devices})
+    pending = pending_on(node, pods, ledger)
+    for item in pending:
+        if _matches(item, kind, targets):
+            return item
+    waiting = ", ".join(f"{p.pod.key}/{p.container.name}" for p in pending) or "none"
+    raise AllocationError(
+        f"no unallocated {kind} assignment on node {node} for {', '.join(targets)} "
+        f"(unallocated assignments here: {waiting})"
+    )
+
+
+def _check_capacity(devices: list[Device], pending: Pending, loads: dict[str, GpuLoad]) -> None:
+    """Refuses what would over-commit a GPU, given what was already honoured."""
+    c, gpu = pending.container, devices[0].gpu
+    if c.kind == "mig":
+        return
+    for assigned in c.gpus:
+        load = loads.get(assigned.uuid, GpuLoad())
+        if c.kind == "whole" and (load.exclusive or load.shares):
+            raise AllocationError(f"GPU {assigned.uuid} is already given to another container")
+        if c.kind == "share":
+            if load.exclusive:
+                raise AllocationError(f"GPU {assigned.uuid} is held whole by another container")
+            if load.memory_mib + assigned.memory_mib > gpu.memory_mib:
+                raise AllocationError(
+                    f"GPU {assigned.uuid}: {gpu.memory_mib - load.memory_mib} MiB unallocated, "
+                    f"assignment asks {assigned.memory_mib}"
+                )
+            if load.cores + assigned.cores > 100:
+                raise AllocationError(
+                    f"GPU {assigned.uuid}: {100 - load.cores}% of SMs unallocated, "
+                    f"assignment asks {assigned.cores}%"
+                )
+
+
+def _mig_taken(pending: Pending, ledger: Ledger) -> bool:
+    mig = pending.container.mig
+    return mig is not None and any(
+        c.mig is not None and c.mig.uuid == mig.uuid for c in ledger.honoured.values()
+    )
+
+
+def _envs(devices: list[Device], pending: Pending, config: PluginConfig) -> dict[str, str]:
+    c = pending.container
+    targets = sorted({d.target for d in devices})
+    if c.mig is not None:
+        memory = next(m.memory_mib for m in devices[0].gpu.mig_instances if m.uuid == c.mig.uuid)
+    else:
+        memory = min(g.memory_mib for g in c.gpus)
+    envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(targets), "INFERGRID_GPU_MEMORY_MIB": str(memory)}
+    if config.mps and c.kind == "share":
+        envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory}M"
+        envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(c.gpus[0].cores)
+    return envs
+
+
+def grant(
+    device_ids: Iterable[str],
+    known: dict[str, Device],
+    node: str,
+    pods: Iterable[PodView],
+    ledger: Ledger,
+    config: PluginConfig,
+) -> Grant:
+    """Decides one container request; honours it in `ledger` only when it succeeds."""
+    pods = list(pods)
+    devices = _devices(device_ids, known)
+    pending = match(devices, node, pods, ledger)
+    if pending.pod.scheduler_name != SCHEDULER_NAME:
+        raise AllocationError(
+            f"pod {pending.pod.key} was not scheduled by {SCHEDULER_NAME}; it gets no GPU"
+        )
+    if _mig_taken(pending, ledger):
+        raise AllocationError(f"MIG device {devices[0].target} is already given out")
+    _check_capacity(devices, pending, ledger.load())
+    ledger.honour(pending)
+    cdi = tuple(f"nvidia.com/gpu={t}" for t in sorted({d.target for d in devices}))
+    return Grant(pending, _envs(devices, pending, config), cdi if config.cdi else ())

@@ -1,0 +1,84 @@
+"""Which devices the kubelet sees, per resource name, from one node's inventory.
+
+Pure: the same inventory, health and settings always give the same device
+lists, and the gRPC servers only stream what this module returns.
+
+Device IDs: a whole GPU is its UUID (`<uuid>::<r>` for time-sliced replica r),
+a share slot is `<uuid>::vgpu-<k>`, a MIG device is its MIG UUID.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from device_plugin.config import PluginConfig
+from infergrid.constants import RESOURCE_GPU, RESOURCE_VGPU, mig_resource
+from infergrid.inventory import Gpu, GpuInventory
+
+Kind = Literal["whole", "share", "mig"]
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One schedulable unit; `gpu` is the physical GPU it lives on."""
+
+    id: str
+    kind: Kind
+    gpu: Gpu
+    healthy: bool
+    mig_uuid: str | None = None
+    mig_profile: str | None = None
+
+    @property
+    def target(self) -> str:
+        """What the container sees: the MIG device, or else the GPU."""
+        return self.mig_uuid or self.gpu.uuid
+
+
+def _whole(gpu: Gpu, replicas: int, healthy: bool) -> list[Device]:
+    if replicas == 1:
+        return [Device(gpu.uuid, "whole", gpu, healthy)]
+    return [Device(f"{gpu.uuid}::{r}", "whole", gpu, healthy) for r in range(replicas)]
+
+
+def _slots(gpu: Gpu, slots: int, healthy: bool) -> list[Device]:
+    return [Device(f"{gpu.uuid}::vgpu-{k}", "share", gpu, healthy) for k in range(slots)]
+
+
+def _migs(gpu: Gpu, healthy: bool) -> list[Device]:
+    return [
+        Device(m.uuid, "mig", gpu, healthy, mig_uuid=m.uuid, mig_profile=m.profile)
+        for m in gpu.mig_instances
+    ]
+
+
+def resource_devices(
+    inventory: GpuInventory, config: PluginConfig, is_healthy: Callable[[str], bool]
+) -> dict[str, list[Device]]:
+    """Resource name to its devices, under the configured MIG strategy.
+
+    none: every GPU is whole, MIG or not. single: MIG instances are advertised
+    as `nvidia.com/gpu`. mixed: each profile is its own `nvidia.com/mig-<p>`.
+    GPUs in MIG mode never offer whole replicas or share slots otherwise.
+    """
+    out: dict[str, list[Device]] = {RESOURCE_GPU: [], RESOURCE_VGPU: []}
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        healthy = gpu.healthy and is_healthy(gpu.uuid)
+        if gpu.mig_enabled and config.mig_strategy != "none":
+            for dev in _migs(gpu, healthy):
+                name = (
+                    RESOURCE_GPU
+                    if config.mig_strategy == "single"
+                    else mig_resource(dev.mig_profile or "")
+                )
+                out.setdefault(name, []).append(dev)
+            continue
+        out[RESOURCE_GPU] += _whole(gpu, config.gpu_replicas, healthy)
+        out[RESOURCE_VGPU] += _slots(gpu, config.vgpu_slots_per_gpu, healthy)
+    return out
+
+
+def by_id(resources: dict[str, list[Device]]) -> dict[str, Device]:
+    return {d.id: d for devices in resources.values() for d in devices}

@@ -1,0 +1,109 @@
+"""What a node's GPUs are and how much they are used, read through an NvmlBackend.
+
+One bad GPU must not hide the others: a GPU whose details cannot all be read is
+published unhealthy with what could be read, so the extender stops placing on it
+while people still see it. A GPU whose identity (``device_info``) cannot be read
+has no uuid to publish it under; it is left out and a warning is logged, and
+links from other GPUs to it are dropped so the inventory stays valid. Failures
+of the node-wide ``device_count`` are raised: without it nothing can be read.
+"""
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+from typing import TypeVar
+
+from device_plugin.health import HealthTracker
+from device_plugin.nvml.backend import DeviceInfo, NvmlBackend, NvmlError
+from infergrid.inventory import Gpu, GpuInventory, GpuLink, MigInstance
+from infergrid.usage import GpuUsage, GpuUsageSample
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def discover(backend: NvmlBackend, node: str, health: HealthTracker | None) -> GpuInventory:
+    """The inventory of ``node``; ``health``, when given, decides and records each GPU's health.
+
+    Raises NvmlError only when the GPUs cannot even be counted.
+    """
+    found = [_gpu(backend, index, health) for index in range(backend.device_count())]
+    gpus = [gpu for gpu in found if gpu is not None]
+    present = {gpu.index for gpu in gpus}
+    return GpuInventory(node, tuple(_links_within(gpu, present) for gpu in gpus))
+
+
+def sample_usage(backend: NvmlBackend, node: str, heartbeat: datetime) -> GpuUsage:
+    """Memory use and utilisation of every GPU that answers; a GPU that fails is left out."""
+    samples = [_sample(backend, index) for index in range(backend.device_count())]
+    return GpuUsage(node, heartbeat, tuple(s for s in samples if s is not None))
+
+
+def _gpu(backend: NvmlBackend, index: int, health: HealthTracker | None) -> Gpu | None:
+    """GPU ``index`` as published; None, with a warning, when it cannot be identified."""
+    try:
+        info = backend.device_info(index)
+    except NvmlError as error:
+        log.warning("GPU %d left out of the inventory: %s", index, error)
+        return None
+    failures: list[NvmlError] = []
+    mig_instances = _read(backend.mig_instances, index, (), failures)
+    links = _read(backend.links, index, (), failures)
+    _read(backend.memory_used_mib, index, 0, failures)  # a GPU that cannot be read is not usable
+    for error in failures:
+        log.warning("GPU %d (%s) is unhealthy: %s", index, info.uuid, error)
+        if health is not None:
+            health.record_failure(info.uuid, str(error))
+    healthy = not failures and (health is None or health.is_healthy(info.uuid))
+    return _published(info, healthy, mig_instances, links)
+
+
+def _read(read: Callable[[int], T], index: int, fallback: T, failures: list[NvmlError]) -> T:
+    """``read(index)``, or ``fallback`` with the error added to ``failures``."""
+    try:
+        return read(index)
+    except NvmlError as error:
+        failures.append(error)
+        return fallback
+
+
+def _published(
+    info: DeviceInfo,
+    healthy: bool,
+    mig_instances: tuple[MigInstance, ...],
+    links: tuple[GpuLink, ...],
+) -> Gpu:
+    return Gpu(
+        uuid=info.uuid,
+        index=info.index,
+        model=info.model,
+        memory_mib=info.memory_mib,
+        sm_count=info.sm_count,
+        compute_capability=info.compute_capability,
+        numa_node=info.numa_node,
+        healthy=healthy,
+        mig_enabled=info.mig_enabled,
+        mig_instances=mig_instances if info.mig_enabled else (),
+        links=links,
+    )
+
+
+def _links_within(gpu: Gpu, present: set[int]) -> Gpu:
+    """``gpu`` with only the links to GPUs that made it into the inventory."""
+    kept = tuple(link for link in gpu.links if link.peer_index in present)
+    return gpu if kept == gpu.links else replace(gpu, links=kept)
+
+
+def _sample(backend: NvmlBackend, index: int) -> GpuUsageSample | None:
+    """GPU ``index``'s sample, or None; logged at debug, as health already reports the GPU."""
+    try:
+        return GpuUsageSample(
+            uuid=backend.device_info(index).uuid,
+            used_mib=backend.memory_used_mib(index),
+            utilization_percent=backend.utilization_percent(index),
+        )
+    except NvmlError as error:
+        log.debug("GPU %d left out of the usage sample: %s", index, error)
+        return None

@@ -1,0 +1,208 @@
+"""GPU health: which GPUs may be offered now, and a way to wait until that changes.
+
+A critical XID or a failed NVML call makes a GPU unhealthy. Unlike NVIDIA's
+device plugin, where a GPU never comes back, ours is healthy again once
+``quiet_period_s`` has passed with no new bad event, so a transient fault does
+not take a GPU out until the node reboots. ListAndWatch waits on
+``wait_for_change`` and re-sends the device list when the version moves.
+"""
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from device_plugin.nvml.backend import NvmlBackend, NvmlError
+
+log = logging.getLogger(__name__)
+
+APPLICATION_XIDS: Final = frozenset(
+    {
+        13,  # graphics engine exception: the application ran an illegal instruction or address
+        31,  # GPU memory page fault: the application touched memory it does not own
+        43,  # GPU stopped processing: a fault in the application's context, the GPU is fine
+        45,  # preemptive cleanup: the driver tore down the context of a process that ended
+        68,  # video decoder exception: raised by the stream the application fed NVDEC
+        109,  # context switch timeout: usually the application's long-running kernel
+    }
+)
+"""XIDs caused by an application, not the GPU; they leave the GPU healthy.
+
+NVML reports these through the same critical-XID event as hardware faults, but
+the next pod runs fine on the same GPU, so marking it unhealthy would only waste it.
+"""
+
+DEFAULT_PROBE_INTERVAL_S: Final = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class _Fault:
+    """Why a GPU is unhealthy, and the clock time it recovers unless something new goes wrong."""
+
+    reason: str
+    until: float
+
+
+class HealthTracker:
+    """The health of each GPU by uuid, with a version that moves on every flip.
+
+    The version moves when a GPU turns unhealthy and when it recovers, not when
+    a GPU that is already unhealthy gets another bad event (which only pushes
+    its recovery back). Thread-safe.
+    """
+
+    def __init__(self, quiet_period_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if quiet_period_s < 0:
+            raise ValueError(f"quiet_period_s: must be at least 0, got {quiet_period_s}")
+        self._quiet_period_s = quiet_period_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._faults: dict[str, _Fault] = {}
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """The current version; pass it to ``wait_for_change``."""
+        with self._lock:
+            self._expire()
+            return self._version
+
+    def record_xid(self, uuid: str, xid: int) -> None:
+        """A critical XID on GPU ``uuid``; application XIDs are logged and ignored."""
+        if xid in APPLICATION_XIDS:
+            log.info("GPU %s: XID %d is an application error; GPU stays healthy", uuid, xid)
+            return
+        self._mark(uuid, f"XID {xid}")
+
+    def record_failure(self, uuid: str, reason: str) -> None:
+        """An NVML call on GPU ``uuid`` failed."""
+        self._mark(uuid, reason)
+
+    def is_healthy(self, uuid: str) -> bool:
+        """Whether GPU ``uuid`` may be offered; a GPU never seen is healthy."""
+        with self._lock:
+            self._expire()
+            return uuid not in self._faults
+
+    def unhealthy(self) -> dict[str, str]:
+        """The reason each unhealthy GPU is unhealthy, by uuid."""
+        with self._lock:
+            self._expire()
+            return {uuid: fault.reason for uuid, fault in self._faults.items()}
+
+    def wait_for_change(self, since_version: int, timeout: float) -> int:
+        """The version once it differs from ``since_version``, or after ``timeout`` seconds.
+
+        Wakes at once on a new fault and at the next recovery deadline, never
+        by polling. ``timeout`` is real seconds; deadlines are on the tracker's clock.
+        """
+        end = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                self._expire()
+                left = end - time.monotonic()
+                if self._version != since_version or left <= 0:
+                    return self._version
+                self._changed.wait(min(left, self._until_next_recovery()))
+
+    def _mark(self, uuid: str, reason: str) -> None:
+        with self._lock:
+            self._expire()
+            if uuid not in self._faults:
+                log.warning("GPU %s is unhealthy: %s", uuid, reason)
+                self._bump()
+            self._faults[uuid] = _Fault(reason, self._clock() + self._quiet_period_s)
+
+    def _expire(self) -> None:
+        """Bring back every GPU whose quiet period has passed; the lock is held."""
+        now = self._clock()
+        recovered = [uuid for uuid, fault in self._faults.items() if fault.until <= now]
+        for uuid in recovered:
+            log.info(
+                "GPU %s is healthy again after %s s without faults", uuid, self._quiet_period_s
+            )
+            del self._faults[uuid]
+        if recovered:
+            self._bump()
+
+    def _until_next_recovery(self) -> float:
+        deadlines = [fault.until for fault in self._faults.values()]
+        return min(deadlines) - self._clock() if deadlines else math.inf
+
+    def _bump(self) -> None:
+        self._version += 1
+        self._changed.notify_all()
+
+
+class HealthMonitor:
+    """Feeds a HealthTracker from a backend, in a thread of its own until ``stop_event`` is set.
+
+    Each round waits up to ``interval_s`` for XID events, then probes every GPU
+    by reading its memory use; a failed read marks that GPU unhealthy. A GPU
+    that keeps failing is marked again every round, so it stays unhealthy as
+    long as ``interval_s`` is shorter than the tracker's quiet period.
+    """
+
+    def __init__(
+        self,
+        backend: NvmlBackend,
+        tracker: HealthTracker,
+        stop_event: threading.Event,
+        interval_s: float = DEFAULT_PROBE_INTERVAL_S,
+    ) -> None:
+        self._backend = backend
+        self._tracker = tracker
+        self._stop = stop_event
+        self._interval_s = interval_s
+        self._uuids: dict[int, str] = {}
+
+    def run(self) -> None:
+        """Rounds until stopped; returns within about one interval of ``stop_event``."""
+        while not self._stop.is_set():
+            try:
+                self.check_once()
+            except Exception:
+                log.exception("GPU health round failed; the next round runs as usual")
+                self._stop.wait(self._interval_s)
+
+    def check_once(self) -> None:
+        """One round: XID events for up to one interval, then a probe of every GPU."""
+        self._record_events()
+        self._probe_all()
+
+    def _record_events(self) -> None:
+        try:
+            events = self._backend.wait_for_events(self._interval_s)
+        except NvmlError as error:
+            log.warning("cannot read XID events: %s", error)
+            self._stop.wait(self._interval_s)  # a call that fails at once must not spin the loop
+            return
+        for event in events:
+            self._tracker.record_xid(event.uuid, event.xid)
+
+    def _probe_all(self) -> None:
+        try:
+            count = self._backend.device_count()
+        except NvmlError as error:
+            log.warning("cannot count GPUs: %s", error)
+            return
+        for index in range(count):
+            self._probe(index)
+
+    def _probe(self, index: int) -> None:
+        """Read GPU ``index``'s memory use; its uuid is read once and kept for later failures."""
+        uuid = self._uuids.get(index)
+        try:
+            if uuid is None:
+                uuid = self._backend.device_info(index).uuid
+                self._uuids[index] = uuid
+            self._backend.memory_used_mib(index)
+        except NvmlError as error:
+            if uuid is None:
+                log.warning("GPU %d cannot be identified: %s", index, error)
+            else:
+                self._tracker.record_failure(uuid, str(error))

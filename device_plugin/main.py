@@ -1,0 +1,94 @@
+"""`infergrid-device-plugin`: advertise this node's GPUs to the kubelet.
+
+infergrid-device-plugin --node NODE                       # real GPUs through NVML
+infergrid-device-plugin --fake-fleet FLEET --node NODE    # a fleet file's node, no GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+from kubernetes import client, config
+
+from device_plugin.config import PluginConfig, add_flags, load_config
+from device_plugin.kube import KubePods, patch_node
+from device_plugin.nvml.backend import NvmlBackend, NvmlError
+from device_plugin.ops_server import serve_ops
+from device_plugin.runtime import DevicePluginRuntime
+from infergrid.errors import ContractError
+from infergrid.fleet import load_fleet
+
+log = logging.getLogger("infergrid.device_plugin")
+
+
+def make_backend(cfg: PluginConfig) -> NvmlBackend:
+    if cfg.fake_fleet is None:
+        from device_plugin.nvml.real import RealNvml
+
+        return RealNvml()
+    from device_plugin.nvml.fake import FakeNvml
+
+    nodes = {n.name: n for n in load_fleet(cfg.fake_fleet).nodes}
+    if cfg.node_name not in nodes:
+        raise ContractError(
+            "nodeName", f"{cfg.node_name!r} is not in {cfg.fake_fleet} ({', '.join(nodes)})"
+        )
+    return FakeNvml(nodes[cfg.node_name])
+
+
+def kube_api() -> client.ApiClient:
+    """In-cluster credentials in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config()
+
+
+def build(cfg: PluginConfig) -> DevicePluginRuntime:
+    backend = make_backend(cfg)
+    core = client.CoreV1Api(kube_api())
+    pods = KubePods(core, cfg.node_name)
+    patch = (lambda a, lab: patch_node(core, cfg.node_name, a, lab)) if cfg.publish else None
+    return DevicePluginRuntime(cfg, backend, pods, patch, on_grants=pods.mark_allocated)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="infergrid-device-plugin", description=__doc__)
+    add_flags(parser)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s",'
+        '"message":"%(message)s"}',
+    )
+    try:
+        cfg = load_config(args, os.environ.get("NODE_NAME"))
+        cfg.plugin_dir.mkdir(parents=True, exist_ok=True)
+        runtime = build(cfg)
+    except (ContractError, NvmlError, OSError, config.ConfigException) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    stopped = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopped.set())
+    ops = (
+        serve_ops(cfg.metrics_port, runtime.plugins.registered.is_set) if cfg.metrics_port else None
+    )
+    runtime.start()
+    log.info("device plugin for node %s serving in %s", cfg.node_name, cfg.plugin_dir)
+    stopped.wait()
+    runtime.stop()
+    if ops:
+        ops.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

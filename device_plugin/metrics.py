@@ -1,0 +1,50 @@
+"""Prometheus metrics of the device plugin, named infergrid_device_plugin_<thing>_<unit>."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+ALLOCATIONS = Counter(
+    "infergrid_device_plugin_allocations_total",
+    "Allocate calls by resource and result (granted or refused).",
+    ["resource", "result"],
+)
+ALLOCATE_SECONDS = Histogram(
+    "infergrid_device_plugin_allocate_seconds",
+    "Time to decide a granted Allocate call.",
+    ["resource"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
+LIST_AND_WATCH_SENDS = Counter(
+    "infergrid_device_plugin_list_and_watch_sends_total",
+    "Device lists sent to the kubelet by resource.",
+    ["resource"],
+)
+DEVICES = Gauge(
+    "infergrid_device_plugin_devices",
+    "Advertised devices by resource and health.",
+    ["resource", "health"],
+)
+GPU_MEMORY_USED = Gauge(
+    "infergrid_device_plugin_gpu_memory_used_mib",
+    "Measured GPU memory in use, MiB.",
+    ["gpu"],
+)
+GPU_UTILIZATION = Gauge(
+    "infergrid_device_plugin_gpu_utilization_percent",
+    "Measured GPU utilisation, percent.",
+    ["gpu"],
+)
+NVML_ERRORS = Counter(
+    "infergrid_device_plugin_nvml_errors_total",
+    "NVML calls that failed, by call.",
+    ["call"],
+)
+REGISTRATIONS = Counter(
+    "infergrid_device_plugin_registrations_total",
+    "Register calls to the kubelet by resource and result.",
+    ["resource", "result"],
+)
+PUBLISH_ERRORS = Counter(
+    "infergrid_device_plugin_publish_errors_total",
+    "Failed writes of node annotations or pod allocation marks.",
+    ["what"],
+)

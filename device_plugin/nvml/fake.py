@@ -1,0 +1,233 @@
+"""A fake NVML that reports the GPUs a fleet file describes, with knobs for tests.
+
+The local cluster's KWOK nodes and the device plugin read the same fleet file,
+so the plugin discovers exactly the GPUs the scheduler sees. Tests and e2e then
+steer it: memory and utilisation, memory that drifts over time, XID events and
+failing NVML calls. A GPU the fleet lists as ``unhealthy`` fails its live
+readings (memory, utilisation) the way a GPU that fell off the bus does, so
+discovery and health checks find it through the same path as on real hardware.
+"""
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Final
+
+from device_plugin.nvml.backend import DeviceInfo, NvmlError, XidEvent
+from infergrid.fleet import FleetNode
+from infergrid.inventory import Gpu, GpuLink, MigInstance
+
+CALLS: Final = frozenset(
+    {
+        "device_count",
+        "device_info",
+        "mig_instances",
+        "links",
+        "memory_used_mib",
+        "utilization_percent",
+        "wait_for_events",
+    }
+)
+"""Backend calls that ``FakeNvml.fail`` can make raise."""
+
+_NODE_CALLS: Final = frozenset({"device_count", "wait_for_events"})
+"""Calls about the node, not one GPU: they fail for every GPU or not at all."""
+
+LIVE_READINGS: Final = ("memory_used_mib", "utilization_percent")
+"""The calls a GPU listed unhealthy fails: it still has an identity, but cannot be read."""
+
+_LOST: Final = "GPU is lost (listed unhealthy in the fleet)"
+_INJECTED: Final = "injected failure"
+
+
+@dataclass(frozen=True, slots=True)
+class _Drift:
+    """Memory use that follows ``points`` (seconds after ``start``, MiB), linearly."""
+
+    start: float
+    points: tuple[tuple[float, int], ...]
+
+    def at(self, now: float) -> int:
+        return interpolate(self.points, now - self.start)
+
+
+def interpolate(points: Sequence[tuple[float, int]], t: float) -> int:
+    """The value at ``t`` on the line through ``points``; flat before the first and after."""
+    if t <= points[0][0]:
+        return points[0][1]
+    for (t0, v0), (t1, v1) in pairwise(points):
+        if t <= t1:
+            return round(v0 + (v1 - v0) * (t - t0) / (t1 - t0))
+    return points[-1][1]
+
+
+class FakeNvml:
+    """An ``NvmlBackend`` over one fleet node; thread-safe, one lock guards all state.
+
+    Time comes from ``clock`` (seconds), so a test with a fake clock sees
+    drifting memory move. Waiting for events uses real time, as NVML does.
+    """
+
+    def __init__(self, node: FleetNode, clock: Callable[[], float] = time.monotonic) -> None:
+        self._node = node.name
+        self._gpus = {gpu.index: gpu for gpu in node.inventory.gpus}
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._event_queued = threading.Condition(self._lock)
+        self._events: deque[XidEvent] = deque()
+        self._used: dict[int, int] = {}
+        self._drifts: dict[int, _Drift] = {}
+        self._utilization: dict[int, int] = {}
+        self._failures: dict[tuple[str, int | None], str] = {
+            (call, gpu.index): _LOST
+            for gpu in node.inventory.gpus
+            if not gpu.healthy
+            for call in LIVE_READINGS
+        }
+        self._closed = False
+
+    # The NvmlBackend calls.
+
+    def device_count(self) -> int:
+        with self._lock:
+            self._check("device_count", None)
+            return len(self._gpus)
+
+    def device_info(self, index: int) -> DeviceInfo:
+        with self._lock:
+            gpu = self._read("device_info", index)
+        return DeviceInfo(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            model=gpu.model,
+            memory_mib=gpu.memory_mib,
+            sm_count=gpu.sm_count,
+            compute_capability=gpu.compute_capability,
+            numa_node=gpu.numa_node,
+            mig_enabled=gpu.mig_enabled,
+        )
+
+    def mig_instances(self, index: int) -> tuple[MigInstance, ...]:
+        with self._lock:
+            return self._read("mig_instances", index).mig_instances
+
+    def links(self, index: int) -> tuple[GpuLink, ...]:
+        with self._lock:
+            return self._read("links", index).links
+
+    def memory_used_mib(self, index: int) -> int:
+        with self._lock:
+            self._read("memory_used_mib", index)
+            drift = self._drifts.get(index)
+            return drift.at(self._clock()) if drift else self._used.get(index, 0)
+
+    def utilization_percent(self, index: int) -> int:
+        with self._lock:
+            self._read("utilization_percent", index)
+            return self._utilization.get(index, 0)
+
+    def wait_for_events(self, timeout_s: float) -> tuple[XidEvent, ...]:
+        with self._lock:
+            self._check("wait_for_events", None)
+            self._event_queued.wait_for(lambda: self._events or self._closed, timeout_s)
+            events = tuple(self._events)
+            self._events.clear()
+            return events
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._event_queued.notify_all()
+
+    # Simulation controls.
+
+    def set_memory_used(self, index: int, mib: int) -> None:
+        """Memory in use from now on; ends any drift."""
+        with self._lock:
+            self._check_memory(index, mib)
+            self._drifts.pop(index, None)
+            self._used[index] = mib
+
+    def drift_memory(self, index: int, points: Sequence[tuple[float, int]]) -> None:
+        """Memory in use that moves linearly through ``points`` (seconds from now, MiB)."""
+        if not points:
+            raise ValueError("points: need at least one (seconds, MiB) point")
+        times = [t for t, _ in points]
+        if times != sorted(times) or len(set(times)) != len(times):
+            raise ValueError(f"points: times must increase, got {times}")
+        with self._lock:
+            for _, mib in points:
+                self._check_memory(index, mib)
+            self._drifts[index] = _Drift(self._clock(), tuple(points))
+
+    def set_utilization(self, index: int, percent: int) -> None:
+        """Utilisation from now on, 0 to 100."""
+        if not 0 <= percent <= 100:
+            raise ValueError(f"percent: must be from 0 to 100, got {percent}")
+        with self._lock:
+            self._gpu(index)
+            self._utilization[index] = percent
+
+    def inject_xid(self, index: int, xid: int) -> None:
+        """Queue an XID event for GPU ``index`` and wake a waiting ``wait_for_events``."""
+        with self._lock:
+            self._events.append(XidEvent(self._gpu(index).uuid, xid))
+            self._event_queued.notify_all()
+
+    def fail(self, call: str, index: int | None = None) -> None:
+        """Make ``call`` raise NvmlError, for GPU ``index`` or, when None, for every GPU."""
+        with self._lock:
+            self._check_call(call, index)
+            self._failures[(call, index)] = _INJECTED
+
+    def heal(self, call: str | None = None, index: int | None = None) -> None:
+        """Lift failures, including a fleet's ``unhealthy``; None matches any call or GPU.
+
+        ``heal(index=2)`` lifts failures set for GPU 2 only: a failure set for
+        every GPU stays until healed with ``index`` None.
+        """
+        with self._lock:
+            self._check_call(call, index)
+            self._failures = {
+                (c, i): reason
+                for (c, i), reason in self._failures.items()
+                if not ((call is None or c == call) and (index is None or i == index))
+            }
+
+    # Helpers; the lock is held.
+
+    def _check(self, call: str, index: int | None) -> None:
+        """Raise what NVML would: shut down, no such GPU, or a failure set by ``fail``."""
+        if self._closed:
+            raise NvmlError(call, index, "NVML is shut down")
+        if index is not None and index not in self._gpus:
+            raise NvmlError(call, index, f"no such GPU on {self._node}")
+        reason = self._failures.get((call, index)) or self._failures.get((call, None))
+        if reason:
+            raise NvmlError(call, index, reason)
+
+    def _read(self, call: str, index: int) -> Gpu:
+        self._check(call, index)
+        return self._gpus[index]
+
+    def _gpu(self, index: int) -> Gpu:
+        """The GPU a control names; a test naming a GPU the node lacks is a bug in the test."""
+        if index not in self._gpus:
+            raise ValueError(f"index: {self._node} has no GPU {index}")
+        return self._gpus[index]
+
+    def _check_memory(self, index: int, mib: int) -> None:
+        total = self._gpu(index).memory_mib
+        if not 0 <= mib <= total:
+            raise ValueError(f"mib: GPU {index} has {total} MiB, got {mib}")
+
+    def _check_call(self, call: str | None, index: int | None) -> None:
+        if call is not None and call not in CALLS:
+            raise ValueError(f"call: {call!r} is not one of {', '.join(sorted(CALLS))}")
+        if call in _NODE_CALLS and index is not None:
+            raise ValueError(f"index: {call} is not about one GPU; leave index None")
+        if index is not None:
+            self._gpu(index)

@@ -1,0 +1,358 @@
+"""The NvmlBackend on the NVIDIA driver, through pynvml.
+
+It imports cleanly on a machine without a GPU or driver; constructing
+``RealNvml`` there raises NvmlError naming ``nvmlInit``. Every pynvml error
+becomes an NvmlError naming the NVML function and the GPU index, so callers
+handle one error type. The decisions (MIG profile names, link types, PCI
+addresses) are small pure functions, tested without a GPU.
+"""
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import pynvml
+
+from device_plugin.nvml.backend import DeviceInfo, NvmlError, XidEvent
+from infergrid.constants import (
+    LINK_HOST_BRIDGE,
+    LINK_NUMA,
+    LINK_NVLINK,
+    LINK_PCIE_SWITCH,
+    LINK_SYSTEM,
+)
+from infergrid.inventory import GpuLink, MigInstance
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_MIB: Final = 1024 * 1024
+_SYSFS_PCI_DEVICES: Final = Path("/sys/bus/pci/devices")
+
+_LINK_BY_TOPOLOGY_LEVEL: Final = {
+    pynvml.NVML_TOPOLOGY_INTERNAL: LINK_PCIE_SWITCH,  # two GPUs on one board
+    pynvml.NVML_TOPOLOGY_SINGLE: LINK_PCIE_SWITCH,
+    pynvml.NVML_TOPOLOGY_MULTIPLE: LINK_PCIE_SWITCH,
+    pynvml.NVML_TOPOLOGY_HOSTBRIDGE: LINK_HOST_BRIDGE,
+    pynvml.NVML_TOPOLOGY_NODE: LINK_NUMA,
+    pynvml.NVML_TOPOLOGY_SYSTEM: LINK_SYSTEM,
+}
+
+_CORES_PER_SM_64: Final = frozenset({"6.0", "7.0", "7.2", "7.5", "8.0"})
+"""Compute capabilities with 64 CUDA cores per SM; every other one since Pascal has 128."""
+
+_UNSUPPORTED: Final = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
+
+
+# Pure helpers.
+
+
+def link_type(topology_level: int) -> str:
+    """The contract's link type for an NVML topology level; an unknown level counts as farthest."""
+    return _LINK_BY_TOPOLOGY_LEVEL.get(topology_level, LINK_SYSTEM)
+
+
+def mig_profile_name(
+    gpu_slices: int, compute_slices: int, memory_mib: int, gpu_memory_mib: int
+) -> str:
+    """NVIDIA's name for a MIG instance, like ``3g.40gb``, from what NVML reports of it.
+
+    The memory part is the instance's share of the GPU rounded up to eighths,
+    times the GPU's size in whole GB, rounded: an instance of 40192 MiB on an
+    80 GB A100 is a ``40gb``, not a ``39gb``. A compute instance smaller than its
+    GPU instance gets a ``<c>c.`` prefix, as in ``1c.3g.40gb``.
+    """
+    eighths = -(-memory_mib * 8 // gpu_memory_mib)
+    gpu_gb = -(-gpu_memory_mib // 1024)
+    gb = (eighths * gpu_gb + 4) // 8
+    name = f"{gpu_slices}g.{gb}gb"
+    return name if compute_slices in (0, gpu_slices) else f"{compute_slices}c.{name}"
+
+
+def sm_count_from_cores(cores: int, compute_capability: str) -> int:
+    """SMs from CUDA cores, for GPUs whose driver reports no SM count."""
+    return cores // (64 if compute_capability in _CORES_PER_SM_64 else 128)
+
+
+def pci_address(bus_id: str) -> str:
+    """A PCI bus id as Linux writes it: NVML's ``00000000:3B:00.0`` is ``0000:3b:00.0``."""
+    domain, rest = bus_id.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def sysfs_numa_node(bus_id: str, devices: Path = _SYSFS_PCI_DEVICES) -> int:
+    """The NUMA node Linux gives a PCI device; 0 when it has none (-1) or cannot be read."""
+    try:
+        node = int((devices / pci_address(bus_id) / "numa_node").read_text())
+    except (OSError, ValueError):
+        return 0
+    return max(node, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkEnds:
+    """Where one GPU's active NVLinks lead: other GPUs, by PCI address, and NVSwitches."""
+
+    gpus: dict[str, int] = field(default_factory=dict)
+    switch_links: int = 0
+
+
+def nvlink_count(mine: NvLinkEnds, peer_address: str, peer: NvLinkEnds) -> int:
+    """NVLinks between two GPUs: direct ones, plus, on an NVSwitch system, the fewer fabric links.
+
+    On an NVSwitch system every GPU reaches every other through the switches,
+    at the bandwidth of the GPU with fewer links into the fabric.
+    """
+    return mine.gpus.get(peer_address, 0) + min(mine.switch_links, peer.switch_links)
+
+
+# Calling NVML.
+
+
+def _call(fn: Callable[..., T], index: int | None, *args: Any) -> T:
+    """``fn(*args)``, with an NVML failure raised as NvmlError naming ``fn`` and the GPU."""
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as error:
+        raise NvmlError(fn.__name__, index, str(error)) from error
+
+
+def _optional(fn: Callable[..., T], index: int | None, *args: Any) -> T | None:
+    """``fn(*args)``, or None where this GPU or driver does not support ``fn``."""
+    try:
+        return fn(*args)
+    except _UNSUPPORTED:
+        return None
+    except pynvml.NVMLError as error:
+        raise NvmlError(fn.__name__, index, str(error)) from error
+
+
+class RealNvml:
+    """An ``NvmlBackend`` on the driver; NVML itself is thread-safe.
+
+    Construction initialises NVML and subscribes to critical XID events of
+    every GPU that supports them; a GPU that does not is still probed by the
+    health monitor. ``close`` waits for a running ``wait_for_events`` to return
+    before it frees the event set, so it takes up to that call's timeout;
+    afterwards every call raises NvmlError, as on a shut-down NVML.
+    """
+
+    def __init__(self) -> None:
+        _call(pynvml.nvmlInit, None)
+        self._closed = threading.Event()
+        self._event_lock = threading.Lock()
+        try:
+            self._event_set = self._watch_xids()
+        except NvmlError:
+            _call(pynvml.nvmlShutdown, None)
+            raise
+
+    def device_count(self) -> int:
+        return _call(pynvml.nvmlDeviceGetCount, None)
+
+    def device_info(self, index: int) -> DeviceInfo:
+        handle = _handle(index)
+        major, minor = _call(pynvml.nvmlDeviceGetCudaComputeCapability, index, handle)
+        capability = f"{major}.{minor}"
+        return DeviceInfo(
+            index=index,
+            uuid=_call(pynvml.nvmlDeviceGetUUID, index, handle),
+            model=_call(pynvml.nvmlDeviceGetName, index, handle),
+            memory_mib=_total_mib(handle, index),
+            sm_count=_sm_count(handle, index, capability),
+            compute_capability=capability,
+            numa_node=_numa_node(handle, index),
+            mig_enabled=_mig_enabled(handle, index),
+        )
+
+    def mig_instances(self, index: int) -> tuple[MigInstance, ...]:
+        handle = _handle(index)
+        if not _mig_enabled(handle, index):
+            return ()
+        gpu_mib = _total_mib(handle, index)
+        slots = _call(pynvml.nvmlDeviceGetMaxMigDeviceCount, index, handle)
+        found = [_mig_instance(handle, index, slot, gpu_mib) for slot in range(slots)]
+        return tuple(instance for instance in found if instance is not None)
+
+    def links(self, index: int) -> tuple[GpuLink, ...]:
+        handle = _handle(index)
+        mine = _nvlink_ends(handle, index)
+        peers = (peer for peer in range(self.device_count()) if peer != index)
+        return tuple(_link(handle, index, mine, peer) for peer in peers)
+
+    def memory_used_mib(self, index: int) -> int:
+        return _call(pynvml.nvmlDeviceGetMemoryInfo, index, _handle(index)).used // _MIB
+
+    def utilization_percent(self, index: int) -> int:
+        """0 for a GPU in MIG mode, where NVML does not measure utilisation."""
+        rates = _optional(pynvml.nvmlDeviceGetUtilizationRates, index, _handle(index))
+        return rates.gpu if rates is not None else 0
+
+    def wait_for_events(self, timeout_s: float) -> tuple[XidEvent, ...]:
+        if self._closed.is_set():
+            raise NvmlError("nvmlEventSetWait_v2", None, "NVML is shut down")
+        if self._event_set is None:
+            self._closed.wait(timeout_s)  # no GPU sends events; only close ends the wait early
+            return ()
+        with self._event_lock:
+            return self._drain_events(timeout_s)
+
+    def close(self) -> None:
+        """Free the event set and shut NVML down; a second call does nothing."""
+        with self._event_lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            if self._event_set is not None:
+                _call(pynvml.nvmlEventSetFree, None, self._event_set)
+                self._event_set = None
+            _call(pynvml.nvmlShutdown, None)
+
+    def _watch_xids(self) -> Any:
+        """An event set with every GPU that supports XID events, or None when none does."""
+        count = self.device_count()
+        try:
+            event_set = _call(pynvml.nvmlEventSetCreate, None)
+        except NvmlError as error:
+            log.warning("no XID events; health relies on probes alone: %s", error)
+            return None
+        if any([self._register(event_set, index) for index in range(count)]):
+            return event_set
+        _call(pynvml.nvmlEventSetFree, None, event_set)
+        return None
+
+    def _register(self, event_set: Any, index: int) -> bool:
+        try:
+            _call(
+                pynvml.nvmlDeviceRegisterEvents,
+                index,
+                _handle(index),
+                pynvml.nvmlEventTypeXidCriticalError,
+                event_set,
+            )
+        except NvmlError as error:
+            log.warning("GPU %d reports no XID events: %s", index, error)
+            return False
+        return True
+
+    def _drain_events(self, timeout_s: float) -> tuple[XidEvent, ...]:
+        """The first event within ``timeout_s`` and all queued behind it; the event lock is held."""
+        if self._event_set is None:  # closed while this call waited for the lock
+            return ()
+        events: list[XidEvent] = []
+        wait_ms = max(round(timeout_s * 1000), 0)
+        while (event := self._next_event(wait_ms)) is not None:
+            events.append(event)
+            wait_ms = 0
+        return tuple(events)
+
+    def _next_event(self, timeout_ms: int) -> XidEvent | None:
+        """The next XID event within ``timeout_ms``, or None; the event lock is held."""
+        try:
+            data = pynvml.nvmlEventSetWait_v2(self._event_set, timeout_ms)
+        except pynvml.NVMLError_Timeout:
+            return None
+        except pynvml.NVMLError as error:
+            raise NvmlError("nvmlEventSetWait_v2", None, str(error)) from error
+        return XidEvent(_call(pynvml.nvmlDeviceGetUUID, None, data.device), int(data.eventData))
+
+
+# Reading one GPU.
+
+
+def _handle(index: int) -> Any:
+    return _call(pynvml.nvmlDeviceGetHandleByIndex, index, index)
+
+
+def _total_mib(handle: Any, index: int) -> int:
+    return _call(pynvml.nvmlDeviceGetMemoryInfo, index, handle).total // _MIB
+
+
+def _sm_count(handle: Any, index: int, capability: str) -> int:
+    """SMs from the device attributes where the driver gives them for a whole GPU, else cores."""
+    try:
+        return pynvml.nvmlDeviceGetAttributes_v2(handle).multiprocessorCount
+    except pynvml.NVMLError:
+        cores = _call(pynvml.nvmlDeviceGetNumGpuCores, index, handle)
+        return sm_count_from_cores(cores, capability)
+
+
+def _numa_node(handle: Any, index: int) -> int:
+    """NVML's NUMA node where the driver has it, else the one Linux gives the PCI device."""
+    node = _optional(pynvml.nvmlDeviceGetNumaNodeId, index, handle)
+    if node is not None:
+        return max(node, 0)
+    return sysfs_numa_node(_bus_id(handle, index))
+
+
+def _bus_id(handle: Any, index: int) -> str:
+    return _call(pynvml.nvmlDeviceGetPciInfo, index, handle).busId
+
+
+def _mig_enabled(handle: Any, index: int) -> bool:
+    modes = _optional(pynvml.nvmlDeviceGetMigMode, index, handle)
+    return modes is not None and modes[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+
+
+def _mig_instance(handle: Any, index: int, slot: int, gpu_mib: int) -> MigInstance | None:
+    """The MIG device in ``slot`` of GPU ``index``, or None when the slot is empty."""
+    try:
+        mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+    except pynvml.NVMLError_NotFound:
+        return None
+    except pynvml.NVMLError as error:
+        raise NvmlError("nvmlDeviceGetMigDeviceHandleByIndex", index, str(error)) from error
+    attributes = _call(pynvml.nvmlDeviceGetAttributes_v2, index, mig)
+    return MigInstance(
+        profile=mig_profile_name(
+            attributes.gpuInstanceSliceCount,
+            attributes.computeInstanceSliceCount,
+            attributes.memorySizeMB,
+            gpu_mib,
+        ),
+        uuid=_call(pynvml.nvmlDeviceGetUUID, index, mig),
+        memory_mib=attributes.memorySizeMB,
+        sm_count=attributes.multiprocessorCount,
+    )
+
+
+def _nvlink_ends(handle: Any, index: int) -> NvLinkEnds:
+    """Where the active NVLinks of GPU ``index`` lead."""
+    gpus: Counter[str] = Counter()
+    switch_links = 0
+    for link in _active_nvlinks(handle):
+        kind = _optional(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, index, handle, link)
+        if kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+            switch_links += 1
+        else:
+            remote = _call(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, index, handle, link)
+            gpus[pci_address(remote.busId)] += 1
+    return NvLinkEnds(dict(gpus), switch_links)
+
+
+def _active_nvlinks(handle: Any) -> list[int]:
+    """The links that are up; a link NVML cannot read (absent, unsupported) carries nothing."""
+    active = []
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            if pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED:
+                active.append(link)
+        except pynvml.NVMLError:
+            continue
+    return active
+
+
+def _link(handle: Any, index: int, mine: NvLinkEnds, peer: int) -> GpuLink:
+    """The closest connection from GPU ``index`` to GPU ``peer``: NVLink, else the PCIe topology."""
+    peer_handle = _handle(peer)
+    peer_ends = _nvlink_ends(peer_handle, peer) if mine.switch_links else NvLinkEnds()
+    count = nvlink_count(mine, pci_address(_bus_id(peer_handle, peer)), peer_ends)
+    if count:
+        return GpuLink(peer, LINK_NVLINK, count)
+    level = _call(pynvml.nvmlDeviceGetTopologyCommonAncestor, index, handle, peer_handle)
+    return GpuLink(peer, link_type(level))

@@ -1,0 +1,87 @@
+"""Keeps the node's GPU inventory, usage heartbeat and labels current.
+
+Every `interval_s` it re-reads the GPUs through the backend: the inventory
+(health included) goes to the DeviceManager and, when it changed, to the
+node annotation; the usage annotation is written every round, since its
+heartbeat tells the extender this node's numbers are fresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from device_plugin import metrics
+from device_plugin.discovery import discover, sample_usage
+from device_plugin.health import HealthTracker
+from device_plugin.manager import DeviceManager
+from device_plugin.nvml.backend import NvmlBackend, NvmlError
+from infergrid.constants import ANNOTATION_GPU_INVENTORY, ANNOTATION_GPU_USAGE
+from infergrid.inventory import encode_inventory, node_labels
+from infergrid.usage import GpuUsage, encode_usage
+
+log = logging.getLogger(__name__)
+
+PatchNode = Callable[[dict[str, str], dict[str, str]], None]
+"""(annotations, labels) -> None; writes them onto this node."""
+
+
+class NodePublisher:
+    def __init__(
+        self,
+        backend: NvmlBackend,
+        tracker: HealthTracker,
+        manager: DeviceManager,
+        patch_node: PatchNode | None,
+        interval_s: float,
+        stop: threading.Event,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ):
+        self.backend = backend
+        self.tracker = tracker
+        self.manager = manager
+        self.patch_node = patch_node
+        self.interval_s = interval_s
+        self.stop = stop
+        self.clock = clock
+        self._published_inventory: str | None = None
+
+    def publish_once(self) -> None:
+        node = self.manager.config.node_name
+        inventory = discover(self.backend, node, self.tracker)
+        self.manager.set_inventory(inventory)
+        usage = sample_usage(self.backend, node, self.clock())
+        self._export(usage)
+        if self.patch_node is None:
+            return
+        encoded = encode_inventory(inventory)
+        annotations = {ANNOTATION_GPU_USAGE: encode_usage(usage)}
+        labels = {}
+        if encoded != self._published_inventory:
+            annotations[ANNOTATION_GPU_INVENTORY] = encoded
+            labels = node_labels(inventory)
+        self.patch_node(annotations, labels)
+        self._published_inventory = encoded
+
+    def _export(self, usage: GpuUsage) -> None:
+        for sample in usage.gpus:
+            metrics.GPU_MEMORY_USED.labels(sample.uuid).set(sample.used_mib)
+            metrics.GPU_UTILIZATION.labels(sample.uuid).set(sample.utilization_percent)
+        for resource, devices in self.manager.resources().items():
+            healthy = sum(d.healthy for d in devices)
+            metrics.DEVICES.labels(resource, "healthy").set(healthy)
+            metrics.DEVICES.labels(resource, "unhealthy").set(len(devices) - healthy)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.publish_once()
+            except NvmlError as err:
+                metrics.NVML_ERRORS.labels(err.call).inc()
+                log.warning("cannot read the GPUs this round: %s", err)
+            except Exception:
+                metrics.PUBLISH_ERRORS.labels("node").inc()
+                log.exception("publishing the node's GPU state failed; retrying next round")
+            self.stop.wait(self.interval_s)

@@ -1,0 +1,90 @@
+"""One node's device plugin, assembled: backend, health, manager, endpoints, publisher.
+
+`DevicePluginRuntime.start()` discovers the GPUs, starts the health monitor,
+the publisher and the kubelet-facing endpoints in threads; `stop()` ends them
+all and removes the sockets. Tests build it with a FakeNvml and their own pod
+source; the CLI builds it from the config.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from device_plugin.config import PluginConfig
+from device_plugin.discovery import discover
+from device_plugin.endpoint import PluginEndpoint
+from device_plugin.health import HealthMonitor, HealthTracker
+from device_plugin.manager import DeviceManager, PodSource
+from device_plugin.nvml.backend import NvmlBackend
+from device_plugin.plugin import NodePlugins
+from device_plugin.publisher import NodePublisher, PatchNode
+from device_plugin.server import DevicePluginServicer
+
+log = logging.getLogger(__name__)
+
+
+class DevicePluginRuntime:
+    def __init__(
+        self,
+        config: PluginConfig,
+        backend: NvmlBackend,
+        pods: PodSource,
+        patch_node: PatchNode | None = None,
+        on_grants=None,
+        tracker: HealthTracker | None = None,
+    ):
+        self.config = config
+        self.backend = backend
+        self.stop_event = threading.Event()
+        self.tracker = tracker or HealthTracker(config.health_quiet_period_s)
+        inventory = discover(backend, config.node_name, self.tracker)
+        self.manager = DeviceManager(config, inventory, self.tracker.is_healthy, pods)
+        self.on_grants = on_grants or (lambda grants: None)
+        self.monitor = HealthMonitor(backend, self.tracker, self.stop_event)
+        self.publisher = NodePublisher(
+            backend,
+            self.tracker,
+            self.manager,
+            patch_node,
+            config.usage_interval_s,
+            self.stop_event,
+        )
+        self.plugins = NodePlugins(self._endpoints, config.plugin_dir, self.stop_event)
+        self._threads: list[threading.Thread] = []
+
+    def _endpoints(self) -> list[PluginEndpoint]:
+        """One endpoint per resource that has devices on this node."""
+        return [
+            PluginEndpoint(
+                resource,
+                DevicePluginServicer(
+                    resource,
+                    self.manager,
+                    self.tracker.wait_for_change,
+                    self.stop_event,
+                    self.on_grants,
+                ),
+                self.config.plugin_dir,
+            )
+            for resource, devices in sorted(self.manager.resources().items())
+            if devices
+        ]
+
+    def start(self) -> None:
+        for name, target in (
+            ("health", self.monitor.run),
+            ("publisher", self.publisher.run),
+            ("kubelet", self.plugins.run),
+        ):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stop_event.set()
+        for thread in self._threads:
+            thread.join(timeout)
+        self.plugins.shutdown()
+        self.backend.close()
+        log.info("device plugin stopped; sockets removed")

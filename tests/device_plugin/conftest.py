@@ -1,0 +1,107 @@
+"""A running device plugin on fake NVML, talking to a fake kubelet over unix sockets."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from device_plugin.allocator import Grant
+from device_plugin.assignments import PodView
+from device_plugin.config import PluginConfig
+from device_plugin.fake_kubelet import FakeKubelet
+from device_plugin.health import HealthTracker
+from device_plugin.nvml.fake import FakeNvml
+from device_plugin.runtime import DevicePluginRuntime
+from infergrid.assignment import AssignedGpu, AssignedMig, ContainerAssignment, PodAssignment
+from infergrid.constants import SCHEDULER_NAME
+from infergrid.fleet import load_fleet
+
+SAMPLE = Path(__file__).resolve().parents[2] / "e2e" / "fleets" / "sample.yaml"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@dataclass
+class StaticPods:
+    """The node's pods as a test sets them."""
+
+    items: list[PodView] = field(default_factory=list)
+
+    def pods(self) -> list[PodView]:
+        return list(self.items)
+
+
+def whole(name: str, *uuids: str, memory: int = 23034) -> ContainerAssignment:
+    return ContainerAssignment(name, gpus=tuple(AssignedGpu(u, memory, 100) for u in uuids))
+
+
+def share(name: str, uuid: str, memory: int, cores: int = 50) -> ContainerAssignment:
+    return ContainerAssignment(name, gpus=(AssignedGpu(uuid, memory, cores),), shared=True)
+
+
+def mig(name: str, uuid: str, profile: str, gpu_uuid: str) -> ContainerAssignment:
+    return ContainerAssignment(name, mig=AssignedMig(uuid, profile, gpu_uuid))
+
+
+def pod(
+    name: str,
+    node: str,
+    *containers: ContainerAssignment,
+    age_s: int = 0,
+    scheduler: str = SCHEDULER_NAME,
+) -> PodView:
+    assigned = PodAssignment(node, T0 + timedelta(seconds=age_s), containers)
+    return PodView(f"uid-{name}", "default", name, node, scheduler, assigned)
+
+
+@dataclass
+class Running:
+    kubelet: FakeKubelet
+    runtime: DevicePluginRuntime
+    nvml: FakeNvml
+    pods: StaticPods
+    granted: list[Grant]
+
+    def gpu(self, index: int):
+        return next(g for g in self.runtime.manager.inventory.gpus if g.index == index)
+
+
+@pytest.fixture()
+def short_dir():
+    """Unix socket paths must stay under 108 bytes; pytest's tmp_path can be longer."""
+    path = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture()
+def start_plugin(short_dir):
+    started: list[Running] = []
+
+    def start(node: str = "l4-0", fleet: Path = SAMPLE, **settings) -> Running:
+        fleet_node = next(n for n in load_fleet(fleet).nodes if n.name == node)
+        nvml = FakeNvml(fleet_node)
+        kubelet = FakeKubelet(short_dir)
+        kubelet.start()
+        config = PluginConfig(node_name=node, plugin_dir=short_dir, metrics_port=0, **settings)
+        pods, granted = StaticPods(), []
+        runtime = DevicePluginRuntime(
+            config,
+            nvml,
+            pods,
+            on_grants=granted.extend,
+            tracker=HealthTracker(config.health_quiet_period_s),
+        )
+        runtime.start()
+        running = Running(kubelet, runtime, nvml, pods, granted)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        running.runtime.stop()
+        running.kubelet.stop()

@@ -1,0 +1,106 @@
+"""Allocate decisions on plain data: matching, and never over-committing a GPU."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from device_plugin.allocator import AllocationError, grant
+from device_plugin.assignments import Ledger
+from device_plugin.config import PluginConfig
+from device_plugin.devices import by_id, resource_devices
+from infergrid.fleet import parse_fleet
+from tests.device_plugin.conftest import pod, share, whole
+
+FLEET = parse_fleet(
+    {
+        "version": "v1",
+        "nodes": [
+            {
+                "name": "n",
+                "gpus": {
+                    "model": "NVIDIA L4",
+                    "count": 2,
+                    "memoryMiB": 1000,
+                    "smCount": 58,
+                    "computeCapability": "8.9",
+                },
+            }
+        ],
+    },
+    "test",
+)
+INVENTORY = FLEET.nodes[0].inventory
+CONFIG = PluginConfig(node_name="n", vgpu_slots_per_gpu=4)
+DEVICES = by_id(resource_devices(INVENTORY, CONFIG, lambda uuid: True))
+UUIDS = [g.uuid for g in INVENTORY.gpus]
+
+
+def device_ids(container) -> list[str]:
+    if container.shared:
+        return [f"{container.gpus[0].uuid}::vgpu-0"]
+    return [g.uuid for g in container.gpus]
+
+
+containers = st.one_of(
+    st.builds(
+        lambda gpu, mem, cores: share("c", UUIDS[gpu], mem, cores),
+        st.integers(0, 1),
+        st.integers(1, 1000),
+        st.integers(1, 100),
+    ),
+    st.builds(lambda gpu: whole("c", UUIDS[gpu], memory=1000), st.integers(0, 1)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(containers, min_size=1, max_size=12), st.randoms(use_true_random=False))
+def test_honoured_assignments_never_over_commit_a_gpu(assigned, rnd):
+    pods = [pod(f"p{i}", "n", c, age_s=i) for i, c in enumerate(assigned)]
+    ledger = Ledger()
+    order = list(range(len(pods)))
+    rnd.shuffle(order)
+    for i in order:
+        try:
+            grant(device_ids(assigned[i]), DEVICES, "n", pods, ledger, CONFIG)
+        except AllocationError:
+            pass
+        for uuid, load in ledger.load().items():
+            assert load.memory_mib <= 1000 and load.cores <= 100
+            assert not (load.exclusive and load.shares), uuid
+            assert not load.exclusive or load.memory_mib == 1000
+
+
+def test_a_refused_request_leaves_the_ledger_unchanged():
+    pods = [
+        pod("a", "n", whole("c", UUIDS[0], memory=1000)),
+        pod("b", "n", share("c", UUIDS[0], 10)),
+    ]
+    ledger = Ledger()
+    grant([UUIDS[0]], DEVICES, "n", pods, ledger, CONFIG)
+    before = dict(ledger.honoured)
+    with pytest.raises(AllocationError, match="held whole"):
+        grant([f"{UUIDS[0]}::vgpu-1"], DEVICES, "n", pods, ledger, CONFIG)
+    assert ledger.honoured == before
+
+
+def test_pods_that_leave_free_their_gpus():
+    held = pod("a", "n", whole("c", UUIDS[1], memory=1000))
+    ledger = Ledger()
+    grant([UUIDS[1]], DEVICES, "n", [held], ledger, CONFIG)
+    ledger.keep_only([])
+    later = pod("b", "n", whole("c", UUIDS[1], memory=1000), age_s=5)
+    grant([UUIDS[1]], DEVICES, "n", [later], ledger, CONFIG)
+    assert list(ledger.honoured) == [("uid-b", "c")]
+
+
+def test_a_restarted_plugin_adopts_allocations_marked_in_annotations():
+    done = pod("a", "n", replace(whole("c", UUIDS[0], memory=1000), allocated=True))
+    ledger = Ledger()
+    ledger.seed([done])
+    rival = pod("b", "n", share("c", UUIDS[0], 10), age_s=3)
+    with pytest.raises(AllocationError, match="held whole"):
+        grant([f"{UUIDS[0]}::vgpu-0"], DEVICES, "n", [done, rival], ledger, CONFIG)

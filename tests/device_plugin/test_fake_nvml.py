@@ -1,0 +1,236 @@
+"""The fake NVML: it reports what the fleet file says, and tests can steer it."""
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from device_plugin.nvml.backend import NvmlBackend, NvmlError, XidEvent
+from device_plugin.nvml.fake import FakeNvml, interpolate
+from infergrid.fleet import FleetNode, load_fleet, parse_fleet
+
+SAMPLE = Path(__file__).parents[2] / "e2e" / "fleets" / "sample.yaml"
+NODES = {node.name: node for node in load_fleet(SAMPLE).nodes}
+
+
+class FakeClock:
+    """Seconds that move only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def four_gpu_node(**changes: object) -> FleetNode:
+    gpus = {
+        "model": "NVIDIA A100-SXM4-80GB",
+        "count": 4,
+        "memoryMiB": 81920,
+        "smCount": 108,
+        "computeCapability": "8.0",
+    }
+    doc = {"version": "v1", "nodes": [{"name": "n", "gpus": gpus} | changes]}
+    return parse_fleet(doc, "test").nodes[0]
+
+
+def test_it_is_an_nvml_backend():
+    assert isinstance(FakeNvml(NODES["h100"]), NvmlBackend)
+
+
+@pytest.mark.parametrize("name", NODES)
+def test_it_reports_every_gpu_of_the_fleet_node(name):
+    node = NODES[name]
+    fake = FakeNvml(node)
+    assert fake.device_count() == len(node.inventory.gpus)
+    for gpu in node.inventory.gpus:
+        info = fake.device_info(gpu.index)
+        assert (info.index, info.uuid, info.model) == (gpu.index, gpu.uuid, gpu.model)
+        assert (info.memory_mib, info.sm_count, info.compute_capability) == (
+            gpu.memory_mib,
+            gpu.sm_count,
+            gpu.compute_capability,
+        )
+        assert (info.numa_node, info.mig_enabled) == (gpu.numa_node, gpu.mig_enabled)
+
+
+def test_the_sample_fleet_has_three_models():
+    models = {FakeNvml(n).device_info(0).model for n in NODES.values()}
+    assert models == {"NVIDIA A100-SXM4-80GB", "NVIDIA L4", "NVIDIA H100 80GB HBM3"}
+    l4 = FakeNvml(NODES["l4-0"]).device_info(3)
+    assert (l4.memory_mib, l4.sm_count, l4.compute_capability, l4.numa_node) == (
+        23034,
+        58,
+        "8.9",
+        1,
+    )
+
+
+def test_a_gpu_in_mig_mode_reports_its_instances():
+    fake = FakeNvml(NODES["a100-1"])
+    assert fake.device_info(0).mig_enabled
+    instances = fake.mig_instances(0)
+    assert [(m.profile, m.memory_mib, m.sm_count) for m in instances] == [
+        ("3g.40gb", 40192, 46),
+        ("3g.40gb", 40192, 46),
+    ]
+    assert len({m.uuid for m in instances}) == 2
+    assert not fake.device_info(1).mig_enabled
+    assert fake.mig_instances(1) == ()
+
+
+def peers(fake: FakeNvml, index: int) -> dict[int, tuple[str, int]]:
+    return {link.peer_index: (link.type, link.count) for link in fake.links(index)}
+
+
+def test_nvswitch_links_every_gpu_to_every_other():
+    fake = FakeNvml(NODES["a100-0"])
+    for index in range(8):
+        assert peers(fake, index) == {p: ("nvlink", 12) for p in range(8) if p != index}
+
+
+def test_nvlink_pairs_link_only_partners():
+    assert peers(FakeNvml(NODES["h100"]), 0) == {1: ("nvlink", 18)}
+    fake = FakeNvml(four_gpu_node(topology={"nvlink": "pairs", "nvlinkCount": 4}))
+    assert peers(fake, 2) == {0: ("numa", 0), 1: ("numa", 0), 3: ("nvlink", 4)}
+
+
+def test_pcie_only_gpus_go_through_switches_and_numa_nodes():
+    assert peers(FakeNvml(NODES["l4-0"]), 0) == {
+        1: ("pcie-switch", 0),
+        2: ("system", 0),
+        3: ("system", 0),
+    }
+
+
+def test_memory_and_utilization_are_what_the_test_sets():
+    fake = FakeNvml(NODES["l4-0"])
+    assert (fake.memory_used_mib(1), fake.utilization_percent(1)) == (0, 0)
+    fake.set_memory_used(1, 4096)
+    fake.set_utilization(1, 75)
+    assert (fake.memory_used_mib(1), fake.utilization_percent(1)) == (4096, 75)
+    assert (fake.memory_used_mib(0), fake.utilization_percent(0)) == (0, 0)
+
+
+def test_drifting_memory_follows_the_clock():
+    clock = FakeClock()
+    fake = FakeNvml(NODES["l4-0"], clock=clock)
+    fake.drift_memory(0, [(2.0, 1000), (12.0, 3000), (22.0, 2000)])
+    assert fake.memory_used_mib(0) == 1000
+    clock.now += 7.0
+    assert fake.memory_used_mib(0) == 2000
+    clock.now += 10.0
+    assert fake.memory_used_mib(0) == 2500
+    clock.now += 100.0
+    assert fake.memory_used_mib(0) == 2000
+    fake.set_memory_used(0, 10)
+    assert fake.memory_used_mib(0) == 10
+
+
+@pytest.mark.parametrize(
+    ("t", "value"), [(-1.0, 5), (0.0, 5), (1.0, 10), (4.0, 40), (5.0, 40), (9.0, 40)]
+)
+def test_interpolate_is_flat_outside_the_points(t, value):
+    assert interpolate([(0.0, 5), (2.0, 15), (4.0, 40)], t) == value
+
+
+def test_bad_simulation_settings_name_the_argument():
+    fake = FakeNvml(NODES["l4-0"])
+    with pytest.raises(ValueError, match="mib: GPU 0 has 23034 MiB"):
+        fake.set_memory_used(0, 30000)
+    with pytest.raises(ValueError, match="points: times must increase"):
+        fake.drift_memory(0, [(5.0, 1), (1.0, 2)])
+    with pytest.raises(ValueError, match="points: need at least one"):
+        fake.drift_memory(0, [])
+    with pytest.raises(ValueError, match="percent"):
+        fake.set_utilization(0, 101)
+    with pytest.raises(ValueError, match="index: l4-0 has no GPU 4"):
+        fake.inject_xid(4, 79)
+    with pytest.raises(ValueError, match="call: 'memory' is not one of"):
+        fake.fail("memory")
+    with pytest.raises(ValueError, match="index: device_count is not about one GPU"):
+        fake.fail("device_count", 0)
+
+
+def test_a_gpu_the_node_lacks_is_an_nvml_error():
+    with pytest.raises(NvmlError) as caught:
+        FakeNvml(NODES["h100"]).device_info(2)
+    assert (caught.value.call, caught.value.index) == ("device_info", 2)
+
+
+def test_injected_xids_come_out_once_in_order():
+    fake = FakeNvml(NODES["h100"])
+    fake.inject_xid(1, 79)
+    fake.inject_xid(0, 48)
+    uuids = [gpu.uuid for gpu in NODES["h100"].inventory.gpus]
+    assert fake.wait_for_events(0) == (XidEvent(uuids[1], 79), XidEvent(uuids[0], 48))
+    assert fake.wait_for_events(0) == ()
+
+
+def test_a_waiting_reader_wakes_when_an_xid_arrives():
+    fake = FakeNvml(NODES["h100"])
+    threading.Timer(0.02, fake.inject_xid, (0, 79)).start()
+    assert [event.xid for event in fake.wait_for_events(10)] == [79]
+
+
+def test_close_wakes_a_waiting_reader_and_later_calls_fail():
+    fake = FakeNvml(NODES["h100"])
+    threading.Timer(0.02, fake.close).start()
+    assert fake.wait_for_events(10) == ()
+    with pytest.raises(NvmlError, match="shut down"):
+        fake.device_count()
+
+
+def test_events_from_many_threads_are_all_delivered():
+    fake = FakeNvml(NODES["a100-0"])
+    senders = [
+        threading.Thread(target=lambda i=i: [fake.inject_xid(i, 79) for _ in range(50)])
+        for i in range(8)
+    ]
+    for sender in senders:
+        sender.start()
+    received: list[XidEvent] = []
+    while len(received) < 400:
+        received += fake.wait_for_events(10)
+    for sender in senders:
+        sender.join()
+    assert len(received) == 400
+
+
+def test_a_failed_call_raises_for_one_gpu_until_healed():
+    fake = FakeNvml(NODES["l4-0"])
+    fake.fail("memory_used_mib", 1)
+    with pytest.raises(NvmlError) as caught:
+        fake.memory_used_mib(1)
+    assert (caught.value.call, caught.value.index) == ("memory_used_mib", 1)
+    assert str(caught.value) == "memory_used_mib on GPU 1: injected failure"
+    assert fake.memory_used_mib(0) == 0
+    fake.heal("memory_used_mib", 1)
+    assert fake.memory_used_mib(1) == 0
+
+
+def test_a_failure_for_every_gpu_stays_until_healed_for_every_gpu():
+    fake = FakeNvml(NODES["l4-0"])
+    fake.fail("links")
+    fake.fail("device_count")
+    fake.heal(index=2)
+    with pytest.raises(NvmlError):
+        fake.links(2)
+    with pytest.raises(NvmlError, match="device_count: injected failure"):
+        fake.device_count()
+    fake.heal("links")
+    assert len(fake.links(2)) == 3
+    fake.heal()
+    assert fake.device_count() == 4
+
+
+def test_a_gpu_listed_unhealthy_has_an_identity_but_no_readings():
+    fake = FakeNvml(four_gpu_node(unhealthy=[2]))
+    assert fake.device_info(2).index == 2
+    for read in (fake.memory_used_mib, fake.utilization_percent):
+        with pytest.raises(NvmlError, match="GPU is lost"):
+            read(2)
+        assert read(1) == 0
+    fake.heal(index=2)
+    assert fake.memory_used_mib(2) == 0

@@ -1,0 +1,194 @@
+"""GPU health: faults flip a GPU unhealthy, quiet brings it back, waiters wake on both."""
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from device_plugin.health import APPLICATION_XIDS, HealthMonitor, HealthTracker
+from device_plugin.nvml.backend import XidEvent
+from device_plugin.nvml.fake import FakeNvml
+from infergrid.fleet import load_fleet
+
+SAMPLE = Path(__file__).parents[2] / "e2e" / "fleets" / "sample.yaml"
+NODES = {node.name: node for node in load_fleet(SAMPLE).nodes}
+H100 = [gpu.uuid for gpu in NODES["h100"].inventory.gpus]
+GPU = "GPU-test"
+
+
+class FakeClock:
+    """Seconds that move only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def tracker(clock: FakeClock) -> HealthTracker:
+    return HealthTracker(quiet_period_s=30, clock=clock)
+
+
+def test_a_critical_xid_makes_a_gpu_unhealthy(tracker):
+    assert tracker.is_healthy(GPU)
+    tracker.record_xid(GPU, 79)
+    assert not tracker.is_healthy(GPU)
+    assert tracker.unhealthy() == {GPU: "XID 79"}
+    assert tracker.version == 1
+
+
+@pytest.mark.parametrize("xid", sorted(APPLICATION_XIDS))
+def test_application_xids_leave_the_gpu_healthy(tracker, xid):
+    tracker.record_xid(GPU, xid)
+    assert tracker.is_healthy(GPU)
+    assert tracker.version == 0
+
+
+def test_a_gpu_recovers_after_the_quiet_period(tracker, clock):
+    tracker.record_failure(GPU, "nvmlDeviceGetMemoryInfo on GPU 0: GPU is lost")
+    clock.now += 29.9
+    assert tracker.unhealthy() == {GPU: "nvmlDeviceGetMemoryInfo on GPU 0: GPU is lost"}
+    clock.now += 0.1
+    assert tracker.is_healthy(GPU)
+    assert tracker.unhealthy() == {}
+    assert tracker.version == 2
+
+
+def test_a_new_fault_restarts_the_quiet_period_without_a_new_version(tracker, clock):
+    tracker.record_xid(GPU, 79)
+    clock.now += 20
+    tracker.record_xid(GPU, 48)
+    assert tracker.version == 1
+    clock.now += 20
+    assert tracker.unhealthy() == {GPU: "XID 48"}
+    clock.now += 10
+    assert tracker.is_healthy(GPU)
+
+
+def test_a_critical_xid_after_recovery_flips_the_gpu_again(tracker, clock):
+    tracker.record_xid(GPU, 79)
+    clock.now += 30
+    assert tracker.is_healthy(GPU)
+    tracker.record_xid(GPU, 94)
+    assert not tracker.is_healthy(GPU)
+    assert tracker.version == 3
+
+
+def test_gpus_are_tracked_apart(tracker, clock):
+    tracker.record_xid("GPU-a", 79)
+    clock.now += 15
+    tracker.record_xid("GPU-b", 79)
+    clock.now += 15
+    assert tracker.unhealthy() == {"GPU-b": "XID 79"}
+
+
+def test_a_negative_quiet_period_is_refused():
+    with pytest.raises(ValueError, match="quiet_period_s"):
+        HealthTracker(quiet_period_s=-1)
+
+
+def test_wait_for_change_returns_at_once_when_the_version_moved(tracker):
+    tracker.record_xid(GPU, 79)
+    assert tracker.wait_for_change(0, timeout=10) == 1
+
+
+def test_wait_for_change_returns_the_same_version_on_timeout(tracker):
+    assert tracker.wait_for_change(0, timeout=0) == 0
+
+
+def test_wait_for_change_sees_a_recovery_on_the_trackers_clock(tracker, clock):
+    tracker.record_xid(GPU, 79)
+    clock.now += 30
+    assert tracker.wait_for_change(1, timeout=0) == 2
+
+
+def test_wait_for_change_wakes_when_another_thread_records_a_fault(tracker):
+    threading.Timer(0.02, tracker.record_xid, (GPU, 79)).start()
+    assert tracker.wait_for_change(0, timeout=10) == 1
+
+
+def test_wait_for_change_wakes_at_the_recovery_deadline():
+    tracker = HealthTracker(quiet_period_s=0.05)
+    tracker.record_xid(GPU, 79)
+    assert tracker.wait_for_change(1, timeout=10) == 2
+    assert tracker.is_healthy(GPU)
+
+
+def monitor_of(fake: FakeNvml, tracker: HealthTracker) -> HealthMonitor:
+    return HealthMonitor(fake, tracker, threading.Event(), interval_s=0.01)
+
+
+def test_the_monitor_records_xid_events(tracker):
+    fake = FakeNvml(NODES["h100"])
+    fake.inject_xid(1, 79)
+    fake.inject_xid(0, 43)
+    monitor_of(fake, tracker).check_once()
+    assert tracker.unhealthy() == {H100[1]: "XID 79"}
+
+
+def test_the_monitor_marks_a_gpu_that_fails_its_probe(tracker):
+    fake = FakeNvml(NODES["h100"])
+    monitor = monitor_of(fake, tracker)
+    monitor.check_once()
+    fake.fail("memory_used_mib", 0)
+    fake.fail("device_info", 0)
+    monitor.check_once()
+    assert tracker.unhealthy() == {H100[0]: "memory_used_mib on GPU 0: injected failure"}
+
+
+def test_the_monitor_survives_nvml_errors(tracker, caplog):
+    fake = FakeNvml(NODES["h100"])
+    fake.fail("wait_for_events")
+    fake.fail("device_info", 1)
+    monitor = monitor_of(fake, tracker)
+    monitor.check_once()
+    fake.fail("device_count")
+    monitor.check_once()
+    assert tracker.unhealthy() == {}
+    assert "cannot read XID events" in caplog.text
+    assert "GPU 1 cannot be identified" in caplog.text
+    assert "cannot count GPUs" in caplog.text
+
+
+def test_the_monitor_thread_reports_faults_and_stops_promptly():
+    fake = FakeNvml(NODES["h100"])
+    tracker = HealthTracker(quiet_period_s=60)
+    stop = threading.Event()
+    thread = threading.Thread(target=HealthMonitor(fake, tracker, stop, interval_s=0.05).run)
+    thread.start()
+    fake.inject_xid(0, 79)
+    assert tracker.wait_for_change(0, timeout=10) == 1
+    stop.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert tracker.unhealthy() == {H100[0]: "XID 79"}
+
+
+class BrokenNvml(FakeNvml):
+    """A backend with a bug: its event call raises something other than NvmlError."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        super().__init__(NODES["h100"])
+        self.stop = stop
+        self.calls = 0
+
+    def wait_for_events(self, timeout_s: float) -> tuple[XidEvent, ...]:
+        self.calls += 1
+        if self.calls == 3:
+            self.stop.set()
+        raise RuntimeError("bug in the backend")
+
+
+def test_the_monitor_logs_unexpected_errors_and_keeps_going(tracker, caplog):
+    stop = threading.Event()
+    backend = BrokenNvml(stop)
+    HealthMonitor(backend, tracker, stop, interval_s=0.01).run()
+    assert backend.calls == 3
+    assert caplog.text.count("GPU health round failed") == 3

@@ -1,0 +1,285 @@
+"""The plugin speaks the kubelet device plugin protocol over real unix-socket gRPC."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from device_plugin.kubelet import API_VERSION, HEALTHY, UNHEALTHY, api_pb2
+from infergrid.constants import RESOURCE_GPU, RESOURCE_VGPU, SCHEDULER_NAME
+from tests.device_plugin.conftest import mig, pod, share, whole
+
+
+def allocate(stub, *device_lists):
+    request = api_pb2.AllocateRequest(
+        container_requests=[
+            api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in device_lists
+        ]
+    )
+    return stub.Allocate(request, timeout=5)
+
+
+def first_list(stub) -> list[api_pb2.Device]:
+    stream = stub.ListAndWatch(api_pb2.Empty(), timeout=10)
+    devices = list(next(stream).devices)
+    stream.cancel()
+    return devices
+
+
+def test_registers_each_resource_on_its_own_socket(start_plugin):
+    p = start_plugin("a100-1")
+    wanted = {RESOURCE_GPU, RESOURCE_VGPU, "nvidia.com/mig-3g.40gb"}
+    assert p.kubelet.wait_registered(wanted)
+    requests = {r.resource_name: r for r in p.kubelet.registrations}
+    assert all(r.version == API_VERSION for r in requests.values())
+    assert len({r.endpoint for r in requests.values()}) == 3
+    assert all((p.kubelet.plugin_dir / r.endpoint).exists() for r in requests.values())
+    assert requests[RESOURCE_GPU].options.get_preferred_allocation_available
+
+
+def test_list_and_watch_advertises_whole_gpus_share_slots_and_mig(start_plugin):
+    p = start_plugin("a100-1")
+    p.kubelet.wait_registered({RESOURCE_GPU, RESOURCE_VGPU, "nvidia.com/mig-3g.40gb"})
+    whole_ids = [d.ID for d in first_list(p.kubelet.plugin(RESOURCE_GPU))]
+    assert len(whole_ids) == 7  # GPU 0 is in MIG mode
+    slots = first_list(p.kubelet.plugin(RESOURCE_VGPU))
+    assert len(slots) == 70 and all(d.health == HEALTHY for d in slots)
+    migs = first_list(p.kubelet.plugin("nvidia.com/mig-3g.40gb"))
+    assert [d.ID for d in migs] == [m.uuid for m in p.gpu(0).mig_instances]
+    assert {d.topology.nodes[0].ID for d in slots} == {0, 1}
+
+
+def test_time_slicing_advertises_replicas_per_gpu(start_plugin):
+    p = start_plugin("l4-0", gpu_replicas=4)
+    p.kubelet.wait_registered({RESOURCE_GPU})
+    ids = [d.ID for d in first_list(p.kubelet.plugin(RESOURCE_GPU))]
+    assert len(ids) == 16 and ids[1] == f"{p.gpu(0).uuid}::1"
+
+
+def test_mig_strategy_single_advertises_instances_as_gpus(start_plugin):
+    p = start_plugin("a100-1", mig_strategy="single")
+    p.kubelet.wait_registered({RESOURCE_GPU})
+    ids = {d.ID for d in first_list(p.kubelet.plugin(RESOURCE_GPU))}
+    assert {m.uuid for m in p.gpu(0).mig_instances} <= ids
+    assert not any(r.resource_name.startswith("nvidia.com/mig-") for r in p.kubelet.registrations)
+
+
+def test_a_health_flip_is_streamed_and_recovers_after_the_quiet_period(start_plugin):
+    p = start_plugin("l4-0", health_quiet_period_s=1.0)
+    p.kubelet.wait_registered({RESOURCE_GPU})
+    stream = p.kubelet.plugin(RESOURCE_GPU).ListAndWatch(api_pb2.Empty(), timeout=20)
+    assert all(d.health == HEALTHY for d in next(stream).devices)
+    uuid = p.gpu(2).uuid
+    p.nvml.inject_xid(2, 79)  # GPU has fallen off the bus
+    flipped = next(stream).devices
+    assert [d.ID for d in flipped if d.health == UNHEALTHY] == [uuid]
+    recovered = next(stream).devices
+    assert all(d.health == HEALTHY for d in recovered)
+    stream.cancel()
+
+
+def test_nvml_errors_mark_the_gpu_unhealthy_without_crashing(start_plugin):
+    p = start_plugin("l4-0", health_quiet_period_s=30.0)
+    p.kubelet.wait_registered({RESOURCE_GPU})
+    stream = p.kubelet.plugin(RESOURCE_GPU).ListAndWatch(api_pb2.Empty(), timeout=20)
+    next(stream)
+    p.nvml.fail("memory_used_mib", 1)
+    devices = next(stream).devices
+    assert [d.ID for d in devices if d.health == UNHEALTHY] == [p.gpu(1).uuid]
+    stream.cancel()
+    assert p.runtime.plugins.registered.is_set()
+
+
+def test_re_registers_after_a_kubelet_restart(start_plugin):
+    p = start_plugin("l4-0")
+    p.kubelet.wait_registered({RESOURCE_GPU, RESOURCE_VGPU})
+    before = len(p.kubelet.registrations)
+    p.kubelet.restart()
+    assert p.kubelet.wait_registered({RESOURCE_GPU, RESOURCE_VGPU}, since=before, timeout=5)
+    assert len(first_list(p.kubelet.plugin(RESOURCE_GPU))) == 4
+
+
+def test_preferred_whole_gpus_are_the_nvlink_set(start_plugin, short_dir):
+    fleet = short_dir / "fleet.yaml"
+    fleet.write_text(
+        "version: v1\nnodes:\n- name: pairs\n  gpus: {model: NVIDIA H100 80GB HBM3, count: 4,"
+        " memoryMiB: 81559, smCount: 132, computeCapability: '9.0'}\n"
+        "  topology: {nvlink: pairs, numaNodes: 2}\n"
+    )
+    p = start_plugin("pairs", fleet=fleet)
+    p.kubelet.wait_registered({RESOURCE_GPU})
+    ids = [p.gpu(i).uuid for i in range(4)]
+    request = api_pb2.PreferredAllocationRequest(
+        container_requests=[
+            api_pb2.ContainerPreferredAllocationRequest(
+                available_deviceIDs=ids[1:], allocation_size=2
+            ),
+            api_pb2.ContainerPreferredAllocationRequest(
+                available_deviceIDs=ids, must_include_deviceIDs=[ids[1]], allocation_size=2
+            ),
+        ]
+    )
+    reply = p.kubelet.plugin(RESOURCE_GPU).GetPreferredAllocation(request, timeout=5)
+    assert sorted(reply.container_responses[0].deviceIDs) == sorted(ids[2:4])
+    assert sorted(reply.container_responses[1].deviceIDs) == sorted(ids[0:2])
+
+
+def test_preferred_share_slot_is_on_the_assigned_gpu(start_plugin):
+    p = start_plugin("l4-0")
+    p.kubelet.wait_registered({RESOURCE_VGPU})
+    target = p.gpu(2).uuid
+    p.pods.items = [pod("llm", "l4-0", share("engine", target, 8192))]
+    slots = [d.ID for d in first_list(p.kubelet.plugin(RESOURCE_VGPU))]
+    request = api_pb2.PreferredAllocationRequest(
+        container_requests=[
+            api_pb2.ContainerPreferredAllocationRequest(
+                available_deviceIDs=slots, allocation_size=1
+            )
+        ]
+    )
+    reply = p.kubelet.plugin(RESOURCE_VGPU).GetPreferredAllocation(request, timeout=5)
+    assert reply.container_responses[0].deviceIDs[0].startswith(f"{target}::vgpu-")
+
+
+def test_allocate_whole_gpus_returns_visible_devices_and_marks_the_container(start_plugin):
+    p = start_plugin("l4-0")
+    p.kubelet.wait_registered({RESOURCE_GPU})
+    a, b = p.gpu(0).uuid, p.gpu(1).uuid
+    p.pods.items = [pod("train", "l4-0", whole("main", a, b))]
+    reply = allocate(p.kubelet.plugin(RESOURCE_GPU), [b, a])
+    envs = reply.container_responses[0].envs
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(sorted([a, b]))
+    assert envs["INFERGRID_GPU_MEMORY_MIB"] == "23034"
+    assert [(g.pending.pod.name, g.pending.container.name) for g in p.granted] == [
+        ("train", "main")
+    ]
+
+
+def test_allocate_a_share_returns_its_memory_budget_and_mps_limits(start_plugin):
+    p = start_plugin("l4-0", mps=True)
+    p.kubelet.wait_registered({RESOURCE_VGPU})
+    target = p.gpu(3).uuid
+    p.pods.items = [pod("llm", "l4-0", share("engine", target, 8192, cores=30))]
+    envs = (
+        allocate(p.kubelet.plugin(RESOURCE_VGPU), [f"{target}::vgpu-4"]).container_responses[0].envs
+    )
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == target
+    assert envs["INFERGRID_GPU_MEMORY_MIB"] == "8192"
+    assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
+    assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+
+
+def test_allocate_a_mig_device(start_plugin):
+    p = start_plugin("a100-1", cdi=True)
+    p.kubelet.wait_registered({"nvidia.com/mig-3g.40gb"})
+    instance = p.gpu(0).mig_instances[1]
+    p.pods.items = [pod("mig", "a100-1", mig("main", instance.uuid, "3g.40gb", p.gpu(0).uuid))]
+    reply = allocate(p.kubelet.plugin("nvidia.com/mig-3g.40gb"), [instance.uuid])
+    response = reply.container_responses[0]
+    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == instance.uuid
+    assert response.envs["INFERGRID_GPU_MEMORY_MIB"] == str(instance.memory_mib)
+    assert [d.name for d in response.cdi_devices] == [f"nvidia.com/gpu={instance.uuid}"]
+
+
+def test_a_multi_container_pod_gets_each_container_its_own_share(start_plugin):
+    p = start_plugin("l4-0")
+    p.kubelet.wait_registered({RESOURCE_VGPU})
+    g0, g1 = p.gpu(0).uuid, p.gpu(1).uuid
+    p.pods.items = [pod("duo", "l4-0", share("a", g0, 4096), share("b", g1, 6144))]
+    stub = p.kubelet.plugin(RESOURCE_VGPU)
+    second = allocate(stub, [f"{g1}::vgpu-0"]).container_responses[0].envs
+    first = allocate(stub, [f"{g0}::vgpu-0"]).container_responses[0].envs
+    assert (first["INFERGRID_GPU_MEMORY_MIB"], second["INFERGRID_GPU_MEMORY_MIB"]) == (
+        "4096",
+        "6144",
+    )
+    assert [g.pending.container.name for g in p.granted] == ["b", "a"]
+
+
+def test_oldest_unallocated_assignment_is_honoured_first(start_plugin):
+    p = start_plugin("l4-0")
+    p.kubelet.wait_registered({RESOURCE_VGPU})
+    g = p.gpu(0).uuid
+    p.pods.items = [
+        pod("young", "l4-0", share("c", g, 1000), age_s=20),
+        pod("old", "l4-0", share("c", g, 2000), age_s=10),
+    ]
+    stub = p.kubelet.plugin(RESOURCE_VGPU)
+    allocate(stub, [f"{g}::vgpu-0"])
+    allocate(stub, [f"{g}::vgpu-1"])
+    assert [x.pending.pod.name for x in p.granted] == ["old", "young"]
+
+
+def test_two_pods_racing_for_one_gpu_get_it_once(start_plugin):
+    """Two assignments that together over-commit GPU 0: exactly one is honoured."""
+    p = start_plugin("l4-0")
+    p.kubelet.wait_registered({RESOURCE_VGPU})
+    g = p.gpu(0).uuid
+    p.pods.items = [
+        pod("first", "l4-0", share("c", g, 16384)),
+        pod("second", "l4-0", share("c", g, 16384), age_s=1),
+    ]
+    stub = p.kubelet.plugin(RESOURCE_VGPU)
+    barrier = threading.Barrier(2)
+
+    def race(slot: int):
+        barrier.wait()
+        try:
+            allocate(stub, [f"{g}::vgpu-{slot}"])
+            return "granted"
+        except grpc.RpcError as err:
+            return err.details()
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(race, [0, 1]))
+    assert results.count("granted") == 1
+    (refusal,) = [r for r in results if r != "granted"]
+    assert f"GPU {g}" in refusal and "MiB unallocated" in refusal
+    assert len(p.granted) == 1
+
+
+@pytest.mark.parametrize(
+    ("pods", "ids", "message"),
+    [
+        (lambda g: [], lambda g: ["GPU-nope"], "unknown device IDs: GPU-nope"),
+        (lambda g: [], lambda g: [g], "no unallocated whole assignment on node l4-0"),
+        (
+            lambda g: [pod("rogue", "l4-0", whole("c", g), scheduler="default-scheduler")],
+            lambda g: [g],
+            f"was not scheduled by {SCHEDULER_NAME}",
+        ),
+        (
+            lambda g: [pod("elsewhere", "l4-1", whole("c", g))],
+            lambda g: [g],
+            "no unallocated whole assignment",
+        ),
+    ],
+    ids=["unknown device", "no assignment", "other scheduler", "assignment for another node"],
+)
+def test_refused_requests_say_what_is_missing_and_change_nothing(start_plugin, pods, ids, message):
+    p = start_plugin("l4-0")
+    p.kubelet.wait_registered({RESOURCE_GPU})
+    g = p.gpu(0).uuid
+    p.pods.items = pods(g)
+    stub = p.kubelet.plugin(RESOURCE_GPU)
+    with pytest.raises(grpc.RpcError) as refused:
+        allocate(stub, ids(g))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert message in refused.value.details()
+    assert p.granted == [] and p.runtime.manager.ledger.honoured == {}
+    p.pods.items = [pod("valid", "l4-0", whole("c", g))]
+    assert allocate(stub, [g]).container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == g
+
+
+def test_stop_removes_every_socket(start_plugin):
+    p = start_plugin("l4-0")
+    p.kubelet.wait_registered({RESOURCE_GPU, RESOURCE_VGPU})
+    sockets = [p.kubelet.plugin_dir / r.endpoint for r in p.kubelet.registrations]
+    started = time.monotonic()
+    p.runtime.stop()
+    assert time.monotonic() - started < 30
+    assert not any(s.exists() for s in sockets)
