@@ -111,7 +111,8 @@ def _envs(devices: list[Device], pending: Pending, config: PluginConfig) -> dict
     envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(targets), "INFERGRID_GPU_MEMORY_MIB": str(memory)}
     if config.mps and c.kind == "share":
         envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory}M"
-        envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(c.gpus[0].cores)
+        if c.gpus[0].cores:
+            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(c.gpus[0].cores)
     return envs
 
 

@@ -134,7 +134,7 @@ def _decode_gpu(obj: dict[str, Any], path: str) -> AssignedGpu:
     return AssignedGpu(
         uuid=field(obj, "uuid", str, path),
         memory_mib=integer(obj, "memoryMiB", path, low=1),
-        cores=integer(obj, "cores", path, 1, 100),
+        cores=integer(obj, "cores", path, 0, 100),
     )
 
 

@@ -39,7 +39,9 @@ class ContainerGpuRequest:
     """One container's GPU request.
 
     ``gpus`` is the number of GPUs it touches (N whole GPUs, 1 for a share, 0 for
-    MIG); ``memory_mib`` and ``cores`` describe a share and are 0 otherwise.
+    MIG); ``memory_mib`` and ``cores`` describe a share and are 0 otherwise. A share
+    without ``infergrid.io/gpu-cores`` has ``cores`` 0: it reserves no SMs and runs
+    best-effort beside the others, so memory alone decides how many fit on a GPU.
     """
 
     name: str
@@ -206,8 +208,8 @@ def _share_request(asked: _Asked) -> ContainerGpuRequest:
     memory = asked.value(RESOURCE_GPU_MEMORY)
     if memory < 1:
         raise asked.error(RESOURCE_GPU_MEMORY, "must be at least 1 MiB")
-    cores = asked.value(RESOURCE_GPU_CORES) if RESOURCE_GPU_CORES in asked.amounts else _ALL_CORES
-    if not 1 <= cores <= _ALL_CORES:
+    cores = asked.value(RESOURCE_GPU_CORES) if RESOURCE_GPU_CORES in asked.amounts else 0
+    if RESOURCE_GPU_CORES in asked.amounts and not 1 <= cores <= _ALL_CORES:
         raise asked.error(RESOURCE_GPU_CORES, f"must be a percent from 1 to 100, got {cores}")
     return ContainerGpuRequest(
         asked.name, "share", gpus=1, memory_mib=memory, cores=cores, init=asked.init

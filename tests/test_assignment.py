@@ -20,7 +20,7 @@ from infergrid.errors import ContractError
 
 names = st.text(min_size=1, max_size=12)
 gpu_lists = st.lists(
-    st.builds(AssignedGpu, uuid=names, memory_mib=st.integers(1, 2**40), cores=st.integers(1, 100)),
+    st.builds(AssignedGpu, uuid=names, memory_mib=st.integers(1, 2**40), cores=st.integers(0, 100)),
     min_size=1,
     max_size=4,
     unique_by=lambda g: g.uuid,
@@ -131,8 +131,8 @@ BAD_DOCS = [
         "containers[0].gpus[0].memoryMiB",
     ),
     (
-        "cores zero",
-        lambda d: d["containers"][0]["gpus"][0].update(cores=0),
+        "cores negative",
+        lambda d: d["containers"][0]["gpus"][0].update(cores=-1),
         "containers[0].gpus[0].cores",
     ),
     (

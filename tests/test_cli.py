@@ -48,7 +48,7 @@ def test_pod_request_prints_each_container_as_json(tmp_path, capsys):
                 "kind": "share",
                 "gpus": 1,
                 "memoryMiB": 4096,
-                "cores": 100,
+                "cores": 0,
                 "migProfile": None,
             }
         ],

@@ -43,7 +43,7 @@ def test_a_share_with_memory_and_cores():
 
 
 def test_a_share_without_cores_may_use_every_sm():
-    assert only({VGPU: "1", MEMORY: 4096}).cores == 100
+    assert only({VGPU: "1", MEMORY: 4096}).cores == 0  # no SMs reserved
 
 
 def test_a_mig_instance():

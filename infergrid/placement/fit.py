@@ -1,0 +1,84 @@
+"""Whether a pod fits a node, and on which GPUs: the pure check behind filter and bind.
+
+Containers are placed one after another on a working copy of the node, so two
+containers of one pod never get the same capacity. Init containers are placed
+like the others and keep their GPUs for the pod's life. Kubernetes would let an
+app container reuse them (init containers finish first), but the assignment
+records each container's GPUs and the device plugin counts every record when it
+re-checks over-commit, so both would have to learn the exception. The price is
+capacity, and only for the rare pod whose init container asks for a GPU.
+"""
+
+from dataclasses import dataclass, replace
+
+from infergrid.assignment import ContainerAssignment
+from infergrid.constants import ANNOTATION_GPU_USAGE
+from infergrid.placement.placers import PLACERS
+from infergrid.placement.policy import Policy
+from infergrid.placement.reserve import apply
+from infergrid.placement.shortfall import Shortfall
+from infergrid.placement.state import NodeState
+from infergrid.pod_request import PodGpuRequest
+
+
+@dataclass(frozen=True, slots=True)
+class FitResult:
+    """The placement of every GPU container, or every shortfall; never both.
+
+    ``after`` is the node with the placement reserved: bind stores it, and the
+    scorers compare it with the node before.
+    """
+
+    placements: tuple[ContainerAssignment, ...] = ()
+    shortfalls: tuple[Shortfall, ...] = ()
+    after: NodeState | None = None
+
+    @property
+    def fits(self) -> bool:
+        """Whether the pod fits the node."""
+        return not self.shortfalls
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """Every shortfall as a line for people; the extender's filter reason."""
+        return tuple(s.message for s in self.shortfalls)
+
+
+def fit(request: PodGpuRequest, node: NodeState, policy: Policy) -> FitResult:
+    """Place each GPU container of ``request`` on ``node``, choosing GPUs by ``policy``.
+
+    ``request.policy`` is not read: the caller resolved it into ``policy`` once.
+    A pod without GPU containers fits any node, stale or not: it needs nothing
+    the heartbeat vouches for. A container that does not fit is left out of the
+    working copy and the next ones are still tried, so every shortfall shows.
+    """
+    containers = request.gpu_containers
+    if not containers:
+        return FitResult(after=node)
+    if not node.offers:
+        return FitResult(shortfalls=(_stale(node),))
+    working = node
+    placements: list[ContainerAssignment] = []
+    shortfalls: list[Shortfall] = []
+    for container in containers:
+        placed = PLACERS[container.kind](container, working, request.topology, policy)
+        if isinstance(placed, ContainerAssignment):
+            placements.append(placed)
+            working = apply(working, (placed,))
+        else:
+            shortfalls += (_named(s, container.name) for s in placed)
+    if shortfalls:
+        return FitResult(shortfalls=tuple(shortfalls))
+    return FitResult(placements=tuple(placements), after=working)
+
+
+def _stale(node: NodeState) -> Shortfall:
+    if node.heartbeat is None:
+        reason = "node heartbeat is stale: no GPU usage published"
+    else:
+        reason = f"node heartbeat is stale: last at {node.heartbeat.isoformat()}"
+    return Shortfall(None, ANNOTATION_GPU_USAGE, 0, 0, reason)
+
+
+def _named(shortfall: Shortfall, container: str) -> Shortfall:
+    return replace(shortfall, container=container)

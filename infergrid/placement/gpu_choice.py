@@ -1,0 +1,80 @@
+"""Which GPU of a node gets a share, and which MIG instance a MIG request gets, per policy.
+
+Every candidate already fits; the policy only orders them. Each chooser is one
+``min`` with a key whose last part is the GPU index, so equal candidates always
+resolve the same way and a replayed trace places pods identically.
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
+
+from infergrid.constants import POLICY_BINPACK, POLICY_FGD, POLICY_SPREAD
+from infergrid.placement.fragmentation import FragmentationTally, Workload
+from infergrid.placement.reserve import reserved_share
+from infergrid.placement.state import GpuState, MigSlot, NodeState
+
+ShareChooser = Callable[[NodeState, Sequence[GpuState], int, int, Workload], GpuState]
+"""(node, fitting GPUs, share memory MiB, share cores, workload) → the GPU to use."""
+
+_DIGITS: Final = 9
+"""Fragmentation deltas are rounded to this many decimals before comparing, so float noise
+from summing in a different order cannot break a tie that is really a tie."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuChoice:
+    """How a policy picks within a node: a share chooser, and whether MIG requests pack."""
+
+    share: ShareChooser
+    packs_mig: bool
+
+
+def fullest_gpu(
+    node: NodeState, fits: Sequence[GpuState], memory_mib: int, cores: int, workload: Workload
+) -> GpuState:
+    """binpack: the GPU with least free memory, then fewest free SMs."""
+    return min(fits, key=lambda g: (g.free_mib, g.free_cores, g.index))
+
+
+def emptiest_gpu(
+    node: NodeState, fits: Sequence[GpuState], memory_mib: int, cores: int, workload: Workload
+) -> GpuState:
+    """spread: the GPU with most free memory, then most free SMs."""
+    return min(fits, key=lambda g: (-g.free_mib, -g.free_cores, g.index))
+
+
+def least_fragmenting_gpu(
+    node: NodeState, fits: Sequence[GpuState], memory_mib: int, cores: int, workload: Workload
+) -> GpuState:
+    """fgd: the GPU whose taking the share raises node fragmentation least; then binpack."""
+    tally = FragmentationTally(node, workload)
+    before = tally.total()
+
+    def key(gpu: GpuState) -> tuple[float, int, int, int]:
+        after = reserved_share(gpu, memory_mib, cores)
+        increase = round(tally.total_if(gpu, after) - before, _DIGITS)
+        return (increase, gpu.free_mib, gpu.free_cores, gpu.index)
+
+    return min(fits, key=key)
+
+
+def choose_mig(free: Sequence[tuple[GpuState, MigSlot]], packs: bool) -> tuple[GpuState, MigSlot]:
+    """The instance on the GPU with most (packs) or fewest taken instances; then by index."""
+    sign = -1 if packs else 1
+
+    def key(pair: tuple[GpuState, MigSlot]) -> tuple[int, int, str]:
+        gpu, slot = pair
+        return (sign * sum(s.taken for s in gpu.mig), gpu.index, slot.uuid)
+
+    return min(free, key=key)
+
+
+GPU_CHOICES: Final[Mapping[str, GpuChoice]] = MappingProxyType(
+    {
+        POLICY_BINPACK: GpuChoice(share=fullest_gpu, packs_mig=True),
+        POLICY_SPREAD: GpuChoice(share=emptiest_gpu, packs_mig=False),
+        POLICY_FGD: GpuChoice(share=least_fragmenting_gpu, packs_mig=True),
+    }
+)
