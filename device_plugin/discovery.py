@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from device_plugin.health import HealthTracker
 from device_plugin.nvml.backend import DeviceInfo, NvmlBackend, NvmlError
+from infergrid.constants import DEFAULT_VGPU_SLOTS_PER_GPU
 from infergrid.inventory import Gpu, GpuInventory, GpuLink, MigInstance
 from infergrid.usage import GpuUsage, GpuUsageSample
 
@@ -24,7 +25,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def discover(backend: NvmlBackend, node: str, health: HealthTracker | None) -> GpuInventory:
+def discover(
+    backend: NvmlBackend,
+    node: str,
+    health: HealthTracker | None,
+    share_slots: int = DEFAULT_VGPU_SLOTS_PER_GPU,
+) -> GpuInventory:
     """The inventory of ``node``; ``health``, when given, decides and records each GPU's health.
 
     Raises NvmlError only when the GPUs cannot even be counted.
@@ -32,7 +38,7 @@ def discover(backend: NvmlBackend, node: str, health: HealthTracker | None) -> G
     found = [_gpu(backend, index, health) for index in range(backend.device_count())]
     gpus = [gpu for gpu in found if gpu is not None]
     present = {gpu.index for gpu in gpus}
-    return GpuInventory(node, tuple(_links_within(gpu, present) for gpu in gpus))
+    return GpuInventory(node, tuple(_links_within(gpu, present) for gpu in gpus), share_slots)
 
 
 def sample_usage(backend: NvmlBackend, node: str, heartbeat: datetime) -> GpuUsage:

@@ -50,7 +50,8 @@ class NodePublisher:
 
     def publish_once(self) -> None:
         node = self.manager.config.node_name
-        inventory = discover(self.backend, node, self.tracker)
+        slots = self.manager.config.vgpu_slots_per_gpu
+        inventory = discover(self.backend, node, self.tracker, slots)
         self.manager.set_inventory(inventory)
         usage = sample_usage(self.backend, node, self.clock())
         self._export(usage)

@@ -38,7 +38,7 @@ class DevicePluginRuntime:
         self.backend = backend
         self.stop_event = threading.Event()
         self.tracker = tracker or HealthTracker(config.health_quiet_period_s)
-        inventory = discover(backend, config.node_name, self.tracker)
+        inventory = discover(backend, config.node_name, self.tracker, config.vgpu_slots_per_gpu)
         self.manager = DeviceManager(config, inventory, self.tracker.is_healthy, pods)
         self.on_grants = on_grants or (lambda grants: None)
         self.monitor = HealthMonitor(backend, self.tracker, self.stop_event)

@@ -55,7 +55,7 @@ def _fleet_table(path: str) -> str:
 
 def _fleet_row(node: FleetNode) -> tuple[str, ...]:
     gpus = node.inventory.gpus
-    capacity = node_capacity(node.inventory, node.vgpu_slots_per_gpu)
+    capacity = node_capacity(node.inventory)
     return (
         node.name,
         gpus[0].model,

@@ -66,3 +66,4 @@ SCHEMA_VERSION: Final = "v1"
 
 # A vGPU slot is one share a GPU can be split into, as advertised to the kubelet.
 DEFAULT_VGPU_SLOTS_PER_GPU: Final = 10
+MAX_VGPU_SLOTS_PER_GPU: Final = 128

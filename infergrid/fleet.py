@@ -28,6 +28,7 @@ from infergrid.constants import (
     LINK_NVLINK,
     LINK_PCIE_SWITCH,
     LINK_SYSTEM,
+    MAX_VGPU_SLOTS_PER_GPU,
 )
 from infergrid.errors import ContractError
 from infergrid.inventory import Gpu, GpuInventory, GpuLink, MigInstance, compute_capability
@@ -61,8 +62,11 @@ class FleetNode:
     name: str
     cpu: str
     memory: str
-    vgpu_slots_per_gpu: int
     inventory: GpuInventory
+
+    @property
+    def vgpu_slots_per_gpu(self) -> int:
+        return self.inventory.share_slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +141,9 @@ def _nodes(obj: dict[str, Any], path: str) -> list[FleetNode]:
     count = integer(obj, "count", path, low=1, default=1)
     cpu = _quantity(obj, "cpu", path, "32")
     memory = _quantity(obj, "memory", path, "256Gi")
-    slots = integer(obj, "vgpuSlotsPerGpu", path, low=1, default=DEFAULT_VGPU_SLOTS_PER_GPU)
+    slots = integer(
+        obj, "vgpuSlotsPerGpu", path, 1, MAX_VGPU_SLOTS_PER_GPU, default=DEFAULT_VGPU_SLOTS_PER_GPU
+    )
     gpus = _gpu_model(field(obj, "gpus", dict, path), join(path, "gpus"))
     topology = _topology(field(obj, "topology", dict, path, default={}), join(path, "topology"))
     mig = _mig(field(obj, "mig", dict, path, default={}), join(path, "mig"), gpus)
@@ -146,7 +152,7 @@ def _nodes(obj: dict[str, Any], path: str) -> list[FleetNode]:
     }
     names = [name] if count == 1 else [f"{name}-{i}" for i in range(count)]
     return [
-        FleetNode(n, cpu, memory, slots, _inventory(n, gpus, topology, mig, unhealthy))
+        FleetNode(n, cpu, memory, _inventory(n, gpus, topology, mig, unhealthy, slots))
         for n in names
     ]
 
@@ -228,12 +234,14 @@ def _inventory(
     topology: _Topology,
     mig: dict[int, tuple[MigProfile, ...]],
     unhealthy: set[int],
+    share_slots: int,
 ) -> GpuInventory:
     return GpuInventory(
         node,
         tuple(
             _gpu(node, i, gpus, topology, mig.get(i), i not in unhealthy) for i in range(gpus.count)
         ),
+        share_slots,
     )
 
 

@@ -28,6 +28,7 @@ from infergrid.constants import (
     LABEL_MIG_CAPABLE,
     LINK_NVLINK,
     LINK_TYPES,
+    MAX_VGPU_SLOTS_PER_GPU,
     RESOURCE_GPU,
     RESOURCE_VGPU,
     mig_resource,
@@ -78,15 +79,26 @@ class Gpu:
 
 @dataclass(frozen=True, slots=True)
 class GpuInventory:
-    """Every GPU of one node."""
+    """Every GPU of one node, and how many shares the device plugin lets one GPU hold.
+
+    ``share_slots`` is the plugin's `infergrid.io/vgpu` slots per GPU: the kubelet
+    can hand a GPU to no more share containers than that, so placement must not.
+    """
 
     node: str
     gpus: tuple[Gpu, ...]
+    share_slots: int = DEFAULT_VGPU_SLOTS_PER_GPU
 
 
 def encode_inventory(inventory: GpuInventory) -> str:
     """The annotation value for ``inventory``."""
-    return dump_document({"node": inventory.node, "gpus": [_gpu_json(g) for g in inventory.gpus]})
+    return dump_document(
+        {
+            "node": inventory.node,
+            "shareSlotsPerGpu": inventory.share_slots,
+            "gpus": [_gpu_json(g) for g in inventory.gpus],
+        }
+    )
 
 
 def _gpu_json(gpu: Gpu) -> dict[str, Any]:
@@ -124,7 +136,17 @@ def decode_inventory(text: str) -> GpuInventory:
     indices = {g.index for g, _ in decoded}
     for gpu, path in decoded:
         _check_peers(gpu, path, indices)
-    return GpuInventory(node=field(doc, "node", str), gpus=tuple(g for g, _ in decoded))
+    return GpuInventory(
+        node=field(doc, "node", str),
+        gpus=tuple(g for g, _ in decoded),
+        share_slots=integer(
+            doc,
+            "shareSlotsPerGpu",
+            low=1,
+            high=MAX_VGPU_SLOTS_PER_GPU,
+            default=DEFAULT_VGPU_SLOTS_PER_GPU,
+        ),
+    )
 
 
 def _check_peers(gpu: Gpu, path: str, indices: set[int]) -> None:
@@ -207,9 +229,7 @@ def label_value(text: str) -> str:
     return _LABEL_VALUE_FORBIDDEN.sub("-", text)[:_LABEL_VALUE_MAX].strip("-_.")
 
 
-def node_capacity(
-    inventory: GpuInventory, vgpu_slots_per_gpu: int = DEFAULT_VGPU_SLOTS_PER_GPU
-) -> dict[str, str]:
+def node_capacity(inventory: GpuInventory) -> dict[str, str]:
     """Extended resources the device plugin advertises; unhealthy GPUs offer nothing.
 
     A GPU in MIG mode is offered only as its MIG instances, never whole or shared.
@@ -217,6 +237,6 @@ def node_capacity(
     usable = [g for g in inventory.gpus if g.healthy]
     whole = sum(1 for g in usable if not g.mig_enabled)
     migs = Counter(m.profile for g in usable if g.mig_enabled for m in g.mig_instances)
-    capacity = {RESOURCE_GPU: str(whole), RESOURCE_VGPU: str(whole * vgpu_slots_per_gpu)}
+    capacity = {RESOURCE_GPU: str(whole), RESOURCE_VGPU: str(whole * inventory.share_slots)}
     capacity.update({mig_resource(p): str(n) for p, n in sorted(migs.items())})
     return capacity

@@ -39,7 +39,7 @@ def links(node: dict) -> dict[tuple[int, int], tuple[str, int]]:
 def test_the_sample_fleet_loads():
     fleet = load_fleet(SAMPLE)
     assert [n.name for n in fleet.nodes] == ["a100-0", "a100-1", "l4-0", "l4-1", "h100"]
-    capacity = {n.name: node_capacity(n.inventory, n.vgpu_slots_per_gpu) for n in fleet.nodes}
+    capacity = {n.name: node_capacity(n.inventory) for n in fleet.nodes}
     assert capacity["a100-1"] == {
         "nvidia.com/gpu": "7",
         "infergrid.io/vgpu": "70",

@@ -1,6 +1,7 @@
 """The node GPU inventory annotation, and the labels and capacity derived from it."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -199,7 +200,7 @@ def test_capacity_counts_healthy_whole_gpus_slots_and_mig_instances():
             a100(4, healthy=False, mig_enabled=True, mig_instances=migs),
         ),
     )
-    assert node_capacity(inventory, vgpu_slots_per_gpu=4) == {
+    assert node_capacity(replace(inventory, share_slots=4)) == {
         "nvidia.com/gpu": "2",
         "infergrid.io/vgpu": "8",
         "nvidia.com/mig-3g.40gb": "2",

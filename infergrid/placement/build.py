@@ -36,7 +36,10 @@ def build_node_state(
     heartbeat = usage.heartbeat if usage is not None else None
     offers = heartbeat is not None and now - heartbeat <= stale_after
     used = {s.uuid: s.used_mib for s in usage.gpus} if usage is not None else {}
-    gpus = tuple(_gpu_state(g, used) for g in sorted(inventory.gpus, key=lambda g: g.index))
+    gpus = tuple(
+        _gpu_state(g, used, inventory.share_slots)
+        for g in sorted(inventory.gpus, key=lambda g: g.index)
+    )
     node = NodeState(inventory.node, gpus, offers, heartbeat)
     issues: list[AssignmentIssue] = []
     for assignment in assignments:
@@ -55,7 +58,7 @@ def _collect(issues: list[AssignmentIssue], assignment: PodAssignment) -> Report
     return report
 
 
-def _gpu_state(gpu: Gpu, used: dict[str, int]) -> GpuState:
+def _gpu_state(gpu: Gpu, used: dict[str, int], share_slots: int) -> GpuState:
     return GpuState(
         uuid=gpu.uuid,
         index=gpu.index,
@@ -67,6 +70,7 @@ def _gpu_state(gpu: Gpu, used: dict[str, int]) -> GpuState:
         measured=gpu.uuid in used,
         links=MappingProxyType({k.peer_index: (k.type, k.count) for k in gpu.links}),
         used_mib=used.get(gpu.uuid, 0),
+        share_slots=share_slots,
         mig_enabled=gpu.mig_enabled,
         mig=tuple(MigSlot(m.uuid, m.profile, m.memory_mib, m.sm_count) for m in gpu.mig_instances),
     )

@@ -75,6 +75,9 @@ def why_not_share(gpu: GpuState, memory_mib: int, cores: int) -> list[Shortfall]
     if reason is not None:
         return [Shortfall(gpu.uuid, RESOURCE_VGPU, 0, 1, reason)]
     found = []
+    if gpu.shares >= gpu.share_slots:
+        reason = f"{gpu.label}: all {gpu.share_slots} share slots taken"
+        found.append(Shortfall(gpu.uuid, RESOURCE_VGPU, 0, 1, reason))
     if gpu.free_mib < memory_mib:
         found.append(
             Shortfall(

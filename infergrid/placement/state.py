@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Final
 
 from infergrid.assignment import PodAssignment
-from infergrid.constants import LINK_NVLINK
+from infergrid.constants import DEFAULT_VGPU_SLOTS_PER_GPU, LINK_NVLINK
 
 ALL_CORES: Final = 100
 """A GPU's SMs in the unit of ``gpu-cores``: percent."""
@@ -60,6 +60,7 @@ class GpuState:
     assigned_mib: int = 0
     assigned_cores: int = 0
     shares: int = 0
+    share_slots: int = DEFAULT_VGPU_SLOTS_PER_GPU
     exclusive: bool = False
     mig_enabled: bool = False
     mig: tuple[MigSlot, ...] = ()
@@ -118,6 +119,7 @@ class GpuState:
             self.available
             and not self.mig_enabled
             and not self.exclusive
+            and self.shares < self.share_slots
             and self.free_mib >= memory_mib
             and self.free_cores >= cores
         )

@@ -1,6 +1,6 @@
 """fit: the placement of every GPU container, or every shortfall with its numbers."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 import pytest
@@ -372,3 +372,13 @@ def test_a_whole_gpu_is_assigned_all_its_memory_and_sms():
     result = fit(pod(whole(1)), node_of(inventory(gpu(0, memory=A100_MIB))), BINPACK)
     assert result.placements == (whole_on(0, memory=A100_MIB),)
     assert result.after.gpus[0].exclusive
+
+
+def test_shares_without_cores_are_limited_by_memory_and_share_slots():
+    node = node_of(replace(inventory(gpu(0, memory=24576)), share_slots=2))
+    for _ in range(2):
+        result = fit(pod(share(4096, 0)), node, BINPACK)
+        assert result.fits
+        node = result.after
+    third = fit(pod(share(4096, 0)), node, BINPACK)
+    assert third.reasons == ("container 'engine': GPU-0 (index 0): all 2 share slots taken",)

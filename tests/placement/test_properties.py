@@ -143,6 +143,7 @@ def check_invariants(state: NodeState, live: dict[int, PodAssignment]) -> None:
         assert g.assigned_cores == cores[g.uuid] <= ALL_CORES
         assert (g.shares, int(g.exclusive)) == (shares[g.uuid], wholes[g.uuid])
         assert not (g.exclusive and g.shares)
+        assert g.shares <= g.share_slots
         assert {s.uuid for s in g.mig if s.taken} == {s.uuid for s in g.mig if migs[s.uuid]}
 
 
