@@ -26,12 +26,20 @@ class FitResult:
     """The placement of every GPU container, or every shortfall; never both.
 
     ``after`` is the node with the placement reserved: bind stores it, and the
-    scorers compare it with the node before.
+    scorers compare it with the node before. It is worked out only when asked
+    for, since filter, which asks about thousands of nodes, never needs it.
     """
 
     placements: tuple[ContainerAssignment, ...] = ()
     shortfalls: tuple[Shortfall, ...] = ()
-    after: NodeState | None = None
+    before: NodeState | None = None
+
+    @property
+    def after(self) -> NodeState | None:
+        """The node with the placement reserved; None when the pod does not fit."""
+        if self.before is None or self.shortfalls:
+            return None
+        return apply(self.before, self.placements) if self.placements else self.before
 
     @property
     def fits(self) -> bool:
@@ -54,22 +62,24 @@ def fit(request: PodGpuRequest, node: NodeState, policy: Policy) -> FitResult:
     """
     containers = request.gpu_containers
     if not containers:
-        return FitResult(after=node)
+        return FitResult(before=node)
     if not node.offers:
         return FitResult(shortfalls=(_stale(node),))
     working = node
     placements: list[ContainerAssignment] = []
     shortfalls: list[Shortfall] = []
-    for container in containers:
+    last = len(containers) - 1
+    for i, container in enumerate(containers):
         placed = PLACERS[container.kind](container, working, request.topology, policy)
         if isinstance(placed, ContainerAssignment):
             placements.append(placed)
-            working = apply(working, (placed,))
+            if i < last:
+                working = apply(working, (placed,))
         else:
             shortfalls += (_named(s, container.name) for s in placed)
     if shortfalls:
         return FitResult(shortfalls=tuple(shortfalls))
-    return FitResult(placements=tuple(placements), after=working)
+    return FitResult(placements=tuple(placements), before=node)
 
 
 def _stale(node: NodeState) -> Shortfall:
