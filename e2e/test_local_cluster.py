@@ -78,7 +78,7 @@ def test_fleet_nodes_carry_their_gpu_capacity(cluster):
     core = client.CoreV1Api(cluster.api)
     for node in load_fleet(DEFAULT_FLEET).nodes:
         capacity = core.read_node(node.name).status.capacity
-        for resource, value in node_capacity(node.inventory, node.vgpu_slots_per_gpu).items():
+        for resource, value in node_capacity(node.inventory).items():
             assert capacity[resource] == value, (node.name, resource)
 
 
@@ -109,7 +109,7 @@ def test_down_stops_every_process(tmp_path, cluster):
         " computeCapability: '8.9'}\n"
     )
     local = LocalCluster(tmp_path / "state")
-    local.up(load_fleet(fleet_file))
+    local.up(fleet_file)
     started = local.processes.records()
     assert set(started) >= {"etcd", "kube-apiserver", "kwok", "infergrid-scheduler"}
     assert all(is_ours(pid, binary) for pid, binary in started.values())

@@ -11,10 +11,9 @@ from kubernetes import client
 
 from infergrid import constants
 from infergrid.errors import ContractError
-from infergrid.fleet import load_fleet
 
 from . import binaries
-from .local_cluster import DEFAULT_EXTENDER_URL, DEFAULT_FLEET, LocalCluster
+from .local_cluster import DEFAULT_FLEET, LocalCluster
 from .processes import ClusterError
 
 
@@ -42,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="build (once) and start the local cluster")
     up.add_argument("--fleet", type=Path, default=DEFAULT_FLEET)
-    up.add_argument("--extender-url", default=DEFAULT_EXTENDER_URL)
+    up.add_argument("--extender-url", help="default: a free port on 127.0.0.1")
     sub.add_parser("down", help="stop every process of the local cluster")
     sub.add_parser("status", help="say whether the local cluster runs")
     sub.add_parser("nodes", help="list the nodes with their GPU capacity")
@@ -53,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             binaries.ensure_built()
         elif args.command == "up":
-            seconds = cluster.up(load_fleet(args.fleet), args.extender_url)
+            seconds = cluster.up(args.fleet, args.extender_url)
             print(f"local cluster up in {seconds:.1f}s; export KUBECONFIG={cluster.kubeconfig}")
         elif args.command == "down":
             stopped = cluster.down()

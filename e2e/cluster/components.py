@@ -7,12 +7,14 @@ and tested apart from starting it.
 from __future__ import annotations
 
 import base64
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from infergrid import constants, mig
+from infergrid.fleet import FleetNode
 
 from .certs import SERVICE_CIDR, CertPaths
 
@@ -128,6 +130,21 @@ def infergrid_scheduler_config(layout: Layout) -> str:
             ],
         }
     )
+
+
+def device_plugin_command(fleet_file: Path, node: FleetNode, state: Path) -> list[str]:
+    """InferGrid's device plugin for one fake node: it publishes; no kubelet will dial it."""
+    return [
+        sys.executable,
+        "-m",
+        "device_plugin.main",
+        f"--fake-fleet={fleet_file}",
+        f"--node={node.name}",
+        f"--plugin-dir={state / 'kubelet' / node.name}",
+        f"--vgpu-slots-per-gpu={node.vgpu_slots_per_gpu}",
+        "--metrics-port=0",
+        "--usage-interval=2",
+    ]
 
 
 def _serving(port: int, layout: Layout) -> list[str]:

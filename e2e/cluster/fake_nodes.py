@@ -10,6 +10,7 @@ from __future__ import annotations
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from infergrid.constants import ANNOTATION_GPU_INVENTORY, ANNOTATION_GPU_USAGE
 from infergrid.fleet import Fleet, FleetNode
 from infergrid.inventory import node_capacity, node_labels
 
@@ -23,7 +24,7 @@ def node_manifest(node: FleetNode) -> dict:
         "cpu": node.cpu,
         "memory": node.memory,
         "pods": "110",
-        **node_capacity(node.inventory, node.vgpu_slots_per_gpu),
+        **node_capacity(node.inventory),
     }
     return {
         "apiVersion": "v1",
@@ -52,6 +53,23 @@ def create(api: client.ApiClient, fleet: Fleet) -> None:
         except ApiException as err:
             if err.status != 409:
                 raise
+
+
+def wait_published(
+    api: client.ApiClient, fleet: Fleet, processes: ProcessTable, timeout: float = 60
+) -> None:
+    """Waits until every node carries the inventory and usage its device plugin publishes."""
+    core = client.CoreV1Api(api)
+    wanted = {ANNOTATION_GPU_INVENTORY, ANNOTATION_GPU_USAGE}
+
+    def published() -> bool:
+        for node in fleet.nodes:
+            processes.check_alive(f"device-plugin-{node.name}")
+            if not wanted <= set(core.read_node(node.name).metadata.annotations or {}):
+                return False
+        return True
+
+    wait_until(published, timeout, "device plugins to publish every node's GPUs")
 
 
 def _schedulable(node: client.V1Node) -> bool:

@@ -3,7 +3,10 @@
 `up` builds nothing when the binary cache is warm, generates certificates,
 starts etcd, kube-apiserver, kube-controller-manager, the default
 kube-scheduler, `infergrid-scheduler` and KWOK, waits for each to be ready,
-writes a kubeconfig and creates the fleet's nodes. `down` stops all of them.
+writes a kubeconfig and creates the fleet's nodes. Each node then gets an
+InferGrid device plugin on fake NVML, which publishes its GPU inventory and
+usage as on a real GPU node (there is no kubelet to register with). `down`
+stops all of them.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from .processes import ClusterError, ProcessTable, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_FLEET = REPO / "e2e" / "fleets" / "sample.yaml"
-DEFAULT_EXTENDER_URL = "http://127.0.0.1:8888/"
 
 
 def state_dir() -> Path:
@@ -76,8 +78,13 @@ class LocalCluster:
         except Exception:  # noqa: BLE001 - anything short of ready means not running
             return False
 
-    def up(self, fleet: Fleet | None = None, extender_url: str = DEFAULT_EXTENDER_URL) -> float:
-        """Starts the whole cluster and returns the seconds it took."""
+    def up(self, fleet_file: Path = DEFAULT_FLEET, extender_url: str | None = None) -> float:
+        """Starts the whole cluster and returns the seconds it took.
+
+        The extender URL is where infergrid-scheduler looks for the extender;
+        by default a free port on 127.0.0.1, recorded in the layout.
+        """
+        fleet = load_fleet(fleet_file)
         started = time.monotonic()
         if self.is_running():
             raise ClusterError(f"a cluster is already running from {self.state}; run down first")
@@ -87,7 +94,11 @@ class LocalCluster:
             shutil.rmtree(self.state / stale, ignore_errors=True)
         self.state.mkdir(parents=True, exist_ok=True)
         layout = components.Layout(
-            self.state, certs.generate(self.state / "certs"), bins, *_free_ports(7), extender_url
+            self.state,
+            certs.generate(self.state / "certs"),
+            bins,
+            *(ports := _free_ports(8))[:7],
+            extender_url or f"http://127.0.0.1:{ports[7]}/",
         )
         self._save_layout(layout)
         self.kubeconfig.write_text(components.kubeconfig(layout))
@@ -97,12 +108,25 @@ class LocalCluster:
         )
         try:
             self._start(layout)
-            fake_nodes.create(self.api(), fleet or load_fleet(DEFAULT_FLEET))
+            fake_nodes.create(self.api(), fleet)
             fake_nodes.wait_schedulable(self.api(), self.processes)
+            self._start_device_plugins(fleet, fleet_file)
         except BaseException:
             self.down()
             raise
         return time.monotonic() - started
+
+    def _start_device_plugins(self, fleet: Fleet, fleet_file: Path) -> None:
+        for node in fleet.nodes:
+            self.processes.start(
+                f"device-plugin-{node.name}",
+                components.device_plugin_command(fleet_file, node, self.state),
+                env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+            )
+        fake_nodes.wait_published(self.api(), fleet, self.processes)
+
+    def extender_url(self) -> str:
+        return self._load_layout().extender_url
 
     def down(self) -> list[str]:
         return self.processes.stop_all()

@@ -49,7 +49,7 @@ class ProcessTable:
         self.logs = state / "logs"
         self._children: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, argv: list[str]) -> int:
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
         self.pids.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{name}.log", "ab") as log:
@@ -59,6 +59,7 @@ class ProcessTable:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env=env,
             )
         (self.pids / f"{name}.json").write_text(json.dumps({"pid": proc.pid, "argv": argv}))
         self._children[name] = proc
