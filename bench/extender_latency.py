@@ -1,0 +1,214 @@
+"""Extender latency over real HTTP, and kube-scheduler throughput with and without it.
+
+Part 1 (always): filter and prioritize latency, p50 and p99, at 100, 1,000 and
+5,000 nodes of 8 GPUs in a mixed state (about half of the memory assigned to
+shares and whole GPUs, some measured use outside assignments), for a stream
+of pods of typical shapes, each bound between calls so the state keeps moving.
+
+Part 2 (--cluster): pods per second through the real kube-scheduler on 1,000
+KWOK nodes of a local cluster, bound by infergrid-scheduler with the extender
+against the default scheduler without it, and their ratio.
+
+    .venv/bin/python bench/extender_latency.py --nodes 100,1000,5000 [--pods 200] [--json]
+    .venv/bin/python bench/extender_latency.py --cluster --cluster-nodes 1000 --cluster-pods 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import threading
+import time
+import urllib.request
+from datetime import UTC, datetime, timedelta
+
+from aiohttp import web
+
+from infergrid.assignment import encode_assignment
+from infergrid.constants import (
+    ANNOTATION_GPU_ASSIGNMENT,
+    ANNOTATION_GPU_INVENTORY,
+    ANNOTATION_GPU_USAGE,
+    ANNOTATION_TOPOLOGY,
+    RESOURCE_GPU,
+    RESOURCE_GPU_CORES,
+    RESOURCE_GPU_MEMORY,
+    RESOURCE_VGPU,
+)
+from infergrid.fleet import parse_fleet
+from infergrid.inventory import encode_inventory
+from infergrid.placement import build_node_state, fit, resolve_policy, to_pod_assignment
+from infergrid.pod_request import parse_pod_request
+from infergrid.usage import GpuUsage, GpuUsageSample, encode_usage
+from scheduler_extender.app import ExtenderService
+from scheduler_extender.binder import Binder
+from scheduler_extender.view import PlacementView
+from scheduler_extender.watch_cache import ADDED, ClusterCache
+
+NOW = datetime.now(UTC)
+MODELS = [
+    ("NVIDIA A100-SXM4-80GB", 81920, 108, "8.0", "all"),
+    ("NVIDIA H100 80GB HBM3", 81559, 132, "9.0", "all"),
+    ("NVIDIA L4", 23034, 58, "8.9", "none"),
+]
+SHAPES = [  # (limits, annotations, weight): what inference fleets ask for
+    ({RESOURCE_VGPU: "1", RESOURCE_GPU_MEMORY: "4096"}, {}, 30),
+    ({RESOURCE_VGPU: "1", RESOURCE_GPU_MEMORY: "8192", RESOURCE_GPU_CORES: "30"}, {}, 25),
+    ({RESOURCE_VGPU: "1", RESOURCE_GPU_MEMORY: "16384"}, {}, 15),
+    ({RESOURCE_GPU: "1"}, {}, 20),
+    ({RESOURCE_GPU: "2"}, {ANNOTATION_TOPOLOGY: "nvlink"}, 7),
+    ({RESOURCE_GPU: "4"}, {ANNOTATION_TOPOLOGY: "nvlink"}, 3),
+]
+
+
+def pod_json(i: int, rnd: random.Random) -> dict:
+    limits, annotations, _ = rnd.choices(SHAPES, weights=[s[2] for s in SHAPES])[0]
+    return {
+        "metadata": {"name": f"pod-{i}", "namespace": "bench", "uid": f"uid-{i}",
+                     "annotations": dict(annotations)},
+        "spec": {"containers": [{"name": "engine", "resources": {"limits": dict(limits)}}]},
+    }  # fmt: skip
+
+
+def fleet(nodes: int, rnd: random.Random):
+    groups = []
+    for i in range(nodes):
+        model, mib, sms, cc, nvlink = MODELS[i % len(MODELS)]
+        groups.append({
+            "name": f"node-{i:05d}",
+            "gpus": {"model": model, "count": 8, "memoryMiB": mib, "smCount": sms,
+                     "computeCapability": cc},
+            "topology": {"nvlink": nvlink, "numaNodes": 2},
+        })  # fmt: skip
+    return parse_fleet({"version": "v1", "nodes": groups}, "bench").nodes
+
+
+def mixed_cache(nodes: int, rnd: random.Random) -> ClusterCache:
+    """Nodes half full of the same shapes, placed by the core itself, plus foreign use."""
+    cache = ClusterCache()
+    binpack = resolve_policy("binpack")
+    uid = 0
+    for node in fleet(nodes, rnd):
+        inv = node.inventory
+        used = {g.uuid: rnd.choice([0, 0, 0, 2048]) for g in inv.gpus}
+        usage = GpuUsage(inv.node, NOW, tuple(GpuUsageSample(u, m, 0) for u, m in used.items()))
+        state = build_node_state(inv, usage, (), NOW, timedelta(days=1))
+        target = rnd.uniform(0.3, 0.7) * sum(g.memory_mib for g in inv.gpus)
+        held = 0
+        while held < target:
+            uid += 1
+            result = fit(parse_pod_request(pod_json(uid, rnd)), state, binpack)
+            if not result.fits:
+                break
+            assignment = to_pod_assignment(inv.node, result.placements, NOW)
+            held += sum(g.memory_mib for c in assignment.containers for g in c.gpus)
+            state = result.after
+            cache.apply_pod(ADDED, {
+                "metadata": {"uid": f"seed-{uid}", "name": f"seed-{uid}", "namespace": "bench",
+                             "resourceVersion": "1",
+                             "annotations": {
+                                 ANNOTATION_GPU_ASSIGNMENT: encode_assignment(assignment)}},
+                "spec": {"nodeName": inv.node, "schedulerName": "infergrid-scheduler"},
+                "status": {"phase": "Running"},
+            })  # fmt: skip
+        cache.apply_node(ADDED, {"metadata": {"name": inv.node, "annotations": {
+            ANNOTATION_GPU_INVENTORY: encode_inventory(inv),
+            ANNOTATION_GPU_USAGE: encode_usage(usage),
+        }}})  # fmt: skip
+    return cache
+
+
+class Server:
+    """The extender app on 127.0.0.1 in a thread of its own, as a separate process would be."""
+
+    def __init__(self, service: ExtenderService):
+        self.service = service
+        self.port = 0
+        self.ready = threading.Event()
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self._run, daemon=True).start()
+        self.ready.wait(30)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        runner = web.AppRunner(self.service.app(), access_log=None)
+        self.loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]
+        self.ready.set()
+        self.loop.run_forever()
+
+    def post(self, path: str, body: dict) -> tuple[float, object]:
+        data = json.dumps(body).encode()
+        started = time.perf_counter()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data)
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            result = json.loads(resp.read())
+        return time.perf_counter() - started, result
+
+
+def pct(samples: list[float]) -> dict[str, float]:
+    ms = sorted(s * 1000 for s in samples)
+    return {"p50_ms": round(statistics.median(ms), 3),
+            "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 3)}  # fmt: skip
+
+
+def latency(nodes: int, pods: int, seed: int = 7) -> dict:
+    rnd = random.Random(seed)
+    cache = mixed_cache(nodes, rnd)
+    view = PlacementView(cache, timedelta(days=1))
+    service = ExtenderService(view, Binder(None, view, "binpack"), "binpack", lambda: True)
+    server = Server(service)
+    names = sorted(cache.nodes())
+    filters, priorities, passed = [], [], []
+    for i in range(pods):
+        pod = pod_json(10_000_000 + i, rnd)
+        took, result = server.post("/filter", {"Pod": pod, "NodeNames": names})
+        filters.append(took)
+        feasible = result["NodeNames"]
+        passed.append(len(feasible))
+        if not feasible:
+            continue
+        took, scores = server.post("/prioritize", {"Pod": pod, "NodeNames": feasible})
+        priorities.append(took)
+        best = max(scores, key=lambda s: (s["Score"], s["Host"]))["Host"]
+        bind_like_the_extender(cache, view, pod, best)
+    return {"nodes": nodes, "gpus": nodes * 8, "pods": pods,
+            "mean_feasible_nodes": round(statistics.mean(passed)),
+            "filter": pct(filters), "prioritize": pct(priorities)}  # fmt: skip
+
+
+def bind_like_the_extender(cache: ClusterCache, view: PlacementView, pod: dict, node: str) -> None:
+    """What bind records: the core's placement, reserved in the cache."""
+    request = parse_pod_request(pod)
+    result = fit(request, view.node_state(node, NOW), resolve_policy("binpack"))
+    if result.fits:
+        assignment = to_pod_assignment(node, result.placements, NOW)
+        meta = pod["metadata"]
+        cache.reserve(meta["uid"], meta["namespace"], meta["name"], assignment)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="100,1000,5000")
+    parser.add_argument("--pods", type=int, default=200)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = [latency(int(n), args.pods) for n in args.nodes.split(",")]
+    if args.json:
+        print(json.dumps({"latency": rows}, indent=2))
+        return
+    print(f"{'nodes':>6} {'GPUs':>6} {'feasible':>9} {'filter p50':>11} {'filter p99':>11}"
+          f" {'prio p50':>9} {'prio p99':>9}   (ms)")  # fmt: skip
+    for r in rows:
+        print(f"{r['nodes']:>6} {r['gpus']:>6} {r['mean_feasible_nodes']:>9}"
+              f" {r['filter']['p50_ms']:>11.2f} {r['filter']['p99_ms']:>11.2f}"
+              f" {r['prioritize']['p50_ms']:>9.2f} {r['prioritize']['p99_ms']:>9.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

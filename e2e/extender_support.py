@@ -1,0 +1,142 @@
+"""Helpers for the extender's e2e tests: the extender process, pods, and the over-commit audit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlparse
+
+from kubernetes import client
+
+from e2e.cluster.processes import wait_until
+from infergrid import constants
+from infergrid.assignment import decode_assignment
+from infergrid.inventory import decode_inventory
+
+
+class ExtenderProcess:
+    """`infergrid-scheduler-extender` on the port infergrid-scheduler calls."""
+
+    def __init__(self, url: str, kubeconfig: Path, log: Path):
+        self.port = urlparse(url).port
+        self.kubeconfig = kubeconfig
+        self.log = log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        argv = [
+            sys.executable, "-m", "scheduler_extender.main",
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--identity", "e2e-extender", "--lease-namespace", "kube-system",
+        ]  # fmt: skip
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+            )
+        wait_until(self.ready, 60, "the extender to be ready", self._alive)
+
+    def ready(self) -> bool:
+        url = f"http://127.0.0.1:{self.port}/readyz"
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+
+    def _alive(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError(f"the extender exited; see {self.log}")
+
+    def kill(self) -> None:
+        """SIGKILL: no clean shutdown, as when a node dies under it."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+
+
+def share_pod(name: str, mib: int, **extra) -> dict:
+    return gpu_pod(
+        name,
+        {constants.RESOURCE_VGPU: "1", constants.RESOURCE_GPU_MEMORY: str(mib)},
+        **extra,
+    )
+
+
+def gpu_pod(
+    name: str, limits: dict, node: str | None = None, annotations: dict | None = None
+) -> dict:
+    spec: dict = {
+        "schedulerName": constants.SCHEDULER_NAME,
+        "containers": [{"name": "engine", "image": "infergrid/engine",
+                        "resources": {"limits": limits}}],
+    }  # fmt: skip
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"metadata": {"name": name, "annotations": annotations or {}}, "spec": spec}
+
+
+def bound(core: client.CoreV1Api, namespace: str, names: list[str]) -> bool:
+    pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items}
+    return all(n in pods and pods[n].spec.node_name for n in names)
+
+
+def scheduling_failures(core: client.CoreV1Api, namespace: str, name: str) -> list[str]:
+    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+    return [e.message for e in events.items if e.reason == "FailedScheduling"]
+
+
+def audit(core: client.CoreV1Api) -> dict[str, int]:
+    """Checks every assignment in the cluster against its node's GPUs; returns pods per node.
+
+    No GPU holds more memory or SMs than it has, none is both held whole and
+    shared, a pod bound to a node was assigned on that node, and no MIG
+    instance is given twice.
+    """
+    gpus, nodes = {}, set()
+    for node in core.list_node().items:
+        text = (node.metadata.annotations or {}).get(constants.ANNOTATION_GPU_INVENTORY)
+        if text:
+            gpus.update({g.uuid: g for g in decode_inventory(text).gpus})
+            nodes.add(node.metadata.name)
+    memory, cores, holders = defaultdict(int), defaultdict(int), defaultdict(list)
+    migs: list[str] = []
+    per_node: dict[str, int] = defaultdict(int)
+    for pod in core.list_pod_for_all_namespaces().items:
+        text = (pod.metadata.annotations or {}).get(constants.ANNOTATION_GPU_ASSIGNMENT)
+        if not text:
+            continue
+        assignment = decode_assignment(text)
+        if assignment.node not in nodes:
+            continue  # a node a test removed; its leftover pods hold nothing real
+        if pod.spec.node_name:
+            assert pod.spec.node_name == assignment.node, pod.metadata.name
+        per_node[assignment.node] += 1
+        for c in assignment.containers:
+            if c.mig:
+                migs.append(c.mig.uuid)
+            for g in c.gpus:
+                memory[g.uuid] += g.memory_mib
+                cores[g.uuid] += g.cores
+                holders[g.uuid].append(c.kind)
+    for uuid, used in memory.items():
+        assert used <= gpus[uuid].memory_mib, f"{uuid}: {used} MiB assigned"
+        assert cores[uuid] <= 100, f"{uuid}: {cores[uuid]}% of SMs assigned"
+        kinds = holders[uuid]
+        assert "whole" not in kinds or kinds == ["whole"], f"{uuid} shared and whole: {kinds}"
+    assert len(migs) == len(set(migs)), "a MIG instance given twice"
+    return dict(per_node)
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,178 @@
+"""Placement through infergrid-scheduler and the extender, on the local cluster."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+from kubernetes import client
+
+from e2e.cluster import fake_nodes
+from e2e.cluster.local_cluster import LocalCluster
+from e2e.cluster.processes import wait_until
+from e2e.extender_support import (
+    ExtenderProcess,
+    audit,
+    bound,
+    gpu_pod,
+    now_utc,
+    scheduling_failures,
+    share_pod,
+)
+from infergrid import constants
+from infergrid.assignment import decode_assignment
+from infergrid.fleet import parse_fleet
+from infergrid.inventory import decode_inventory, encode_inventory
+from infergrid.usage import GpuUsage, GpuUsageSample, encode_usage
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def extender(cluster, tmp_path_factory):
+    if not cluster.local:
+        pytest.skip("needs the local cluster's infergrid-scheduler pointed at this extender")
+    log = tmp_path_factory.mktemp("extender") / "extender.log"
+    process = ExtenderProcess(LocalCluster().extender_url(), cluster.kubeconfig, log)
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture()
+def lone_gpu_node(cluster):
+    """A KWOK node with one 24 GiB GPU whose annotations the test writes itself."""
+    core = client.CoreV1Api(cluster.api)
+    name = f"gpu24-{uuid.uuid4().hex[:6]}"
+    doc = {
+        "version": "v1",
+        "nodes": [{"name": name, "gpus": {"model": "NVIDIA A10", "count": 1, "memoryMiB": 24576,
+                                         "smCount": 72, "computeCapability": "8.6"}}],
+    }  # fmt: skip
+    fleet = parse_fleet(doc, "test")
+    fake_nodes.create(cluster.api, fleet)
+    inventory = fleet.nodes[0].inventory
+
+    def publish(used_mib: int = 0) -> None:
+        usage = GpuUsage(name, now_utc(), (GpuUsageSample(inventory.gpus[0].uuid, used_mib, 0),))
+        annotations = {
+            constants.ANNOTATION_GPU_INVENTORY: encode_inventory(inventory),
+            constants.ANNOTATION_GPU_USAGE: encode_usage(usage),
+        }
+        core.patch_node(name, {"metadata": {"annotations": annotations}})
+
+    publish()
+    wait_until(lambda: fake_nodes._schedulable(core.read_node(name)), 60, f"{name} Ready")
+    yield name, publish
+    core.delete_node(name)
+
+
+def test_three_8gib_shares_fit_one_24gib_gpu_and_a_fourth_waits_with_the_reason(
+    cluster, namespace, extender, lone_gpu_node
+):
+    core = client.CoreV1Api(cluster.api)
+    node, _ = lone_gpu_node
+    names = ["share-1", "share-2", "share-3"]
+    for n in names:
+        core.create_namespaced_pod(namespace, share_pod(n, 8192, node=node))
+    wait_until(lambda: bound(core, namespace, names), 60, "three shares bound")
+    core.create_namespaced_pod(namespace, share_pod("share-4", 8192, node=node))
+    wait_until(
+        lambda: any("needs 8192" in m for m in scheduling_failures(core, namespace, "share-4")),
+        60,
+        "a FailedScheduling event naming the memory shortfall",
+    )
+    assert core.read_namespaced_pod("share-4", namespace).spec.node_name is None
+    message = next(m for m in scheduling_failures(core, namespace, "share-4") if "needs" in m)
+    assert "0 MiB free, needs 8192" in message
+    audit(core)
+
+
+def test_memory_used_outside_assignments_shrinks_what_is_offered(
+    cluster, namespace, extender, lone_gpu_node
+):
+    core = client.CoreV1Api(cluster.api)
+    node, publish = lone_gpu_node
+    publish(used_mib=20480)  # something outside Kubernetes holds 20 GiB
+    core.create_namespaced_pod(namespace, share_pod("big", 8192, node=node))
+    wait_until(
+        lambda: any("4096 MiB free" in m for m in scheduling_failures(core, namespace, "big")),
+        60,
+        "the measured use in the rejection",
+    )
+    core.create_namespaced_pod(namespace, share_pod("small", 4096, node=node))
+    wait_until(lambda: bound(core, namespace, ["small"]), 60, "the 4 GiB share bound")
+
+
+def test_two_gpus_with_nvlink_topology_land_on_an_nvlink_pair(cluster, namespace, extender):
+    core = client.CoreV1Api(cluster.api)
+    pod = gpu_pod(
+        "pair",
+        {constants.RESOURCE_GPU: "2"},
+        annotations={constants.ANNOTATION_TOPOLOGY: constants.TOPOLOGY_NVLINK},
+    )
+    core.create_namespaced_pod(namespace, pod)
+    wait_until(lambda: bound(core, namespace, ["pair"]), 60, "the NVLink pod bound")
+    live = core.read_namespaced_pod("pair", namespace)
+    assignment = decode_assignment(live.metadata.annotations[constants.ANNOTATION_GPU_ASSIGNMENT])
+    (container,) = assignment.containers
+    a, b = (g.uuid for g in container.gpus)
+    node = core.read_node(live.spec.node_name)
+    gpus = {
+        g.uuid: g
+        for g in decode_inventory(
+            node.metadata.annotations[constants.ANNOTATION_GPU_INVENTORY]
+        ).gpus
+    }
+    links = [link for link in gpus[a].links if link.peer_index == gpus[b].index]
+    assert links and links[0].type == constants.LINK_NVLINK
+
+
+def test_200_pods_at_once_are_all_placed_without_over_commit(cluster, namespace, extender):
+    core = client.CoreV1Api(cluster.api)
+    names = [f"burst-{i:03d}" for i in range(200)]
+    for i, n in enumerate(names):
+        limits = (
+            {constants.RESOURCE_GPU: "1"}
+            if i % 50 == 0
+            else {constants.RESOURCE_VGPU: "1", constants.RESOURCE_GPU_MEMORY: "2048"}
+        )
+        core.create_namespaced_pod(namespace, gpu_pod(n, limits))
+    wait_until(lambda: bound(core, namespace, names), 240, "all 200 pods bound")
+    placed = audit(core)
+    assert sum(placed.values()) >= 200
+
+
+def test_killing_the_extender_mid_stream_leaves_no_double_allocation(cluster, namespace, extender):
+    core = client.CoreV1Api(cluster.api)
+    names = [f"churn-{i:02d}" for i in range(60)]
+    created = threading.Event()
+
+    def create() -> None:
+        for n in names:
+            core.create_namespaced_pod(namespace, share_pod(n, 6144))
+        created.set()
+
+    creator = threading.Thread(target=create)
+    creator.start()
+    wait_until(lambda: sum(bound(core, namespace, [n]) for n in names[:10]) >= 5, 120, "a start")
+    extender.kill()
+    creator.join()
+    audit(core)  # what was bound before the crash is consistent
+    extender.start()
+    wait_until(lambda: bound(core, namespace, names), 240, "every pod bound after the restart")
+    audit(core)
+
+
+def test_a_pod_with_an_impossible_request_waits_with_the_field_named(cluster, namespace, extender):
+    core = client.CoreV1Api(cluster.api)
+    pod = gpu_pod("bad", {constants.RESOURCE_VGPU: "1"})
+    core.create_namespaced_pod(namespace, pod)
+    wait_until(
+        lambda: any(
+            "infergrid.io/gpu-memory" in m for m in scheduling_failures(core, namespace, "bad")
+        ),
+        60,
+        "the invalid request in the event",
+    )

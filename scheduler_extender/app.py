@@ -1,0 +1,119 @@
+"""The extender's HTTP service (aiohttp): /filter, /prioritize, /bind, health and metrics.
+
+Handlers only decode, ask `decisions` or the `Binder`, and encode. Bad input
+gets a 400 (or 413 past the body limit) with an `Error` naming the field,
+never a 500: an unexpected exception is logged and answered in `Error`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from infergrid.errors import ContractError
+from scheduler_extender import metrics
+from scheduler_extender.binder import Binder, BindError
+from scheduler_extender.decisions import filter_nodes, prioritize_nodes
+from scheduler_extender.protocol import (
+    binding_result,
+    decode_binding_args,
+    decode_extender_args,
+    filter_result,
+    priority_list,
+)
+from scheduler_extender.view import PlacementView
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+"""Thousands of node names fit easily; a larger body is refused with 413."""
+
+
+class ExtenderService:
+    def __init__(
+        self,
+        view: PlacementView,
+        binder: Binder,
+        default_policy: str,
+        is_leader: Callable[[], bool],
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ):
+        self.view = view
+        self.binder = binder
+        self.default_policy = default_policy
+        self.is_leader = is_leader
+        self.clock = clock
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/filter", self._timed("filter", self.filter))
+        app.router.add_post("/prioritize", self._timed("prioritize", self.prioritize))
+        app.router.add_post("/bind", self._timed("bind", self.bind))
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics)
+        return app
+
+    def _timed(self, verb: str, handler: Callable[[web.Request], Awaitable[web.Response]]):
+        async def run(request: web.Request) -> web.Response:
+            started = time.perf_counter()
+            try:
+                return await handler(request)
+            except web.HTTPException:
+                raise
+            except ContractError as err:
+                return web.json_response({"Error": str(err)}, status=400)
+            except Exception as err:  # noqa: BLE001 - the scheduler gets an answer, not a 500
+                log.exception("%s failed", verb)
+                return web.json_response({"Error": f"internal error: {err}"}, status=200)
+            finally:
+                metrics.REQUEST_SECONDS.labels(verb).observe(time.perf_counter() - started)
+
+        return run
+
+    async def filter(self, request: web.Request) -> web.Response:
+        args = decode_extender_args(await request.read())
+        out = filter_nodes(args.pod, args.node_names, self.view, self.default_policy, self.clock())
+        for category in out.categories:
+            metrics.REJECTIONS.labels(category).inc()
+        return web.json_response(filter_result(out.passed, out.failed, out.unresolvable))
+
+    async def prioritize(self, request: web.Request) -> web.Response:
+        args = decode_extender_args(await request.read())
+        scores = prioritize_nodes(
+            args.pod, args.node_names, self.view, self.default_policy, self.clock()
+        )
+        return web.json_response(priority_list(scores))
+
+    async def bind(self, request: web.Request) -> web.Response:
+        args = decode_binding_args(await request.read())
+        if not self.is_leader():
+            metrics.BIND_FAILURES.labels("not-leader").inc()
+            return web.json_response(binding_result("this extender replica is not the leader"))
+        try:
+            policy = await self.binder.bind(args)
+        except BindError as err:
+            metrics.BIND_FAILURES.labels(err.cause).inc()
+            log.info("bind of %s/%s refused: %s", args.pod_namespace, args.pod_name, err)
+            return web.json_response(binding_result(str(err)))
+        metrics.PLACEMENTS.labels(policy).inc()
+        return web.json_response(binding_result())
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        """Ready once the cache is synced and this replica leads: only the leader gets traffic."""
+        ready = self.view.cache.synced() and self.is_leader()
+        return web.Response(text="ok\n" if ready else "not ready\n", status=200 if ready else 503)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        for kind, count in self.view.cache.size().items():
+            metrics.CACHE_OBJECTS.labels(kind).set(count)
+        metrics.LEADER.set(1 if self.is_leader() else 0)
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})

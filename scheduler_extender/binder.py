@@ -1,0 +1,155 @@
+"""Bind: re-check, record the assignment, create the Binding, all under the node's lock.
+
+The assignment annotation is written with the pod's resourceVersion as a
+precondition, so a pod changed since it was read is not bound on stale
+facts. The reservation goes into the cache before the write, so filters of
+other pods already see the GPUs taken; on any failure it is released, and an
+annotation already written is removed again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from infergrid.assignment import decode_assignment, encode_assignment
+from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT
+from infergrid.errors import ContractError
+from infergrid.placement import fit, resolve_policy, to_pod_assignment
+from infergrid.pod_request import parse_pod_request
+from scheduler_extender.protocol import BindingArgs
+from scheduler_extender.view import PlacementView
+
+log = logging.getLogger(__name__)
+
+
+class BindError(Exception):
+    """Bind refused; the message goes back to kube-scheduler in the Error field."""
+
+    def __init__(self, cause: str, message: str):
+        super().__init__(message)
+        self.cause = cause
+
+
+@dataclass
+class Binder:
+    core: client.CoreV1Api
+    view: PlacementView
+    default_policy: str
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+    def __post_init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def bind(self, args: BindingArgs) -> str:
+        """Binds and returns the policy used; raises BindError with the reason otherwise."""
+        lock = self._locks.setdefault(args.node, asyncio.Lock())
+        async with lock:
+            pod = await self._call(self._read_pod, args)
+            return await self._bind_locked(args, pod)
+
+    async def _bind_locked(self, args: BindingArgs, pod: dict[str, Any]) -> str:
+        meta = pod["metadata"]
+        if meta.get("uid") != args.pod_uid:
+            raise BindError(
+                "pod-replaced", f"pod {args.pod_namespace}/{args.pod_name} was replaced"
+            )
+        try:
+            request = parse_pod_request(pod, self.default_policy)
+        except ContractError as err:
+            raise BindError("invalid-request", f"invalid GPU request: {err}") from None
+        existing = _existing_assignment(meta)
+        if not request.gpu_containers or (existing and existing.node == args.node):
+            await self._call(self._create_binding, args)  # nothing to place, or already recorded
+            return request.policy
+        assignment = self._place(args, request)
+        self.view.cache.reserve(args.pod_uid, args.pod_namespace, args.pod_name, assignment)
+        try:
+            await self._call(self._annotate, args, meta["resourceVersion"], assignment)
+        except ApiException as err:
+            self.view.cache.release(args.pod_uid)
+            cause = "conflict" if err.status == 409 else "api"
+            raise BindError(cause, f"could not record the assignment: {_api_reason(err)}") from None
+        try:
+            await self._call(self._create_binding, args)
+        except ApiException as err:
+            self.view.cache.release(args.pod_uid)
+            await self._call(self._unannotate, args)
+            raise BindError("binding", f"could not bind: {_api_reason(err)}") from None
+        return request.policy
+
+    def _place(self, args: BindingArgs, request):
+        now = self.clock()
+        state = self.view.node_state(args.node, now)
+        if isinstance(state, str):
+            raise BindError("no-inventory", state)
+        result = fit(request, state, resolve_policy(request.policy, self.view.workload()))
+        if not result.fits:
+            reasons = "; ".join(result.reasons)
+            raise BindError("no-longer-fits", f"node {args.node} no longer fits: {reasons}")
+        return to_pod_assignment(args.node, result.placements, now)
+
+    @staticmethod
+    async def _call(fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    def _read_pod(self, args: BindingArgs) -> dict[str, Any]:
+        try:
+            raw = self.core.read_namespaced_pod(
+                args.pod_name, args.pod_namespace, _preload_content=False
+            )
+        except ApiException as err:
+            raise BindError("pod-missing", f"cannot read the pod: {_api_reason(err)}") from None
+        return json.loads(raw.data)
+
+    def _annotate(self, args: BindingArgs, resource_version: str, assignment) -> None:
+        body = {
+            "metadata": {
+                "resourceVersion": resource_version,
+                "annotations": {ANNOTATION_GPU_ASSIGNMENT: encode_assignment(assignment)},
+            }
+        }
+        self.core.patch_namespaced_pod(args.pod_name, args.pod_namespace, body)
+
+    def _unannotate(self, args: BindingArgs) -> None:
+        body = {"metadata": {"annotations": {ANNOTATION_GPU_ASSIGNMENT: None}}}
+        try:
+            self.core.patch_namespaced_pod(args.pod_name, args.pod_namespace, body)
+        except ApiException as err:
+            log.warning("could not remove the assignment of %s: %s", args.pod_name, err.reason)
+
+    def _create_binding(self, args: BindingArgs) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": args.pod_name, "uid": args.pod_uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
+        }
+        self.core.create_namespaced_pod_binding(
+            args.pod_name, args.pod_namespace, body, _preload_content=False
+        )
+
+
+def _existing_assignment(meta: dict[str, Any]):
+    text = (meta.get("annotations") or {}).get(ANNOTATION_GPU_ASSIGNMENT)
+    if text is None:
+        return None
+    try:
+        return decode_assignment(text)
+    except ContractError:
+        return None
+
+
+def _api_reason(err: ApiException) -> str:
+    try:
+        return json.loads(err.body).get("message") or str(err.reason)
+    except (TypeError, ValueError):
+        return f"{err.status} {err.reason}"

@@ -1,0 +1,98 @@
+"""`infergrid-scheduler-extender`: the HTTP extender that infergrid-scheduler calls.
+
+infergrid-scheduler-extender [--config FILE] [--port 8888] [--no-leader-election]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import ssl
+import sys
+import threading
+from datetime import timedelta
+
+from aiohttp import web
+from kubernetes import client, config
+
+from infergrid.errors import ContractError
+from infergrid.settings import add_flags, load_settings
+from scheduler_extender.app import ExtenderService
+from scheduler_extender.binder import Binder
+from scheduler_extender.config import SETTINGS, ExtenderConfig
+from scheduler_extender.leader import LeaseElector
+from scheduler_extender.view import PlacementView
+from scheduler_extender.watch_cache import ClusterCache
+
+log = logging.getLogger("infergrid.scheduler_extender")
+
+
+def kube_api() -> client.ApiClient:
+    """In-cluster credentials in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config()
+
+
+def tls_context(cfg: ExtenderConfig) -> ssl.SSLContext | None:
+    if cfg.tls_cert_file is None:
+        return None
+    if cfg.tls_key_file is None:
+        raise ContractError("tlsKeyFile", "is required with tlsCertFile")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(cfg.tls_cert_file), str(cfg.tls_key_file))
+    return ctx
+
+
+async def serve(cfg: ExtenderConfig, api: client.ApiClient, stop: threading.Event) -> None:
+    cache = ClusterCache(resync_s=cfg.resync_s)
+    cache.start(api, stop)
+    view = PlacementView(cache, timedelta(seconds=cfg.stale_after_s))
+    elector = None
+    if cfg.leader_election:
+        elector = LeaseElector(api, cfg.lease_namespace, cfg.lease_name, cfg.replica_identity())
+        threading.Thread(target=elector.run, args=(stop,), name="leader", daemon=True).start()
+    is_leader = elector.is_leader if elector else (lambda: True)
+    binder = Binder(client.CoreV1Api(api), view, cfg.default_policy)
+    service = ExtenderService(view, binder, cfg.default_policy, is_leader)
+    runner = web.AppRunner(service.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=tls_context(cfg))
+    await site.start()
+    log.info("extender listening on %s:%d", cfg.host, cfg.port)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    while not stop.is_set():
+        await asyncio.sleep(0.2)
+    await runner.cleanup()
+    log.info("extender stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="infergrid-scheduler-extender", description=__doc__)
+    add_flags(parser, SETTINGS)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s",'
+        '"message":"%(message)s"}',
+    )
+    try:
+        cfg = load_settings(ExtenderConfig(), SETTINGS, args)
+        tls_context(cfg)
+        api = kube_api()
+    except (ContractError, OSError, config.ConfigException) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(cfg, api, threading.Event()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Prometheus metrics of the extender, named infergrid_scheduler_extender_<thing>_<unit>."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+REQUEST_SECONDS = Histogram(
+    "infergrid_scheduler_extender_request_seconds",
+    "Time to answer kube-scheduler, by verb.",
+    ["verb"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+PLACEMENTS = Counter(
+    "infergrid_scheduler_extender_placements_total",
+    "Pods bound with a GPU assignment, by policy.",
+    ["policy"],
+)
+REJECTIONS = Counter(
+    "infergrid_scheduler_extender_rejections_total",
+    "Node rejections in filter, by reason (the resource that fell short, or why none fits).",
+    ["reason"],
+)
+BIND_FAILURES = Counter(
+    "infergrid_scheduler_extender_bind_failures_total",
+    "Binds that returned an error, by cause.",
+    ["cause"],
+)
+CACHE_OBJECTS = Gauge(
+    "infergrid_scheduler_extender_cache_objects",
+    "Objects in the watch-fed cache, by kind.",
+    ["kind"],
+)
+LEADER = Gauge("infergrid_scheduler_extender_leader", "1 while this replica holds the lease.")

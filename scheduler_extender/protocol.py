@@ -1,0 +1,96 @@
+"""The kube-scheduler extender v1 JSON, read and written.
+
+kube-scheduler marshals its Go structs without JSON tags, so the envelope keys
+are PascalCase (`Pod`, `NodeNames`, `FailedNodes`, `Host`, `Score`) while the
+Pod inside is ordinary camelCase Kubernetes JSON. With `nodeCacheCapable: true`
+the scheduler sends node names only; the extender's cache holds the nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from infergrid.errors import ContractError
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderArgs:
+    pod: dict[str, Any]
+    node_names: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class BindingArgs:
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    node: str
+
+
+def _object(body: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise ContractError("body", f"not valid JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise ContractError("body", f"expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def _string(doc: dict[str, Any], key: str) -> str:
+    value = doc.get(key)
+    if not isinstance(value, str) or not value:
+        raise ContractError(key, "is required and must be a non-empty string")
+    return value
+
+
+def _node_names(doc: dict[str, Any]) -> list[str]:
+    """NodeNames, or the names in a full NodeList when the scheduler sent one."""
+    names = doc.get("NodeNames")
+    if names is None and isinstance(doc.get("Nodes"), dict):
+        items = doc["Nodes"].get("items") or []
+        names = [((n or {}).get("metadata") or {}).get("name") for n in items]
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise ContractError("NodeNames", "must be a list of node names")
+    return names
+
+
+def decode_extender_args(body: bytes) -> ExtenderArgs:
+    doc = _object(body)
+    pod = doc.get("Pod")
+    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
+        raise ContractError("Pod", "is required and must be a Pod object")
+    return ExtenderArgs(pod=pod, node_names=_node_names(doc))
+
+
+def decode_binding_args(body: bytes) -> BindingArgs:
+    doc = _object(body)
+    return BindingArgs(
+        pod_name=_string(doc, "PodName"),
+        pod_namespace=_string(doc, "PodNamespace"),
+        pod_uid=_string(doc, "PodUID"),
+        node=_string(doc, "Node"),
+    )
+
+
+def filter_result(
+    passed: list[str], failed: dict[str, str], unresolvable: dict[str, str], error: str = ""
+) -> dict[str, Any]:
+    """FailedAndUnresolvableNodes tells preemption that evicting pods would not help."""
+    return {
+        "NodeNames": passed,
+        "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": unresolvable,
+        "Error": error,
+    }
+
+
+def priority_list(scores: dict[str, int]) -> list[dict[str, Any]]:
+    """A bare array, as kube-scheduler expects from prioritize."""
+    return [{"Host": host, "Score": score} for host, score in scores.items()]
+
+
+def binding_result(error: str = "") -> dict[str, str]:
+    return {"Error": error}

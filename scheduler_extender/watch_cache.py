@@ -1,0 +1,466 @@
+"""The extender's view of nodes and pods, fed by list+watch, so filter and score never call the API.
+
+Everything the extender decides from is in annotations: a node's inventory and
+usage, a pod's assignment. The cache keeps them decoded and indexes assignments
+by node. Events are applied by pure methods that take Kubernetes JSON, so tests
+need no cluster; ``start`` adds the one I/O edge, two list+watch threads.
+
+A reservation is an assignment the extender has just written at bind, held until
+the watch delivers the pod carrying it, so two binds in a row cannot both take
+the same free memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from infergrid.assignment import PodAssignment, decode_assignment
+from infergrid.constants import (
+    ANNOTATION_GPU_ASSIGNMENT,
+    ANNOTATION_GPU_INVENTORY,
+    ANNOTATION_GPU_USAGE,
+)
+from infergrid.errors import ContractError
+from infergrid.inventory import GpuInventory, decode_inventory
+from infergrid.usage import GpuUsage, decode_usage
+
+log = logging.getLogger(__name__)
+
+ADDED: Final = "ADDED"
+MODIFIED: Final = "MODIFIED"
+DELETED: Final = "DELETED"
+EVENT_TYPES: Final = (ADDED, MODIFIED, DELETED)
+TERMINAL_PHASES: Final = ("Succeeded", "Failed")
+LIVE_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
+"""Field selector for the pod list+watch: a pod leaving it arrives as DELETED."""
+
+LIST_PAGE: Final = 500
+CONNECT_TIMEOUT_S: Final = 10.0
+READ_SLACK_S: Final = 30.0
+"""How much longer than the watch's own timeout a silent connection may stay open."""
+BACKOFF_FIRST_S: Final = 0.5
+BACKOFF_MAX_S: Final = 30.0
+HTTP_GONE: Final = 410
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """A node's GPU annotations, decoded; a node with a ``problem`` offers nothing."""
+
+    name: str
+    inventory: GpuInventory | None
+    usage: GpuUsage | None
+    problem: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """A live pod and the assignment in its annotation, if any decodes."""
+
+    uid: str
+    namespace: str
+    name: str
+    node_name: str | None
+    scheduler_name: str
+    phase: str
+    assignment: PodAssignment | None
+    problem: str | None
+    resource_version: str
+
+
+def node_record(node: dict[str, Any]) -> NodeRecord:
+    """The record of a Node's JSON; a bad annotation becomes ``problem``, never an exception."""
+    meta = node.get("metadata") or {}
+    name = meta["name"]
+    annotations = meta.get("annotations") or {}
+    inventory, bad_inventory = _decoded(annotations, ANNOTATION_GPU_INVENTORY, decode_inventory)
+    usage, bad_usage = _decoded(annotations, ANNOTATION_GPU_USAGE, decode_usage)
+    problems = [p for p in (bad_inventory, bad_usage) if p]
+    for key, doc in ((ANNOTATION_GPU_INVENTORY, inventory), (ANNOTATION_GPU_USAGE, usage)):
+        if doc is not None and doc.node != name:
+            problems.append(f"{key}: node: names {doc.node!r}, not this node {name!r}")
+    return NodeRecord(name, inventory, usage, "; ".join(problems) or None)
+
+
+def pod_record(pod: dict[str, Any]) -> PodRecord:
+    """The record of a Pod's JSON; a bad assignment becomes ``problem``, never an exception."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    assignment, problem = _decoded(annotations, ANNOTATION_GPU_ASSIGNMENT, decode_assignment)
+    return PodRecord(
+        uid=meta["uid"],
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        node_name=spec.get("nodeName") or None,
+        scheduler_name=spec.get("schedulerName", ""),
+        phase=(pod.get("status") or {}).get("phase", ""),
+        assignment=assignment,
+        problem=problem,
+        resource_version=meta.get("resourceVersion", ""),
+    )
+
+
+def _decoded(
+    annotations: dict[str, str], key: str, decode: Callable[[str], T]
+) -> tuple[T | None, str | None]:
+    """The decoded annotation, or the reason it does not decode, prefixed with its key."""
+    text = annotations.get(key)
+    if text is None:
+        return None, None
+    try:
+        return decode(text), None
+    except ContractError as err:
+        return None, str(err) if err.field.startswith(key) else f"{key}: {err}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Reservation:
+    namespace: str
+    name: str
+    assignment: PodAssignment
+    made_at: int
+    """The cache version right after it was made; a relist that began later has seen it."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """One kind of object the cache lists and watches, and where its events go."""
+
+    kind: str
+    list_fn: Callable[..., Any]
+    params: dict[str, str]
+    replace: Callable[[list[dict[str, Any]], int], None]
+    apply: Callable[[str, dict[str, Any]], None]
+
+
+class ClusterCache:
+    """Nodes and live pods, decoded, with every pod assignment indexed by its node.
+
+    One RLock guards all state: watch threads write while HTTP handlers read.
+    ``version`` grows with every change; ``node_version(name)`` moves only when
+    that node's record or the assignments on it change, so a caller can cache
+    per-node state and rebuild only what moved.
+    """
+
+    def __init__(self, resync_s: float = 300.0, watch_timeout_s: int = 10) -> None:
+        self.resync_s = resync_s
+        self.watch_timeout_s = watch_timeout_s
+        self.version = 0
+        self.reconnects = 0
+        self._lock = threading.RLock()
+        self._nodes: dict[str, NodeRecord] = {}
+        self._pods: dict[str, PodRecord] = {}
+        self._reservations: dict[str, _Reservation] = {}
+        self._held: dict[str, PodAssignment] = {}
+        self._on_node: dict[str, dict[str, PodAssignment]] = {}
+        self._node_versions: dict[str, int] = {}
+        self._nodes_listed = threading.Event()
+        self._pods_listed = threading.Event()
+
+    # Events.
+
+    def apply_node(self, event_type: str, node: dict[str, Any]) -> None:
+        """One watch event of a Node."""
+        _check_event(event_type)
+        name = node["metadata"]["name"]
+        record = None if event_type == DELETED else node_record(node)
+        with self._lock:
+            if self._nodes.get(name) == record:
+                return
+            if record is None:
+                del self._nodes[name]
+            else:
+                self._nodes[name] = record
+            self._commit({name})
+
+    def apply_pod(self, event_type: str, pod: dict[str, Any]) -> None:
+        """One watch event of a Pod; a deleted or finished pod frees its GPUs."""
+        _check_event(event_type)
+        record = None if event_type == DELETED else _live(pod_record(pod))
+        uid = pod["metadata"]["uid"]
+        with self._lock:
+            before = (self._pods.get(uid), self._reservations.get(uid))
+            if record is None:
+                self._pods.pop(uid, None)
+            else:
+                self._pods[uid] = record
+            if record is None or record.assignment is not None:
+                self._reservations.pop(uid, None)
+            if before != (self._pods.get(uid), self._reservations.get(uid)):
+                self._commit(self._refresh(uid))
+
+    def replace_all_nodes(self, nodes: list[dict[str, Any]]) -> None:
+        """A relist: afterwards the nodes are exactly ``nodes``, as if added one by one."""
+        records = {r.name: r for r in map(node_record, nodes)}
+        with self._lock:
+            names = self._nodes.keys() | records.keys()
+            changed = {n for n in names if self._nodes.get(n) != records.get(n)}
+            self._nodes = records
+            if changed:
+                self._commit(changed)
+        self._nodes_listed.set()
+
+    def replace_all_pods(self, pods: list[dict[str, Any]], listed_at: int | None = None) -> None:
+        """A relist: afterwards the pods are exactly the live ones of ``pods``.
+
+        A reservation whose pod is missing from the list is dropped when it is
+        older than the list (``listed_at``: ``version`` when the list began; None
+        when the list is newer than every reservation), as its pod is gone; a
+        younger one is kept, as the list may predate its pod's assignment.
+        """
+        records = {r.uid: r for r in map(pod_record, pods) if _live(r)}
+        with self._lock:
+            before = (dict(self._pods), dict(self._reservations))
+            uids = self._pods.keys() | records.keys() | self._reservations.keys()
+            self._pods = records
+            for uid, held in list(self._reservations.items()):
+                if _reservation_ends(records.get(uid), held, listed_at):
+                    del self._reservations[uid]
+            touched = set().union(*(self._refresh(uid) for uid in uids))
+            if before != (self._pods, self._reservations):
+                self._commit(touched)
+        self._pods_listed.set()
+
+    # Reservations.
+
+    def reserve(self, uid: str, namespace: str, name: str, assignment: PodAssignment) -> None:
+        """Holds ``assignment`` until the pod event carrying it arrives.
+
+        Reserve under the node's lock, before or right after writing the
+        annotation: once the pod event with it has arrived, this does nothing.
+        ``release`` when the write or the bind fails.
+        """
+        with self._lock:
+            pod = self._pods.get(uid)
+            if pod is not None and pod.assignment is not None:
+                return
+            self._reservations[uid] = _Reservation(namespace, name, assignment, self.version + 1)
+            self._commit(self._refresh(uid))
+
+    def release(self, uid: str) -> None:
+        """Drops a reservation, e.g. when bind failed; the pod record, if any, stays."""
+        with self._lock:
+            if self._reservations.pop(uid, None) is not None:
+                self._commit(self._refresh(uid))
+
+    # Queries.
+
+    def node(self, name: str) -> NodeRecord | None:
+        with self._lock:
+            return self._nodes.get(name)
+
+    def nodes(self) -> dict[str, NodeRecord]:
+        with self._lock:
+            return dict(self._nodes)
+
+    def pod(self, uid: str) -> PodRecord | None:
+        with self._lock:
+            return self._pods.get(uid)
+
+    def assignments_on(self, node: str) -> list[PodAssignment]:
+        """Every assignment on ``node``, reservations included, oldest first."""
+        with self._lock:
+            held = self._on_node.get(node, {})
+            return [held[uid] for uid in sorted(held, key=lambda u: (held[u].assigned_at, u))]
+
+    def lookup(self, names: list[str]) -> list[tuple[NodeRecord | None, int]]:
+        """Each node's record and version under one lock: filter reads thousands at once."""
+        with self._lock:
+            return [(self._nodes.get(n), self._node_versions.get(n, 0)) for n in names]
+
+    def node_version(self, name: str) -> int:
+        """The ``version`` of the last change to ``name``; 0 once it has neither record nor pods."""
+        with self._lock:
+            return self._node_versions.get(name, 0)
+
+    def size(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "nodes": len(self._nodes),
+                "pods": len(self._pods),
+                "assigned_pods": sum(1 for p in self._pods.values() if p.assignment is not None),
+                "reservations": len(self._reservations),
+            }
+
+    def synced(self) -> bool:
+        """Both kinds have been listed once, so an empty answer means empty, not unknown."""
+        return self._nodes_listed.is_set() and self._pods_listed.is_set()
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for listed in (self._nodes_listed, self._pods_listed):
+            if not listed.wait(max(0.0, deadline - time.monotonic())):
+                return False
+        return True
+
+    # Index upkeep.
+
+    def _refresh(self, uid: str) -> set[str]:
+        """Re-indexes what ``uid`` holds: its pod's assignment, else its reservation.
+
+        Returns the nodes whose assignments changed.
+        """
+        old = self._held.get(uid)
+        pod, reservation = self._pods.get(uid), self._reservations.get(uid)
+        new = pod.assignment if pod is not None else None
+        if new is None and reservation is not None:
+            new = reservation.assignment
+        if old == new:
+            return set()
+        if old is not None:
+            self._unindex(uid, old.node)
+        if new is not None:
+            self._held[uid] = new
+            self._on_node.setdefault(new.node, {})[uid] = new
+        return {a.node for a in (old, new) if a is not None}
+
+    def _unindex(self, uid: str, node: str) -> None:
+        del self._held[uid]
+        on_node = self._on_node[node]
+        del on_node[uid]
+        if not on_node:
+            del self._on_node[node]
+
+    def _commit(self, touched: set[str]) -> None:
+        """Counts one change and stamps the nodes it touched."""
+        self.version += 1
+        for name in touched:
+            if name in self._nodes or name in self._on_node:
+                self._node_versions[name] = self.version
+            else:
+                self._node_versions.pop(name, None)
+
+    # The I/O edge.
+
+    def start(self, api: client.ApiClient, stop: threading.Event) -> None:
+        """Starts the node and pod list+watch threads; they end soon after ``stop`` is set."""
+        core = client.CoreV1Api(api)
+        sources = (
+            _Source(
+                "nodes",
+                core.list_node,
+                {},
+                lambda nodes, _listed_at: self.replace_all_nodes(nodes),
+                self.apply_node,
+            ),
+            _Source(
+                "pods",
+                core.list_pod_for_all_namespaces,
+                {"field_selector": LIVE_PODS},
+                self.replace_all_pods,
+                self.apply_pod,
+            ),
+        )
+        for source in sources:
+            threading.Thread(
+                target=self._reflect, args=(source, stop), name=f"cache-{source.kind}", daemon=True
+            ).start()
+
+    def _reflect(self, source: _Source, stop: threading.Event) -> None:
+        """List, then watch from the list's resourceVersion; relist on 410 Gone and every resync."""
+        resource_version: str | None = None
+        due = 0.0
+        failures = 0
+        while not stop.is_set():
+            try:
+                if resource_version is None or time.monotonic() >= due:
+                    resource_version = self._relist(source)
+                    due = time.monotonic() + self.resync_s
+                resource_version = self._watch(source, resource_version, stop)
+                failures = 0
+            except Exception as err:  # noqa: BLE001 - any failure means reconnect; the loop lives
+                with self._lock:
+                    self.reconnects += 1
+                if isinstance(err, ApiException) and err.status == HTTP_GONE:
+                    log.info("%s watch expired at %s; relisting", source.kind, resource_version)
+                    resource_version = None
+                    continue
+                delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2**failures)
+                failures += 1
+                log.warning("%s list+watch failed (%s); retrying in %.1fs", source.kind, err, delay)
+                stop.wait(delay)
+
+    def _relist(self, source: _Source) -> str:
+        """Replaces every object of the kind; returns the list's resourceVersion."""
+        listed_at = self.version
+        items: list[dict[str, Any]] = []
+        params: dict[str, Any] = dict(source.params, limit=LIST_PAGE)
+        while True:
+            response = source.list_fn(
+                **params, _preload_content=False, _request_timeout=(CONNECT_TIMEOUT_S, 60.0)
+            )
+            body = json.loads(response.data)
+            items += body.get("items") or []
+            params["_continue"] = body["metadata"].get("continue")
+            if not params["_continue"]:
+                break
+        source.replace(items, listed_at)
+        log.info("listed %d %s", len(items), source.kind)
+        return body["metadata"]["resourceVersion"]
+
+    def _watch(self, source: _Source, resource_version: str, stop: threading.Event) -> str:
+        """Applies events until the watch ends or ``stop``; returns the last resourceVersion.
+
+        The stream is read here, not through ``kubernetes.watch.Watch``: without
+        deserializing it fails on ERROR events (such as 410 Gone), and with it
+        it builds a model object per event that the cache would throw away.
+        """
+        response = source.list_fn(
+            **source.params,
+            watch=True,
+            resource_version=resource_version,
+            timeout_seconds=self.watch_timeout_s,
+            allow_watch_bookmarks=True,
+            _preload_content=False,
+            _request_timeout=(CONNECT_TIMEOUT_S, self.watch_timeout_s + READ_SLACK_S),
+        )
+        try:
+            for line in response:
+                if line.strip():
+                    resource_version = _dispatch(source, json.loads(line))
+                if stop.is_set():
+                    break
+        finally:
+            response.close()
+            response.release_conn()
+        return resource_version
+
+
+def _dispatch(source: _Source, event: dict[str, Any]) -> str:
+    """Applies one watch event; returns the resourceVersion it brings."""
+    kind, obj = event["type"], event["object"]
+    if kind == "ERROR":
+        reason = f"{obj.get('reason')}: {obj.get('message')}"
+        raise ApiException(status=obj.get("code"), reason=reason)
+    if kind != "BOOKMARK":
+        source.apply(kind, obj)
+    return obj["metadata"]["resourceVersion"]
+
+
+def _check_event(event_type: str) -> None:
+    if event_type not in EVENT_TYPES:
+        raise ValueError(f"event type {event_type!r} is not one of {', '.join(EVENT_TYPES)}")
+
+
+def _live(record: PodRecord) -> PodRecord | None:
+    """The record, or None for a finished pod: its GPUs are free again."""
+    return None if record.phase in TERMINAL_PHASES else record
+
+
+def _reservation_ends(pod: PodRecord | None, held: _Reservation, listed_at: int | None) -> bool:
+    """After a relist: the listed pod carries its assignment, or its pod is gone."""
+    if pod is not None:
+        return pod.assignment is not None
+    return listed_at is None or held.made_at <= listed_at

@@ -1,0 +1,472 @@
+"""The watch cache on plain Kubernetes JSON: decoding, events, reservations, relists, versions."""
+
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kubernetes.client.rest import ApiException
+
+from infergrid.assignment import AssignedGpu, ContainerAssignment, PodAssignment, encode_assignment
+from infergrid.constants import (
+    ANNOTATION_GPU_ASSIGNMENT,
+    ANNOTATION_GPU_INVENTORY,
+    ANNOTATION_GPU_USAGE,
+)
+from infergrid.inventory import Gpu, GpuInventory, encode_inventory
+from infergrid.usage import GpuUsage, GpuUsageSample, encode_usage
+from scheduler_extender import watch_cache
+from scheduler_extender.watch_cache import ADDED, DELETED, MODIFIED, ClusterCache
+
+NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+NODES = ("node-a", "node-b")
+
+
+def inventory(node: str) -> GpuInventory:
+    gpu = Gpu(f"GPU-{node}", 0, "NVIDIA L4", 23034, 58, "8.9", 0, True)
+    return GpuInventory(node, (gpu,))
+
+
+def usage(node: str, used: int = 0) -> GpuUsage:
+    return GpuUsage(node, NOW, (GpuUsageSample(f"GPU-{node}", used, 0),))
+
+
+def assignment(node: str, mib: int = 1024, minute: int = 0) -> PodAssignment:
+    share = AssignedGpu(f"GPU-{node}", mib, 10)
+    container = ContainerAssignment("main", (share,), shared=True)
+    return PodAssignment(node, NOW + timedelta(minutes=minute), (container,))
+
+
+def node_json(name: str, annotations: dict[str, str] | None = None, **labels: str) -> dict:
+    meta = {"name": name, "annotations": annotations, "labels": labels, "resourceVersion": "1"}
+    return {"metadata": meta}
+
+
+def gpu_node(name: str, used: int = 0) -> dict:
+    return node_json(
+        name,
+        {
+            ANNOTATION_GPU_INVENTORY: encode_inventory(inventory(name)),
+            ANNOTATION_GPU_USAGE: encode_usage(usage(name, used)),
+        },
+    )
+
+
+def pod_json(
+    uid: str,
+    held: PodAssignment | str | None = None,
+    phase: str = "Pending",
+    version: str = "1",
+) -> dict:
+    annotations = {}
+    if held is not None:
+        text = held if isinstance(held, str) else encode_assignment(held)
+        annotations[ANNOTATION_GPU_ASSIGNMENT] = text
+    return {
+        "metadata": {
+            "uid": uid,
+            "namespace": "ns",
+            "name": f"pod-{uid}",
+            "resourceVersion": version,
+            "annotations": annotations,
+        },
+        "spec": {"schedulerName": "infergrid-scheduler"},
+        "status": {"phase": phase},
+    }
+
+
+@pytest.fixture
+def cache() -> ClusterCache:
+    return ClusterCache()
+
+
+# Decoding.
+
+
+def test_a_gpu_node_is_decoded(cache):
+    cache.apply_node(ADDED, gpu_node("node-a", used=300))
+    record = cache.node("node-a")
+    assert record.inventory == inventory("node-a")
+    assert record.usage == usage("node-a", 300)
+    assert record.problem is None
+
+
+def test_a_node_without_annotations_has_nothing_and_no_problem(cache):
+    cache.apply_node(ADDED, node_json("cpu-0"))
+    assert cache.node("cpu-0") == watch_cache.NodeRecord("cpu-0", None, None, None)
+
+
+@pytest.mark.parametrize(
+    "annotation, text, problem",
+    [
+        (ANNOTATION_GPU_INVENTORY, "{", f"{ANNOTATION_GPU_INVENTORY}: not valid JSON"),
+        (ANNOTATION_GPU_INVENTORY, '{"version":"v1"}', f"{ANNOTATION_GPU_INVENTORY}: gpus:"),
+        (ANNOTATION_GPU_USAGE, '{"version":"v9"}', f"{ANNOTATION_GPU_USAGE}: version:"),
+    ],
+)
+def test_a_bad_annotation_is_a_problem_not_an_exception(cache, annotation, text, problem):
+    node = gpu_node("node-a")
+    node["metadata"]["annotations"][annotation] = text
+    cache.apply_node(ADDED, node)
+    record = cache.node("node-a")
+    assert record.problem.startswith(problem)
+    assert getattr(record, annotation.rsplit("-", 1)[1]) is None
+
+
+def test_both_bad_annotations_are_both_reported(cache):
+    bad = {ANNOTATION_GPU_INVENTORY: "[]", ANNOTATION_GPU_USAGE: "{"}
+    cache.apply_node(ADDED, node_json("node-a", bad))
+    problem = cache.node("node-a").problem
+    assert ANNOTATION_GPU_INVENTORY in problem and ANNOTATION_GPU_USAGE in problem
+
+
+def test_an_inventory_of_another_node_is_a_problem(cache):
+    node = gpu_node("node-a")
+    node["metadata"]["name"] = "node-z"
+    cache.apply_node(ADDED, node)
+    assert "names 'node-a', not this node 'node-z'" in cache.node("node-z").problem
+
+
+def test_a_pod_is_decoded(cache):
+    pod = pod_json("u1", assignment("node-a"))
+    pod["spec"]["nodeName"] = "node-a"
+    cache.apply_pod(ADDED, pod)
+    record = cache.pod("u1")
+    assert (record.namespace, record.name, record.node_name) == ("ns", "pod-u1", "node-a")
+    assert (record.scheduler_name, record.phase) == ("infergrid-scheduler", "Pending")
+    assert record.assignment == assignment("node-a") and record.problem is None
+
+
+def test_a_bad_assignment_is_a_problem_and_holds_nothing(cache):
+    cache.apply_pod(ADDED, pod_json("u1", '{"version":"v1"}'))
+    record = cache.pod("u1")
+    assert record.assignment is None
+    assert record.problem.startswith(f"{ANNOTATION_GPU_ASSIGNMENT}: containers:")
+    assert cache.size()["assigned_pods"] == 0
+
+
+def test_an_unknown_event_type_is_refused(cache):
+    with pytest.raises(ValueError, match="BOOKMARK"):
+        cache.apply_pod("BOOKMARK", pod_json("u1"))
+
+
+# Pod events.
+
+
+def test_assignments_are_indexed_by_their_node_oldest_first(cache):
+    cache.apply_pod(ADDED, pod_json("late", assignment("node-a", minute=5)))
+    cache.apply_pod(ADDED, pod_json("early", assignment("node-a", minute=1)))
+    cache.apply_pod(ADDED, pod_json("other", assignment("node-b")))
+    cache.apply_pod(ADDED, pod_json("none"))
+    assert cache.assignments_on("node-a") == [
+        assignment("node-a", minute=1),
+        assignment("node-a", minute=5),
+    ]
+    assert cache.size() == {"nodes": 0, "pods": 4, "assigned_pods": 3, "reservations": 0}
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_a_finished_pod_frees_its_gpus(cache, phase):
+    cache.apply_pod(ADDED, pod_json("u1", assignment("node-a")))
+    cache.apply_pod(MODIFIED, pod_json("u1", assignment("node-a"), phase=phase, version="2"))
+    assert cache.pod("u1") is None and cache.assignments_on("node-a") == []
+
+
+def test_a_deleted_pod_frees_its_gpus(cache):
+    cache.apply_pod(ADDED, pod_json("u1", assignment("node-a")))
+    cache.apply_pod(DELETED, pod_json("u1", assignment("node-a")))
+    assert cache.pod("u1") is None and cache.assignments_on("node-a") == []
+
+
+def test_modified_for_an_unseen_pod_adds_it_and_deleted_for_one_is_no_change(cache):
+    cache.apply_pod(MODIFIED, pod_json("u1", assignment("node-a")))
+    assert cache.assignments_on("node-a") == [assignment("node-a")]
+    version = cache.version
+    cache.apply_pod(DELETED, pod_json("ghost"))
+    assert cache.version == version
+
+
+# Reservations.
+
+
+def test_a_reservation_counts_until_the_pod_event_supersedes_it(cache):
+    cache.apply_pod(ADDED, pod_json("u1"))
+    cache.reserve("u1", "ns", "pod-u1", assignment("node-a"))
+    assert cache.assignments_on("node-a") == [assignment("node-a")]
+    cache.apply_pod(MODIFIED, pod_json("u1", version="2"))  # an event from before the write
+    assert cache.size()["reservations"] == 1
+    cache.apply_pod(MODIFIED, pod_json("u1", assignment("node-a"), version="3"))
+    assert cache.assignments_on("node-a") == [assignment("node-a")]
+    assert cache.size()["reservations"] == 0
+
+
+def test_reserving_after_the_pod_event_does_not_count_twice(cache):
+    cache.apply_pod(ADDED, pod_json("u1", assignment("node-a")))
+    cache.reserve("u1", "ns", "pod-u1", assignment("node-a"))
+    assert cache.assignments_on("node-a") == [assignment("node-a")]
+    assert cache.size()["reservations"] == 0
+
+
+def test_release_drops_a_reservation_but_not_the_pod(cache):
+    cache.apply_pod(ADDED, pod_json("u1"))
+    cache.reserve("u1", "ns", "pod-u1", assignment("node-a"))
+    cache.release("u1")
+    assert cache.assignments_on("node-a") == [] and cache.pod("u1") is not None
+    version = cache.version
+    cache.release("u1")
+    assert cache.version == version
+
+
+@pytest.mark.parametrize("event, phase", [(DELETED, "Pending"), (MODIFIED, "Failed")])
+def test_a_reservation_ends_with_its_pod(cache, event, phase):
+    cache.reserve("u1", "ns", "pod-u1", assignment("node-a"))
+    cache.apply_pod(event, pod_json("u1", phase=phase))
+    assert cache.assignments_on("node-a") == [] and cache.size()["reservations"] == 0
+
+
+def test_a_relist_ends_reservations_it_answers_for(cache):
+    cache.reserve("gone", "ns", "pod-gone", assignment("node-a", minute=1))
+    cache.reserve("bound", "ns", "pod-bound", assignment("node-a", minute=2))
+    cache.reserve("waiting", "ns", "pod-waiting", assignment("node-a", minute=3))
+    listed_at = cache.version
+    cache.reserve("young", "ns", "pod-young", assignment("node-a", minute=4))
+    pods = [pod_json("bound", assignment("node-a", minute=2)), pod_json("waiting")]
+    cache.replace_all_pods(pods, listed_at)
+    assert [a.assigned_at.minute for a in cache.assignments_on("node-a")] == [2, 3, 4]
+    assert cache.size()["reservations"] == 2
+    cache.replace_all_pods(pods)
+    assert cache.size()["reservations"] == 1
+
+
+# Versions.
+
+
+def test_node_version_moves_with_its_annotations_only(cache):
+    cache.apply_node(ADDED, gpu_node("node-a"))
+    first = cache.node_version("node-a")
+    assert first > 0
+    cache.apply_node(MODIFIED, {**gpu_node("node-a"), "status": {"phase": "Running"}})
+    assert cache.node_version("node-a") == first
+    cache.apply_node(MODIFIED, gpu_node("node-a", used=700))
+    assert cache.node_version("node-a") > first
+
+
+def test_node_version_moves_with_the_assignments_on_it(cache):
+    cache.apply_node(ADDED, gpu_node("node-a"))
+    cache.apply_node(ADDED, gpu_node("node-b"))
+    steps = [
+        lambda: cache.apply_pod(ADDED, pod_json("u1", assignment("node-a"))),
+        lambda: cache.reserve("u2", "ns", "pod-u2", assignment("node-a", minute=1)),
+        lambda: cache.release("u2"),
+        lambda: cache.apply_pod(DELETED, pod_json("u1")),
+    ]
+    for step in steps:
+        a, b = cache.node_version("node-a"), cache.node_version("node-b")
+        step()
+        assert cache.node_version("node-a") > a and cache.node_version("node-b") == b
+
+
+def test_a_pod_change_that_keeps_its_assignment_keeps_node_version(cache):
+    cache.apply_pod(ADDED, pod_json("u1", assignment("node-a")))
+    before, version = cache.node_version("node-a"), cache.version
+    cache.apply_pod(MODIFIED, pod_json("u1", assignment("node-a"), phase="Running", version="2"))
+    assert cache.node_version("node-a") == before and cache.version > version
+
+
+def test_a_deleted_node_reads_zero_and_comes_back_newer(cache):
+    cache.apply_node(ADDED, gpu_node("node-a"))
+    first = cache.node_version("node-a")
+    cache.apply_node(DELETED, gpu_node("node-a"))
+    assert cache.node("node-a") is None and cache.node_version("node-a") == 0
+    cache.apply_node(ADDED, gpu_node("node-a"))
+    assert cache.node_version("node-a") > first
+
+
+def test_an_unchanged_relist_changes_no_version(cache):
+    nodes, pods = [gpu_node("node-a")], [pod_json("u1", assignment("node-a"))]
+    cache.replace_all_nodes(nodes)
+    cache.replace_all_pods(pods)
+    version, node_version = cache.version, cache.node_version("node-a")
+    cache.replace_all_nodes(nodes)
+    cache.replace_all_pods(pods)
+    assert (cache.version, cache.node_version("node-a")) == (version, node_version)
+
+
+def test_synced_after_both_kinds_are_listed(cache):
+    assert not cache.wait_synced(0)
+    cache.replace_all_nodes([])
+    assert not cache.synced()
+    cache.replace_all_pods([])
+    assert cache.synced() and cache.wait_synced(0)
+
+
+# Relist equals incremental, over random histories.
+
+NODE_VARIANTS = [
+    gpu_node("node-a"),
+    gpu_node("node-a", used=900),
+    node_json("node-a", {ANNOTATION_GPU_INVENTORY: "{"}),
+    gpu_node("node-b"),
+    node_json("node-b", zone="z1"),
+    node_json("node-c"),
+]
+POD_VARIANTS = [
+    pod_json(uid, held, phase, version)
+    for uid in ("u1", "u2", "u3")
+    for held in (None, assignment("node-a"), assignment("node-b", 2048), "{")
+    for phase in ("Pending", "Running", "Succeeded")
+    for version in ("1", "2")
+]
+EVENTS = st.one_of(
+    st.tuples(
+        st.just("node"), st.sampled_from([ADDED, MODIFIED, DELETED]), st.sampled_from(NODE_VARIANTS)
+    ),
+    st.tuples(
+        st.just("pod"), st.sampled_from([ADDED, MODIFIED, DELETED]), st.sampled_from(POD_VARIANTS)
+    ),
+)
+
+
+def key(kind: str, obj: dict) -> str:
+    return obj["metadata"]["name" if kind == "node" else "uid"]
+
+
+def apply(cache: ClusterCache, event: tuple[str, str, dict]) -> None:
+    kind, event_type, obj = event
+    (cache.apply_node if kind == "node" else cache.apply_pod)(event_type, obj)
+
+
+def snapshot(cache: ClusterCache) -> tuple:
+    pods = {uid: cache.pod(uid) for uid in ("u1", "u2", "u3")}
+    nodes = ("node-a", "node-b", "node-c")
+    return cache.nodes(), pods, {n: cache.assignments_on(n) for n in nodes}, cache.size()
+
+
+def node_view(cache: ClusterCache, node: str) -> tuple:
+    return cache.node(node), cache.assignments_on(node)
+
+
+@settings(max_examples=300, deadline=None)
+@given(history=st.lists(EVENTS, max_size=30), earlier=st.lists(EVENTS, max_size=10))
+def test_a_relist_equals_the_events_it_replaces(history, earlier):
+    incremental = ClusterCache()
+    latest: dict[tuple[str, str], dict] = {}
+    for kind, event_type, obj in history:
+        apply(incremental, (kind, event_type, obj))
+        if event_type == DELETED:
+            latest.pop((kind, key(kind, obj)), None)
+        else:
+            latest[(kind, key(kind, obj))] = obj
+    nodes = [obj for (kind, _), obj in latest.items() if kind == "node"]
+    pods = [obj for (kind, _), obj in latest.items() if kind == "pod"]
+    fresh, stale = ClusterCache(), ClusterCache()
+    for event in earlier:
+        apply(stale, event)
+    for relisted in (fresh, stale):
+        relisted.replace_all_nodes(nodes)
+        relisted.replace_all_pods(pods)
+        assert snapshot(relisted) == snapshot(incremental)
+
+
+@settings(max_examples=300, deadline=None)
+@given(history=st.lists(EVENTS, max_size=30))
+def test_node_version_moves_exactly_when_its_view_changes(history):
+    cache = ClusterCache()
+    names = ("node-a", "node-b", "node-c")
+    for event in history:
+        before = {n: (node_view(cache, n), cache.node_version(n)) for n in names}
+        apply(cache, event)
+        for name, (view, version) in before.items():
+            assert (node_view(cache, name) != view) == (cache.node_version(name) != version)
+
+
+# The list+watch loop, against scripted API responses.
+
+
+class FakeWatchResponse:
+    """A watch body: one JSON event per line, as the API server streams it."""
+
+    def __init__(self, events: list[dict]) -> None:
+        self.lines = [json.dumps(e).encode() + b"\n" for e in events]
+
+    def __iter__(self):
+        return iter(self.lines)
+
+    def close(self) -> None:
+        pass
+
+    def release_conn(self) -> None:
+        pass
+
+
+class ScriptedCore:
+    """list_node and list_pod_for_all_namespaces answering from scripts, then idling."""
+
+    def __init__(self, nodes: list, stop: threading.Event) -> None:
+        self.scripts = {"nodes": nodes, "pods": [listing([])]}
+        self.stop = stop
+        self.done = threading.Event()
+        self.calls: list[dict[str, Any]] = []
+
+    def list_node(self, **params):
+        return self._answer("nodes", params)
+
+    def list_pod_for_all_namespaces(self, **params):
+        return self._answer("pods", params)
+
+    def _answer(self, kind: str, params: dict):
+        self.calls.append({"kind": kind, **params})
+        script = self.scripts[kind]
+        if script:
+            answer = script.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+        if kind == "nodes":
+            self.done.set()
+        self.stop.wait(0.05)
+        return FakeWatchResponse([])
+
+
+def listing(items: list[dict], version: str = "10") -> SimpleNamespace:
+    body = {"metadata": {"resourceVersion": version}, "items": items}
+    return SimpleNamespace(data=json.dumps(body).encode())
+
+
+def test_the_loop_relists_on_gone_and_reconnects_after_errors(monkeypatch):
+    stop = threading.Event()
+    gone = {
+        "type": "ERROR",
+        "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "old"},
+    }
+    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "31"}}}
+    core = ScriptedCore(
+        [
+            listing([gpu_node("node-a")]),
+            FakeWatchResponse([{"type": ADDED, "object": gpu_node("node-c")}, gone]),
+            ApiException(status=500, reason="boom"),
+            listing([gpu_node("node-a"), gpu_node("node-b")], version="30"),
+            FakeWatchResponse([bookmark]),
+        ],
+        stop,
+    )
+    monkeypatch.setattr(watch_cache.client, "CoreV1Api", lambda api: core)
+    cache = ClusterCache(watch_timeout_s=1)
+    cache.start(None, stop)
+    try:
+        assert cache.wait_synced(5)
+        assert core.done.wait(10)
+    finally:
+        stop.set()
+    assert set(cache.nodes()) == {"node-a", "node-b"}
+    assert cache.reconnects == 2
+    node_calls = [c for c in core.calls if c["kind"] == "nodes"]
+    versions = [c.get("resource_version") for c in node_calls[:6]]
+    assert versions == [None, "10", None, None, "30", "31"]
+    assert all(
+        c["field_selector"] == watch_cache.LIVE_PODS for c in core.calls if c["kind"] == "pods"
+    )
