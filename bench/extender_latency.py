@@ -5,12 +5,12 @@ Part 1 (always): filter and prioritize latency, p50 and p99, at 100, 1,000 and
 shares and whole GPUs, some measured use outside assignments), for a stream
 of pods of typical shapes, each bound between calls so the state keeps moving.
 
-Part 2 (--cluster): pods per second through the real kube-scheduler on 1,000
-KWOK nodes of a local cluster, bound by infergrid-scheduler with the extender
-against the default scheduler without it, and their ratio.
+Part 2: pods per second through the real kube-scheduler on 1,000 KWOK nodes
+of a fresh local cluster: the same gated pods released at once, bound by
+infergrid-scheduler with the extender, against the default scheduler without
+it, and their ratio. (--cluster-nodes 0 skips it.)
 
     .venv/bin/python bench/extender_latency.py --nodes 100,1000,5000 [--pods 200] [--json]
-    .venv/bin/python bench/extender_latency.py --cluster --cluster-nodes 1000 --cluster-pods 500
 """
 
 from __future__ import annotations
@@ -20,12 +20,17 @@ import asyncio
 import json
 import random
 import statistics
+import sys
+import tempfile
 import threading
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the e2e package, when run as a file
 
 from infergrid.assignment import encode_assignment
 from infergrid.constants import (
@@ -38,7 +43,7 @@ from infergrid.constants import (
     RESOURCE_GPU_MEMORY,
     RESOURCE_VGPU,
 )
-from infergrid.fleet import parse_fleet
+from infergrid.fleet import Fleet, parse_fleet
 from infergrid.inventory import encode_inventory
 from infergrid.placement import build_node_state, fit, resolve_policy, to_pod_assignment
 from infergrid.pod_request import parse_pod_request
@@ -192,15 +197,86 @@ def bind_like_the_extender(cache: ClusterCache, view: PlacementView, pod: dict, 
         cache.reserve(meta["uid"], meta["namespace"], meta["name"], assignment)
 
 
+def throughput(nodes: int, pods: int) -> dict:
+    """Gated pods released at once; seconds until all are bound, per scheduler."""
+    from kubernetes import client
+
+    from e2e.cluster import fake_nodes
+    from e2e.cluster.local_cluster import LocalCluster
+    from e2e.extender_support import ExtenderProcess
+
+    work = Path(tempfile.mkdtemp(prefix="infergrid-bench-"))
+    fleet_file = work / "fleet.yaml"
+    fleet_file.write_text(
+        "version: v1\nnodes:\n- name: seed\n  gpus: {model: NVIDIA L4, count: 1,"
+        " memoryMiB: 23034, smCount: 58, computeCapability: '8.9'}\n"
+    )
+    cluster = LocalCluster(work / "state")
+    cluster.up(fleet_file)
+    extender = ExtenderProcess(cluster.extender_url(), cluster.kubeconfig, work / "extender.log")
+    try:
+        api = cluster.api()
+        core = client.CoreV1Api(api)
+        rnd = random.Random(3)
+        bench_nodes = fleet(nodes, rnd)
+        fake_nodes.create(api, Fleet(bench_nodes))
+        for node in bench_nodes:
+            inv = node.inventory
+            usage = GpuUsage(inv.node, datetime.now(UTC),
+                             tuple(GpuUsageSample(g.uuid, 0, 0) for g in inv.gpus))  # fmt: skip
+            core.patch_node(inv.node, {"metadata": {"annotations": {
+                ANNOTATION_GPU_INVENTORY: encode_inventory(inv),
+                ANNOTATION_GPU_USAGE: encode_usage(usage)}}})  # fmt: skip
+        fake_nodes.wait_schedulable(api, cluster.processes, timeout=600)
+        extender.args = ["--stale-after", "86400"]
+        extender.start()
+        runs = {}
+        for label, scheduler in (("default-scheduler", None), ("infergrid-scheduler", True)):
+            runs[label] = release_and_time(core, label, pods, scheduler)
+    finally:
+        extender.stop()
+        cluster.down()
+    plain, ours = runs["default-scheduler"], runs["infergrid-scheduler"]
+    return {"nodes": nodes, "pods": pods, "pods_per_s_default": round(plain, 1),
+            "pods_per_s_extender": round(ours, 1), "ratio": round(ours / plain, 3)}  # fmt: skip
+
+
+def release_and_time(core, namespace: str, pods: int, extender: bool | None) -> float:
+    from e2e.cluster.processes import wait_until
+
+    core.create_namespace({"metadata": {"name": namespace}})
+    wait_until(lambda: core.read_namespaced_service_account("default", namespace), 60, "the SA")
+    names = [f"p-{i:04d}" for i in range(pods)]
+    for name in names:
+        spec = {"schedulingGates": [{"name": "bench"}],
+                "containers": [{"name": "c", "image": "x",
+                                "resources": {"limits": {RESOURCE_GPU: "1"}}}]}  # fmt: skip
+        if extender:
+            spec["schedulerName"] = "infergrid-scheduler"
+        core.create_namespaced_pod(namespace, {"metadata": {"name": name}, "spec": spec})
+    started = time.perf_counter()
+    for name in names:
+        core.patch_namespaced_pod(name, namespace, {"spec": {"schedulingGates": None}})
+
+    def all_bound() -> bool:
+        return all(p.spec.node_name for p in core.list_namespaced_pod(namespace).items)
+
+    wait_until(all_bound, 900, f"{pods} pods bound by {namespace}")
+    return pods / (time.perf_counter() - started)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="100,1000,5000")
     parser.add_argument("--pods", type=int, default=200)
+    parser.add_argument("--cluster-nodes", type=int, default=1000)
+    parser.add_argument("--cluster-pods", type=int, default=500)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = [latency(int(n), args.pods) for n in args.nodes.split(",")]
+    through = throughput(args.cluster_nodes, args.cluster_pods) if args.cluster_nodes else None
     if args.json:
-        print(json.dumps({"latency": rows}, indent=2))
+        print(json.dumps({"latency": rows, "throughput": through}, indent=2))
         return
     print(f"{'nodes':>6} {'GPUs':>6} {'feasible':>9} {'filter p50':>11} {'filter p99':>11}"
           f" {'prio p50':>9} {'prio p99':>9}   (ms)")  # fmt: skip
@@ -208,6 +284,11 @@ def main() -> None:
         print(f"{r['nodes']:>6} {r['gpus']:>6} {r['mean_feasible_nodes']:>9}"
               f" {r['filter']['p50_ms']:>11.2f} {r['filter']['p99_ms']:>11.2f}"
               f" {r['prioritize']['p50_ms']:>9.2f} {r['prioritize']['p99_ms']:>9.2f}")  # fmt: skip
+    if through:
+        print(f"\nkube-scheduler on {through['nodes']} KWOK nodes, {through['pods']} pods:"
+              f" {through['pods_per_s_default']} pods/s without the extender,"
+              f" {through['pods_per_s_extender']} pods/s with it"
+              f" (ratio {through['ratio']})")  # fmt: skip
 
 
 if __name__ == "__main__":

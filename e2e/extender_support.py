@@ -27,13 +27,14 @@ class ExtenderProcess:
         self.port = urlparse(url).port
         self.kubeconfig = kubeconfig
         self.log = log
+        self.args: list[str] = []
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         argv = [
             sys.executable, "-m", "scheduler_extender.main",
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--identity", "e2e-extender", "--lease-namespace", "kube-system",
+            "--identity", "e2e-extender", "--lease-namespace", "kube-system", *self.args,
         ]  # fmt: skip
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
