@@ -22,6 +22,7 @@ from device_plugin.ops_server import serve_ops
 from device_plugin.runtime import DevicePluginRuntime
 from infergrid.errors import ContractError
 from infergrid.fleet import load_fleet
+from infergrid.process import configure_logging, kube_api
 
 log = logging.getLogger("infergrid.device_plugin")
 
@@ -41,15 +42,6 @@ def make_backend(cfg: PluginConfig) -> NvmlBackend:
     return FakeNvml(nodes[cfg.node_name])
 
 
-def kube_api() -> client.ApiClient:
-    """In-cluster credentials in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
-    try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except config.ConfigException:
-        return config.new_client_from_config()
-
-
 def build(cfg: PluginConfig) -> DevicePluginRuntime:
     backend = make_backend(cfg)
     core = client.CoreV1Api(kube_api())
@@ -63,11 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     add_flags(parser)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s",'
-        '"message":"%(message)s"}',
-    )
+    configure_logging(args.log_level)
     try:
         cfg = load_config(args, os.environ.get("NODE_NAME"))
         cfg.plugin_dir.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from aiohttp import web
 from kubernetes import client, config
 
 from infergrid.errors import ContractError
+from infergrid.process import configure_logging, kube_api
 from infergrid.settings import add_flags, load_settings
 from scheduler_extender.app import ExtenderService
 from scheduler_extender.binder import Binder
@@ -27,15 +28,6 @@ from scheduler_extender.view import PlacementView
 from scheduler_extender.watch_cache import ClusterCache
 
 log = logging.getLogger("infergrid.scheduler_extender")
-
-
-def kube_api() -> client.ApiClient:
-    """In-cluster credentials in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
-    try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except config.ConfigException:
-        return config.new_client_from_config()
 
 
 def tls_context(cfg: ExtenderConfig) -> ssl.SSLContext | None:
@@ -78,11 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     add_flags(parser, SETTINGS)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s",'
-        '"message":"%(message)s"}',
-    )
+    configure_logging(args.log_level)
     try:
         cfg = load_settings(ExtenderConfig(), SETTINGS, args)
         tls_context(cfg)
