@@ -65,3 +65,33 @@ def namespace(cluster: Cluster) -> Iterator[str]:
         yield name
     finally:
         core.delete_namespace(name)
+
+
+CRDS = Path(__file__).resolve().parents[1] / "crds"
+
+
+@pytest.fixture(scope="session")
+def infsvc_crd(cluster: Cluster) -> None:
+    """Every CRD in `crds/` installed (created or replaced) and Established."""
+    import yaml
+    from kubernetes.client.rest import ApiException
+
+    ext = client.ApiextensionsV1Api(cluster.api)
+    for path in sorted(CRDS.glob("*.yaml")):
+        body = yaml.safe_load(path.read_text())
+        name = body["metadata"]["name"]
+        try:
+            ext.create_custom_resource_definition(body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            body["metadata"]["resourceVersion"] = (
+                ext.read_custom_resource_definition(name).metadata.resource_version
+            )
+            ext.replace_custom_resource_definition(name, body)
+
+        def established(name: str = name) -> bool:
+            conditions = ext.read_custom_resource_definition(name).status.conditions or []
+            return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+        wait_until(established, 60, f"CRD {name} Established")
