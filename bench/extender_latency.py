@@ -228,7 +228,7 @@ def throughput(nodes: int, pods: int) -> dict:
                 ANNOTATION_GPU_INVENTORY: encode_inventory(inv),
                 ANNOTATION_GPU_USAGE: encode_usage(usage)}}})  # fmt: skip
         fake_nodes.wait_schedulable(api, cluster.processes, timeout=600)
-        extender.args = ["--stale-after", "86400"]
+        extender.args = ["--stale-after", "3600"]
         extender.start()
         runs = {}
         for label, scheduler in (("default-scheduler", None), ("infergrid-scheduler", True)):
@@ -265,6 +265,13 @@ def release_and_time(core, namespace: str, pods: int, extender: bool | None) -> 
     return pods / (time.perf_counter() - started)
 
 
+def print_latency(r: dict) -> None:
+    print(f"{r['nodes']:>6} {r['gpus']:>6} {r['mean_feasible_nodes']:>9}"
+          f" {r['filter']['p50_ms']:>11.2f} {r['filter']['p99_ms']:>11.2f}"
+          f" {r['prioritize']['p50_ms']:>9.2f} {r['prioritize']['p99_ms']:>9.2f}",
+          flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="100,1000,5000")
@@ -273,18 +280,18 @@ def main() -> None:
     parser.add_argument("--cluster-pods", type=int, default=500)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rows = [latency(int(n), args.pods) for n in args.nodes.split(",")]
+    if not args.json:
+        print(f"{'nodes':>6} {'GPUs':>6} {'feasible':>9} {'filter p50':>11} {'filter p99':>11}"
+              f" {'prio p50':>9} {'prio p99':>9}   (ms)")  # fmt: skip
+    rows = []
+    for n in args.nodes.split(","):
+        rows.append(latency(int(n), args.pods))
+        if not args.json:
+            print_latency(rows[-1])
     through = throughput(args.cluster_nodes, args.cluster_pods) if args.cluster_nodes else None
     if args.json:
         print(json.dumps({"latency": rows, "throughput": through}, indent=2))
-        return
-    print(f"{'nodes':>6} {'GPUs':>6} {'feasible':>9} {'filter p50':>11} {'filter p99':>11}"
-          f" {'prio p50':>9} {'prio p99':>9}   (ms)")  # fmt: skip
-    for r in rows:
-        print(f"{r['nodes']:>6} {r['gpus']:>6} {r['mean_feasible_nodes']:>9}"
-              f" {r['filter']['p50_ms']:>11.2f} {r['filter']['p99_ms']:>11.2f}"
-              f" {r['prioritize']['p50_ms']:>9.2f} {r['prioritize']['p99_ms']:>9.2f}")  # fmt: skip
-    if through:
+    elif through:
         print(f"\nkube-scheduler on {through['nodes']} KWOK nodes, {through['pods']} pods:"
               f" {through['pods_per_s_default']} pods/s without the extender,"
               f" {through['pods_per_s_extender']} pods/s with it"
