@@ -36,7 +36,7 @@ def paths() -> dict[str, Path]:
         "kube-scheduler": k8s / "kube-scheduler",
         "kubectl": k8s / "kubectl",
         "kwok": kwok / "kwok",
-        "kwok-stages": kwok / "stages.yaml",
+        "kwok-stages": kwok / "stages-lease.yaml",
         "helm": bin_dir / f"helm-{v['HELM_VERSION']}" / "helm",
     }
 

@@ -81,14 +81,16 @@ go_install() {
 }
 
 # KWOK ships no default stages; its module holds the node and pod lifecycle
-# stages, which are gathered next to the binary as one config file.
+# stages, which are gathered next to the binary as one config file. Node
+# heartbeats go through Leases, which KWOK renews often and cheaply, so a
+# loaded machine does not let nodes (and then their pods) turn NotReady.
 kwok_stages() {
-  local out="$BIN/kwok-$KWOK_VERSION/stages.yaml"
+  local out="$BIN/kwok-$KWOK_VERSION/stages-lease.yaml"
   [[ -s "$out" ]] && return
   local src
   src="$(go env GOMODCACHE)/sigs.k8s.io/kwok@$KWOK_VERSION/kustomize/stage"
   [[ -d "$src" ]] || go mod download "sigs.k8s.io/kwok@$KWOK_VERSION" >/dev/null 2>&1
-  for f in node/fast/node-initialize node/heartbeat/node-heartbeat \
+  for f in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
     pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do
     cat "$src/$f.yaml"; echo "---"
   done >"$out.tmp"

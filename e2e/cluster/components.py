@@ -203,6 +203,7 @@ def commands(layout: Layout) -> dict[str, list[str]]:
             f"--cluster-signing-cert-file={c.ca_cert}",
             f"--cluster-signing-key-file={c.ca_key}",
             "--controllers=*,-nodeipam",
+            "--node-monitor-grace-period=2m",
         ],
         "kube-scheduler": [
             str(b["kube-scheduler"]),
@@ -224,5 +225,6 @@ def commands(layout: Layout) -> dict[str, list[str]]:
             f"--server-address=127.0.0.1:{layout.kwok_port}",
             f"--cidr={POD_CIDR}",
             "--node-ip=127.0.0.1",
+            "--node-lease-duration-seconds=40",
         ],
     }
