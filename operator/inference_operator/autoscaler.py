@@ -1,0 +1,119 @@
+"""How many replicas a service needs: the HPA's rule, with a warm pool, as a pure function.
+
+Each metric gives a ratio, observed / target. The largest ratio times the
+pods that reported it is the load, in replicas working at target; the
+replicas needed are that, rounded up, plus the warm pool of ready spares.
+A load within the tolerance of what the serving replicas carry changes
+nothing. Scaling up happens at once. Scaling down waits until every
+recommendation within the stabilisation window is lower (the window's
+highest one wins, as in the HPA), and then removes at most
+scaleDownMaxPercent of the replicas in one step (at least one). The
+recommendation history is plain data that the caller keeps and passes back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .metrics_scrape import ServiceMetrics
+from .spec import Autoscaling
+
+# (time in seconds, recommended replicas), oldest first.
+History = tuple[tuple[float, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    min_replicas: int
+    max_replicas: int
+    tolerance: float = 0.1
+    stabilization_s: float = 300.0
+    scale_down_max_percent: int = 20
+    warm_pool: int = 0
+
+    @classmethod
+    def from_spec(cls, spec: Autoscaling) -> Policy:
+        return cls(
+            min_replicas=spec.min_replicas,
+            max_replicas=spec.max_replicas,
+            tolerance=spec.tolerance_percent / 100,
+            stabilization_s=spec.scale_down_stabilization_s,
+            scale_down_max_percent=spec.scale_down_max_percent,
+            warm_pool=spec.warm_pool,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    replicas: int  # what spec.replicas should be now
+    recommendation: int  # what the metrics alone ask for
+    history: History  # to pass to the next call
+    reason: str
+
+
+def ratios(metrics: ServiceMetrics, spec: Autoscaling) -> dict[str, float]:
+    """Observed / target per metric the pods export."""
+    pairs = {
+        "queueDepth": (metrics.queue_depth, spec.target_queue_depth),
+        "p99LatencyMs": (metrics.p99_latency_ms, spec.target_p99_latency_ms),
+        "gpuUtilization": (metrics.gpu_utilization, spec.target_gpu_utilization),
+    }
+    return {name: value / target for name, (value, target) in pairs.items() if value is not None}
+
+
+def recommend(
+    current: int, reporting: int, metric_ratios: Mapping[str, float], policy: Policy
+) -> int:
+    """Replicas the metrics ask for, warm pool included, within min/max.
+
+    `reporting` pods exported the metrics; with none (all starting, or none
+    exporting) there is no load signal and the serving count stands.
+    """
+    serving = max(current - policy.warm_pool, 0)
+    needed = serving
+    if reporting and metric_ratios:
+        load = reporting * max(metric_ratios.values())
+        near = serving > 0 and abs(load / serving - 1) <= policy.tolerance
+        needed = serving if near else math.ceil(round(load, 6))
+    return _clamp(needed + policy.warm_pool, policy)
+
+
+def desired_replicas(
+    current: int,
+    reporting: int,
+    metric_ratios: Mapping[str, float],
+    policy: Policy,
+    history: History,
+    now: float,
+) -> Decision:
+    """The next replica count, and the history to keep for the next call.
+
+    An empty history counts as the current count recommended now, so an
+    operator that restarts waits a whole window before it scales down.
+    """
+    recommendation = recommend(current, reporting, metric_ratios, policy)
+    seed = history or ((now, current),)
+    kept = tuple((t, r) for t, r in seed if t > now - policy.stabilization_s)
+    history = (*kept, (now, recommendation))
+    reason = _reason(metric_ratios)
+    if not policy.min_replicas <= current <= policy.max_replicas:
+        return Decision(_clamp(current, policy), recommendation, history, "outside min..max")
+    if recommendation >= current:
+        return Decision(recommendation, recommendation, history, reason)
+    stabilized = max(r for _, r in history)
+    step = max(1, current * policy.scale_down_max_percent // 100)
+    replicas = _clamp(max(stabilized, current - step), policy)
+    return Decision(min(replicas, current), recommendation, history, reason)
+
+
+def _clamp(replicas: int, policy: Policy) -> int:
+    return min(max(replicas, policy.min_replicas), policy.max_replicas)
+
+
+def _reason(metric_ratios: Mapping[str, float]) -> str:
+    if not metric_ratios:
+        return "no metrics"
+    name = max(metric_ratios, key=lambda k: metric_ratios[k])
+    return f"{name} at {metric_ratios[name]:.2f}x target"

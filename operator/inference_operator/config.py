@@ -1,0 +1,63 @@
+"""The operator's settings: one versioned YAML file, overridden by flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from infergrid import settings as s
+from infergrid.constants import SCHEDULER_NAME
+from infergrid.errors import ContractError
+
+DEFAULT_ENGINE_IMAGE: Final = "infergrid/engine:0.1.0"
+DEFAULT_METRICS_URL: Final = "http://{pod_ip}:8000/metrics"
+URL_FIELDS: Final = {"pod_ip": "10.0.0.1", "pod_name": "p", "namespace": "ns"}
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    scheduler_name: str = SCHEDULER_NAME
+    engine_image: str = DEFAULT_ENGINE_IMAGE
+    namespaces: tuple[str, ...] = ()  # none: every namespace
+    metrics_url_template: str = DEFAULT_METRICS_URL
+    scrape_timeout_s: float = 2.0
+    liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
+    max_workers: int = 20
+
+
+def names(doc: dict[str, Any], key: str) -> tuple[str, ...]:
+    """A list of names, or one comma-separated string (the flag's form)."""
+    value = doc[key]
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ContractError(key, "expected a list of namespace names or a comma-separated string")
+    return tuple(i.strip() for i in items if i.strip())
+
+
+def url_template(doc: dict[str, Any], key: str) -> str:
+    """A URL with {pod_ip}, {pod_name} or {namespace} in it, checked once at start."""
+    value = s.text(doc, key)
+    try:
+        value.format(**URL_FIELDS)
+    except (KeyError, IndexError, ValueError) as err:
+        raise ContractError(
+            key, f"only {{pod_ip}}, {{pod_name}}, {{namespace}} may appear: {err}"
+        ) from err
+    return value
+
+
+SETTINGS: Final = (
+    s.Setting("schedulerName", "scheduler_name", s.text,
+              "scheduler of engine pods whose spec names none"),
+    s.Setting("engineImage", "engine_image", s.text,
+              "engine image of services whose spec names none"),
+    s.Setting("namespaces", "namespaces", names,
+              "namespaces to serve, comma-separated (default: all)"),
+    s.Setting("metricsUrlTemplate", "metrics_url_template", url_template,
+              "where an engine pod's metrics are read, e.g. http://{pod_ip}:8000/metrics"),
+    s.Setting("scrapeTimeoutSeconds", "scrape_timeout_s", s.number(0.1, 60),
+              "how long one scrape of a pod may take"),
+    s.Setting("livenessEndpoint", "liveness_endpoint", s.text,
+              "URL the liveness probe is served on"),
+    s.Setting("maxWorkers", "max_workers", s.whole(1, 256), "threads for the handlers"),
+)  # fmt: skip

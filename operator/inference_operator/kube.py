@@ -1,0 +1,106 @@
+"""The API calls the handlers make, each returning plain dicts as the API sends them.
+
+Children are written with server-side apply under one field manager: apply
+creates what is missing and converges what drifted in the same call, and a
+child's name is fixed by its parent's, so repeating an apply after a crash
+can never make a second one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
+
+from .render import LABEL_SERVICE, LABEL_TRACK
+
+FIELD_MANAGER = "infergrid-operator"
+APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient):
+        self.apps = client.AppsV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self.policy = client.PolicyV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+
+    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply of one child, taking over fields anyone else changed."""
+        patch = self._patchers()[manifest["kind"]]
+        meta = manifest["metadata"]
+        response = patch(
+            meta["name"], meta["namespace"], manifest,
+            field_manager=FIELD_MANAGER, force=True, _content_type=APPLY, _preload_content=False,
+        )  # fmt: skip
+        return json.loads(response.data)
+
+    def delete_deployment(self, namespace: str, name: str) -> bool:
+        """True when there was one to delete."""
+        deleted = _absent_is_none(lambda: self.apps.delete_namespaced_deployment(name, namespace))
+        return deleted is not None
+
+    def service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The InferenceService, or None once it is gone."""
+        return _absent_is_none(
+            lambda: self.custom.get_namespaced_custom_object(
+                CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL, name
+            )
+        )
+
+    def deployments(self, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+        """The service's Deployments by track."""
+        items = self._list(
+            self.apps.list_namespaced_deployment, namespace, f"{LABEL_SERVICE}={name}"
+        )
+        return {d["metadata"]["labels"].get(LABEL_TRACK, ""): d for d in items}
+
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return self._list(self.core.list_namespaced_pod, namespace, selector)
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """A merge patch of the status subresource: fields left out stay as they are.
+
+        A service deleted meanwhile has no status left to write.
+        """
+        _absent_is_none(
+            lambda: self.custom.patch_namespaced_custom_object_status(
+                CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL, name, {"status": status},
+                _content_type=MERGE,
+            )
+        )  # fmt: skip
+
+    def scale(self, namespace: str, name: str, replicas: int) -> None:
+        """spec.replicas through the scale subresource, as `kubectl scale` writes it."""
+        self.custom.patch_namespaced_custom_object_scale(
+            CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL, name, {"spec": {"replicas": replicas}},
+            _content_type=MERGE,
+        )  # fmt: skip
+
+    def _patchers(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "ConfigMap": self.core.patch_namespaced_config_map,
+            "Service": self.core.patch_namespaced_service,
+            "Deployment": self.apps.patch_namespaced_deployment,
+            "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
+        }
+
+    @staticmethod
+    def _list(call: Callable[..., Any], namespace: str, selector: str) -> list[dict[str, Any]]:
+        response = call(namespace, label_selector=selector, _preload_content=False)
+        return json.loads(response.data)["items"]
+
+
+def _absent_is_none(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise

@@ -1,0 +1,172 @@
+"""The engines' load, read from each engine pod's Prometheus /metrics.
+
+Three numbers drive the autoscaler: queue depth per replica, P99 end-to-end
+latency and GPU utilisation. Latency is a cumulative histogram, so its P99
+is taken over the requests since the previous scrape (bucket deltas per pod),
+not over the pod's lifetime, which would hide a new overload for hours.
+Parsing and aggregation are pure; only `scrape` does I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from infergrid.constants import (
+    METRIC_ENGINE_E2E_LATENCY,
+    METRIC_ENGINE_GPU_UTILIZATION,
+    METRIC_ENGINE_QUEUE_DEPTH,
+)
+
+log = logging.getLogger("infergrid.operator.metrics")
+
+# (upper bound in seconds, cumulative count), ascending by bound, +Inf last.
+Buckets = tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSample:
+    """One pod's scrape; a metric the engine does not export is None."""
+
+    queue_depth: float | None = None
+    gpu_utilization: float | None = None
+    latency: Buckets = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceMetrics:
+    """The load of a service's pods: means per pod, and P99 over the last interval."""
+
+    pods: int
+    queue_depth: float | None = None
+    p99_latency_ms: float | None = None
+    gpu_utilization: float | None = None
+
+
+def parse_engine_metrics(text: str) -> EngineSample:
+    """Queue depth (summed over series), GPU utilisation (mean over GPUs), latency buckets.
+
+    Raises ValueError on text that is not the Prometheus exposition format.
+    """
+    gauges: dict[str, list[float]] = defaultdict(list)
+    buckets: dict[float, float] = defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if family.name == METRIC_ENGINE_E2E_LATENCY and sample.name.endswith("_bucket"):
+                buckets[float(sample.labels["le"])] += sample.value
+            elif family.name in (METRIC_ENGINE_QUEUE_DEPTH, METRIC_ENGINE_GPU_UTILIZATION):
+                gauges[family.name].append(sample.value)
+    queue = gauges.get(METRIC_ENGINE_QUEUE_DEPTH)
+    gpu = gauges.get(METRIC_ENGINE_GPU_UTILIZATION)
+    return EngineSample(
+        queue_depth=sum(queue) if queue else None,
+        gpu_utilization=sum(gpu) / len(gpu) if gpu else None,
+        latency=tuple(sorted(buckets.items())),
+    )
+
+
+def latency_delta(now: Buckets, before: Buckets | None) -> Buckets:
+    """Requests since the previous scrape; none on a pod's first scrape.
+
+    A count that went down means the engine restarted and its counters began
+    again at zero, so everything it counted since is new.
+    """
+    if before is None:
+        return ()
+    old = dict(before)
+    if any(count < old.get(bound, 0.0) for bound, count in now):
+        return now
+    return tuple((bound, count - old.get(bound, 0.0)) for bound, count in now)
+
+
+def histogram_quantile(q: float, buckets: Buckets) -> float | None:
+    """The q-quantile, interpolated inside its bucket as Prometheus does; None with no data.
+
+    A quantile that falls in the +Inf bucket is reported as the largest finite bound.
+    """
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            inside = count - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, count
+    return lower
+
+
+def aggregate(
+    samples: Mapping[str, EngineSample], previous: Mapping[str, Buckets]
+) -> ServiceMetrics:
+    """Means over the pods that export each metric; P99 over all pods' new requests."""
+    queues = [s.queue_depth for s in samples.values() if s.queue_depth is not None]
+    gpus = [s.gpu_utilization for s in samples.values() if s.gpu_utilization is not None]
+    merged: dict[float, float] = defaultdict(float)
+    for pod, sample in samples.items():
+        for bound, count in latency_delta(sample.latency, previous.get(pod)):
+            merged[bound] += count
+    p99 = histogram_quantile(0.99, tuple(sorted(merged.items())))
+    return ServiceMetrics(
+        pods=len(samples),
+        queue_depth=sum(queues) / len(queues) if queues else None,
+        p99_latency_ms=p99 * 1000 if p99 is not None else None,
+        gpu_utilization=sum(gpus) / len(gpus) if gpus else None,
+    )
+
+
+def scrapable(pod: Mapping) -> bool:
+    """Running with an address and not terminating: an engine whose /metrics can be read.
+
+    Readiness is not required: an engine whose queue is full may report
+    itself unready exactly when its load matters most.
+    """
+    status = pod.get("status") or {}
+    return (
+        status.get("phase") == "Running"
+        and bool(status.get("podIP"))
+        and not pod["metadata"].get("deletionTimestamp")
+    )
+
+
+def scrape_url(template: str, pod: Mapping) -> str:
+    """The metrics URL of a pod (a dict of the API's Pod), from the operator's template."""
+    return template.format(
+        pod_ip=pod.get("status", {}).get("podIP", ""),
+        pod_name=pod["metadata"]["name"],
+        namespace=pod["metadata"]["namespace"],
+    )
+
+
+async def scrape(urls: Mapping[str, str], timeout_s: float) -> dict[str, EngineSample]:
+    """Every pod's sample, read concurrently; a pod that fails to answer is left out."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        texts = await asyncio.gather(*(_fetch(session, url) for url in urls.values()))
+    samples = {}
+    for pod, text in zip(urls, texts, strict=True):
+        if text is None:
+            continue
+        try:
+            samples[pod] = parse_engine_metrics(text)
+        except ValueError as err:
+            log.warning("pod %s: unreadable metrics: %s", pod, err)
+    return samples
+
+
+async def _fetch(session: aiohttp.ClientSession, url: str) -> str | None:
+    try:
+        async with session.get(url) as resp:
+            return await resp.text() if resp.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError) as err:
+        log.debug("scrape of %s failed: %s", url, err)
+        return None

@@ -1,0 +1,256 @@
+"""The children of an InferenceService, rendered as plain manifests.
+
+Every function here is pure: the same spec gives the same dicts, so applying
+them again is a no-op and the handlers can re-apply from any state. The
+handlers add the owner reference (kopf.adopt) and apply them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+import yaml
+
+from infergrid.constants import (
+    ANNOTATION_PLACEMENT_POLICY,
+    ANNOTATION_TOPOLOGY,
+    RESOURCE_GPU,
+    RESOURCE_GPU_CORES,
+    RESOURCE_GPU_MEMORY,
+    RESOURCE_VGPU,
+    SCHEMA_VERSION,
+    mig_resource,
+)
+
+from .spec import Resources, ServiceSpec
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_SERVICE = "infergrid.io/inferenceservice"
+LABEL_TRACK = "infergrid.io/track"
+ANNOTATION_CONFIG_HASH = "infergrid.io/engine-config-hash"
+ENGINE_APP = "infergrid-engine"
+STABLE, CANARY = "stable", "canary"
+TRACKS = (STABLE, CANARY)
+
+ENGINE_PORT = 8000
+SERVICE_PORT = 80
+CONFIG_DIR = "/etc/infergrid"
+CONFIG_ENV = "INFERGRID_ENGINE_CONFIG"
+CONFIG_KEYS = {STABLE: "engine.yaml", CANARY: "engine-canary.yaml"}
+# Model loading can take minutes; the startup probe allows 5 s x 120 = 10 min.
+STARTUP_PERIOD_S, STARTUP_FAILURES = 5, 120
+
+
+def deployment_name(name: str, track: str) -> str:
+    return name if track == STABLE else f"{name}-{CANARY}"
+
+
+def configmap_name(name: str) -> str:
+    return f"{name}-engine"
+
+
+def pod_labels(name: str, track: str) -> dict[str, str]:
+    return {
+        LABEL_NAME: ENGINE_APP,
+        LABEL_INSTANCE: name,
+        LABEL_SERVICE: name,
+        LABEL_TRACK: track,
+    }
+
+
+def stable_selector(name: str) -> str:
+    """The scale subresource's selector: the stable pods, those spec.replicas counts."""
+    return f"{LABEL_SERVICE}={name},{LABEL_TRACK}={STABLE}"
+
+
+def service_url(name: str, namespace: str) -> str:
+    return f"http://{name}.{namespace}.svc.cluster.local"
+
+
+def track_replicas(spec: ServiceSpec) -> dict[str, int]:
+    """Replicas per track; the Service sends each ready pod an equal share of requests.
+
+    spec.replicas counts stable pods. A canary with P percent gets the count
+    that makes its share of all pods closest to P, and at least one pod while
+    P > 0, since a canary that should take traffic needs a pod to take it.
+    At 100 percent the canary takes all the replicas and stable keeps none.
+    """
+    stable, canary = spec.replicas, spec.canary
+    if canary is None:
+        return {STABLE: stable}
+    percent = canary.traffic_percent
+    if percent == 100:
+        return {STABLE: 0, CANARY: stable}
+    count = math.floor(stable * percent / (100 - percent) + 0.5)
+    if percent > 0 and stable > 0:
+        count = max(count, 1)
+    return {STABLE: stable, CANARY: count}
+
+
+def engine_config(spec: ServiceSpec, track: str) -> dict[str, Any]:
+    """What the engine reads from INFERGRID_ENGINE_CONFIG: its model and batching settings."""
+    model = spec.model
+    uri = spec.canary.storage_uri if track == CANARY and spec.canary else model.storage_uri
+    return {
+        "version": SCHEMA_VERSION,
+        "port": ENGINE_PORT,
+        "model": {
+            "name": model.name,
+            "storageUri": uri,
+            "format": model.format,
+            "task": model.task,
+        },
+        "engine": dict(spec.engine),
+    }
+
+
+def render_configmap(spec: ServiceSpec, name: str, namespace: str) -> dict[str, Any]:
+    """One key per track, so the canary reads its own model from the same ConfigMap."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": configmap_name(name), "namespace": namespace,
+                     "labels": _labels(name)},
+        "data": {CONFIG_KEYS[track]: _dump(engine_config(spec, track))
+                 for track in track_replicas(spec)},
+    }  # fmt: skip
+
+
+def render_deployment(
+    spec: ServiceSpec, name: str, namespace: str, track: str = STABLE
+) -> dict[str, Any]:
+    """Engine pods of one track; maxSurge 0, since a surge pod would need a spare GPU.
+
+    Each label map is its own dict: kopf.adopt adds the owner's labels to the
+    Deployment's metadata, and they must not leak into the immutable selector.
+    """
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": deployment_name(name, track), "namespace": namespace,
+                     "labels": pod_labels(name, track)},
+        "spec": {
+            "replicas": track_replicas(spec)[track],
+            "selector": {"matchLabels": pod_labels(name, track)},
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": pod_labels(name, track),
+                             "annotations": _pod_annotations(spec, track)},
+                "spec": _pod_spec(spec, name, track),
+            },
+        },
+    }  # fmt: skip
+
+
+def render_service(spec: ServiceSpec, name: str, namespace: str) -> dict[str, Any]:
+    """Selects both tracks: traffic splits by the share of ready pods each track has."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "labels": _labels(name)},
+        "spec": {
+            "selector": {LABEL_SERVICE: name},
+            "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": "http",
+                       "protocol": "TCP"}],
+        },
+    }  # fmt: skip
+
+
+def render_pdb(spec: ServiceSpec, name: str, namespace: str) -> dict[str, Any]:
+    """At most one engine pod evicted at a time, the same budget a rollout takes."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": namespace, "labels": _labels(name)},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {LABEL_SERVICE: name}}},
+    }
+
+
+def render_children(spec: ServiceSpec, name: str, namespace: str) -> list[dict[str, Any]]:
+    """Every child, the ConfigMap first so that no pod starts without its config."""
+    deployments = [render_deployment(spec, name, namespace, t) for t in track_replicas(spec)]
+    return [
+        render_configmap(spec, name, namespace),
+        *deployments,
+        render_service(spec, name, namespace),
+        render_pdb(spec, name, namespace),
+    ]
+
+
+def stale_deployments(spec: ServiceSpec, name: str) -> list[str]:
+    """Deployments of tracks the spec no longer has: the canary once it is removed."""
+    return [deployment_name(name, t) for t in TRACKS if t not in track_replicas(spec)]
+
+
+def gpu_limits(resources: Resources) -> dict[str, str]:
+    """The extended resources of one engine container, as the device plugin advertises them."""
+    if resources.gpus is not None:
+        return {RESOURCE_GPU: str(resources.gpus)}
+    if resources.mig_profile is not None:
+        return {mig_resource(resources.mig_profile): "1"}
+    limits = {RESOURCE_VGPU: "1", RESOURCE_GPU_MEMORY: str(resources.gpu_memory_mib)}
+    if resources.gpu_cores is not None:
+        limits[RESOURCE_GPU_CORES] = str(resources.gpu_cores)
+    return limits
+
+
+def _pod_spec(spec: ServiceSpec, name: str, track: str) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "schedulerName": spec.scheduling.scheduler_name,
+        "containers": [_container(spec, track)],
+        "volumes": [{"name": "engine-config", "configMap": {"name": configmap_name(name)}}],
+    }
+    if spec.scheduling.priority_class_name:
+        pod["priorityClassName"] = spec.scheduling.priority_class_name
+    return pod
+
+
+def _container(spec: ServiceSpec, track: str) -> dict[str, Any]:
+    requests = {k: v for k, v in (("cpu", spec.resources.cpu),
+                                  ("memory", spec.resources.memory)) if v}  # fmt: skip
+    resources: dict[str, Any] = {"limits": gpu_limits(spec.resources)}
+    if requests:
+        resources["requests"] = requests
+    return {
+        "name": "engine",
+        "image": spec.image,
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "env": [{"name": CONFIG_ENV, "value": f"{CONFIG_DIR}/{CONFIG_KEYS[track]}"}],
+        "resources": resources,
+        "livenessProbe": _probe("/healthz", period=10, failures=3),
+        "readinessProbe": _probe("/readyz", period=5, failures=3),
+        "startupProbe": _probe("/readyz", period=STARTUP_PERIOD_S, failures=STARTUP_FAILURES),
+        "volumeMounts": [{"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True}],
+    }
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+    }
+
+
+def _pod_annotations(spec: ServiceSpec, track: str) -> dict[str, str]:
+    """Placement inputs for the extender, and the config hash that rolls pods on a change."""
+    text = _dump(engine_config(spec, track))
+    annotations = {
+        ANNOTATION_PLACEMENT_POLICY: spec.scheduling.policy,
+        ANNOTATION_CONFIG_HASH: hashlib.sha256(text.encode()).hexdigest()[:16],
+    }
+    if spec.resources.topology:
+        annotations[ANNOTATION_TOPOLOGY] = spec.resources.topology
+    return annotations
+
+
+def _labels(name: str) -> dict[str, str]:
+    return {LABEL_NAME: ENGINE_APP, LABEL_INSTANCE: name, LABEL_SERVICE: name}
+
+
+def _dump(doc: dict[str, Any]) -> str:
+    return yaml.safe_dump(doc, sort_keys=False)

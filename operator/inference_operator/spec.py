@@ -1,0 +1,233 @@
+"""An InferenceService's spec, read into typed values with the contract's defaults.
+
+The CRD's schema already checks and defaults everything; the operator reads
+the spec again because it must never crash on an object stored before a CRD
+change, or applied where the CRD lacks defaults. A bad field becomes a
+`ContractError` naming it, which the handlers turn into a condition and a
+permanent error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from infergrid.codec import expect, field, integer, join
+from infergrid.constants import DEFAULT_POLICY, PLACEMENT_POLICIES, TOPOLOGIES
+from infergrid.errors import ContractError
+
+FORMATS = ("huggingface", "safetensors", "gguf")
+TASKS = ("text-generation", "embedding", "classification")
+BLOCK_SIZES = (8, 16, 32)
+STORAGE_URI = re.compile(r"^(pkg|file|pvc|hf)://.+")
+MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]+gb$")
+
+# Engine settings passed through to the engine's config file: key -> (low, high, default).
+ENGINE_SETTINGS: dict[str, tuple[int, int, int]] = {
+    "maxNumSeqs": (1, 4096, 64),
+    "maxNumBatchedTokens": (16, 1048576, 4096),
+    "maxModelLen": (16, 1048576, 2048),
+    "blockSize": (8, 32, 16),
+    "maxBatchSize": (1, 4096, 32),
+    "maxQueueDelayMs": (0, 10000, 5),
+    "maxQueueSize": (1, 100000, 256),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    name: str
+    storage_uri: str
+    format: str = "huggingface"
+    task: str = "text-generation"
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """Exactly one of `gpus`, `gpu_memory_mib` or `mig_profile` is set."""
+
+    gpus: int | None = None
+    gpu_memory_mib: int | None = None
+    gpu_cores: int | None = None
+    mig_profile: str | None = None
+    topology: str | None = None
+    cpu: str | None = None
+    memory: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduling:
+    policy: str
+    scheduler_name: str
+    priority_class_name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Autoscaling:
+    enabled: bool = False
+    min_replicas: int = 1
+    max_replicas: int = 4
+    target_queue_depth: int = 8
+    target_p99_latency_ms: int = 500
+    target_gpu_utilization: int = 80
+    tolerance_percent: int = 10
+    scale_down_stabilization_s: int = 300
+    scale_down_max_percent: int = 20
+    warm_pool: int = 0
+    interval_s: int = 15
+
+
+@dataclass(frozen=True, slots=True)
+class Canary:
+    storage_uri: str
+    traffic_percent: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    model: Model
+    image: str
+    engine: Mapping[str, int]
+    resources: Resources
+    scheduling: Scheduling
+    replicas: int
+    autoscaling: Autoscaling
+    canary: Canary | None
+
+
+def parse_spec(doc: object, default_image: str, default_scheduler: str) -> ServiceSpec:
+    """The spec of an InferenceService; the defaults fill what the CRD did not."""
+    doc = expect(doc, dict, "spec")
+    engine = field(doc, "engine", dict, "spec", {})
+    return ServiceSpec(
+        model=_model(field(doc, "model", dict, "spec")),
+        image=field(engine, "image", str, "spec.engine", default_image),
+        engine=_engine(engine),
+        resources=_resources(field(doc, "resources", dict, "spec")),
+        scheduling=_scheduling(field(doc, "scheduling", dict, "spec", {}), default_scheduler),
+        replicas=integer(doc, "replicas", "spec", low=0, high=1000, default=1),
+        autoscaling=_autoscaling(field(doc, "autoscaling", dict, "spec", {})),
+        canary=_canary(doc.get("canary")),
+    )
+
+
+def _model(doc: dict[str, Any]) -> Model:
+    path = "spec.model"
+    return Model(
+        name=field(doc, "name", str, path),
+        storage_uri=_uri(doc, path),
+        format=_one_of(doc, "format", FORMATS, path, "huggingface"),
+        task=_one_of(doc, "task", TASKS, path, "text-generation"),
+    )
+
+
+def _engine(doc: dict[str, Any]) -> dict[str, int]:
+    path = "spec.engine"
+    values = {
+        key: integer(doc, key, path, low=low, high=high, default=default)
+        for key, (low, high, default) in ENGINE_SETTINGS.items()
+    }
+    if values["blockSize"] not in BLOCK_SIZES:
+        raise ContractError(join(path, "blockSize"), f"must be one of {BLOCK_SIZES}")
+    return values
+
+
+def _resources(doc: dict[str, Any]) -> Resources:
+    path = "spec.resources"
+    given = [key for key in ("gpus", "gpuMemoryMiB", "migProfile") if doc.get(key) is not None]
+    if len(given) != 1:
+        raise ContractError(path, f"set exactly one of gpus, gpuMemoryMiB, migProfile; got {given}")
+    resources = Resources(
+        gpus=_optional(doc, "gpus", path, 1, 8),
+        gpu_memory_mib=_optional(doc, "gpuMemoryMiB", path, 256, 1048576),
+        gpu_cores=_optional(doc, "gpuCores", path, 1, 100),
+        mig_profile=_mig_profile(doc, path),
+        topology=_one_of(doc, "topology", TOPOLOGIES, path, None),
+        cpu=field(doc, "cpu", str, path, None),
+        memory=field(doc, "memory", str, path, None),
+    )
+    if resources.gpu_cores is not None and resources.gpu_memory_mib is None:
+        raise ContractError(join(path, "gpuCores"), "is only allowed with gpuMemoryMiB")
+    if resources.topology is not None and (resources.gpus or 0) < 2:
+        raise ContractError(join(path, "topology"), "is only allowed with gpus >= 2")
+    return resources
+
+
+def _mig_profile(doc: dict[str, Any], path: str) -> str | None:
+    profile = field(doc, "migProfile", str, path, None)
+    if profile is not None and not MIG_PROFILE.match(profile):
+        raise ContractError(
+            join(path, "migProfile"), f"{profile!r} is not a MIG profile like 1g.10gb"
+        )
+    return profile
+
+
+def _scheduling(doc: dict[str, Any], default_scheduler: str) -> Scheduling:
+    path = "spec.scheduling"
+    return Scheduling(
+        policy=_one_of(doc, "policy", PLACEMENT_POLICIES, path, DEFAULT_POLICY),
+        scheduler_name=field(doc, "schedulerName", str, path, default_scheduler),
+        priority_class_name=_priority_class(doc, path),
+    )
+
+
+def _priority_class(doc: dict[str, Any], path: str) -> str:
+    """ "" means none in the CRD; the codec refuses empty strings, so it is read apart."""
+    value = doc.get("priorityClassName")
+    return expect(value, str, join(path, "priorityClassName")) if value else ""
+
+
+def _autoscaling(doc: dict[str, Any]) -> Autoscaling:
+    path, d = "spec.autoscaling", Autoscaling()
+
+    def whole(key: str, low: int, high: int, default: int) -> int:
+        return integer(doc, key, path, low=low, high=high, default=default)
+
+    scaling = Autoscaling(
+        enabled=field(doc, "enabled", bool, path, d.enabled),
+        min_replicas=whole("minReplicas", 0, 1000, d.min_replicas),
+        max_replicas=whole("maxReplicas", 1, 1000, d.max_replicas),
+        target_queue_depth=whole("targetQueueDepth", 1, 100000, d.target_queue_depth),
+        target_p99_latency_ms=whole("targetP99LatencyMs", 1, 600000, d.target_p99_latency_ms),
+        target_gpu_utilization=whole("targetGpuUtilization", 1, 100, d.target_gpu_utilization),
+        tolerance_percent=whole("tolerancePercent", 0, 100, d.tolerance_percent),
+        scale_down_stabilization_s=whole(
+            "scaleDownStabilizationSeconds", 0, 3600, d.scale_down_stabilization_s
+        ),
+        scale_down_max_percent=whole("scaleDownMaxPercent", 1, 100, d.scale_down_max_percent),
+        warm_pool=whole("warmPool", 0, 100, d.warm_pool),
+        interval_s=whole("intervalSeconds", 1, 3600, d.interval_s),
+    )
+    if scaling.min_replicas > scaling.max_replicas:
+        raise ContractError(join(path, "minReplicas"), "must be at most maxReplicas")
+    return scaling
+
+
+def _canary(doc: object) -> Canary | None:
+    if doc is None:
+        return None
+    path = "spec.canary"
+    doc = expect(doc, dict, path)
+    return Canary(_uri(doc, path), integer(doc, "trafficPercent", path, low=0, high=100))
+
+
+def _uri(doc: dict[str, Any], path: str) -> str:
+    uri = field(doc, "storageUri", str, path)
+    if not STORAGE_URI.match(uri):
+        raise ContractError(
+            join(path, "storageUri"), f"{uri!r} is not pkg://, file://, pvc:// or hf://"
+        )
+    return uri
+
+
+def _optional(doc: dict[str, Any], key: str, path: str, low: int, high: int) -> int | None:
+    return None if doc.get(key) is None else integer(doc, key, path, low=low, high=high)
+
+
+def _one_of(doc: dict[str, Any], key: str, options: tuple, path: str, default: Any) -> Any:
+    value = field(doc, key, str, path, default)
+    if value is not None and value not in options:
+        raise ContractError(join(path, key), f"{value!r} is not one of {', '.join(options)}")
+    return value

@@ -1,0 +1,1 @@
+"""Fast tests of the operator's pure cores: spec, render, conditions, metrics, autoscaler."""

@@ -1,0 +1,52 @@
+"""The operator's settings: defaults, the file, flags, and bad values named."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from inference_operator.autoscaler import Policy
+from inference_operator.config import SETTINGS, OperatorConfig
+from inference_operator.spec import Autoscaling
+from infergrid.errors import ContractError
+from infergrid.settings import add_flags, load_settings
+
+
+def load(argv: list[str]) -> OperatorConfig:
+    parser = argparse.ArgumentParser()
+    add_flags(parser, SETTINGS)
+    return load_settings(OperatorConfig(), SETTINGS, parser.parse_args(argv))
+
+
+def test_defaults():
+    cfg = load([])
+    assert cfg.scheduler_name == "infergrid-scheduler"
+    assert cfg.engine_image == "infergrid/engine:0.1.0"
+    assert cfg.namespaces == ()
+    assert cfg.metrics_url_template == "http://{pod_ip}:8000/metrics"
+
+
+def test_file_then_flags(tmp_path):
+    path = tmp_path / "operator.yaml"
+    path.write_text("version: v1\nnamespaces: [a, b]\nscrapeTimeoutSeconds: 5\n")
+    cfg = load(["--config", str(path), "--namespaces", "c, d",
+                "--metrics-url-template", "http://127.0.0.1:9/{pod_name}"])  # fmt: skip
+    assert cfg.namespaces == ("c", "d")
+    assert cfg.scrape_timeout_s == 5
+    assert cfg.metrics_url_template == "http://127.0.0.1:9/{pod_name}"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--metrics-url-template", "http://{host}/metrics"], ["--scrape-timeout", "0"]],
+)
+def test_bad_values_are_named(argv):
+    with pytest.raises(ContractError):
+        load(argv)
+
+
+def test_policy_reads_percentages_as_fractions():
+    policy = Policy.from_spec(Autoscaling(tolerance_percent=15, warm_pool=2))
+    assert policy.tolerance == 0.15 and policy.warm_pool == 2
+    assert (policy.min_replicas, policy.max_replicas, policy.stabilization_s) == (1, 4, 300)

@@ -1,0 +1,161 @@
+"""Reading the engines' /metrics: gauges, the latency histogram, and P99 per interval."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+
+from inference_operator.metrics_scrape import (
+    EngineSample,
+    aggregate,
+    histogram_quantile,
+    latency_delta,
+    parse_engine_metrics,
+    scrapable,
+    scrape,
+    scrape_url,
+)
+from infergrid.constants import (
+    METRIC_ENGINE_E2E_LATENCY,
+    METRIC_ENGINE_GPU_UTILIZATION,
+    METRIC_ENGINE_QUEUE_DEPTH,
+)
+
+BOUNDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def engine_text(queue=3, gpus=(50, 70), latencies=()) -> str:
+    """What an engine exports, written by prometheus_client itself."""
+    registry = CollectorRegistry()
+    Gauge(METRIC_ENGINE_QUEUE_DEPTH, "waiting", registry=registry).set(queue)
+    util = Gauge(METRIC_ENGINE_GPU_UTILIZATION, "util", ["gpu"], registry=registry)
+    for i, value in enumerate(gpus):
+        util.labels(str(i)).set(value)
+    histogram = Histogram(METRIC_ENGINE_E2E_LATENCY, "e2e", buckets=BOUNDS, registry=registry)
+    for seconds in latencies:
+        histogram.observe(seconds)
+    return generate_latest(registry).decode()
+
+
+def test_parses_queue_depth_mean_gpu_utilisation_and_buckets():
+    sample = parse_engine_metrics(engine_text(queue=3, gpus=(50, 70), latencies=[0.07, 0.3]))
+    assert sample.queue_depth == 3
+    assert sample.gpu_utilization == 60
+    assert dict(sample.latency) == {0.05: 0, 0.1: 1, 0.25: 1, 0.5: 2, 1.0: 2, 2.5: 2,
+                                    float("inf"): 2}  # fmt: skip
+
+
+def test_metrics_an_engine_does_not_export_are_none():
+    sample = parse_engine_metrics("# TYPE other gauge\nother 1\n")
+    assert sample == EngineSample()
+
+
+def test_text_that_is_not_prometheus_is_a_value_error():
+    with pytest.raises(ValueError):
+        parse_engine_metrics("{not: prometheus}\n")
+
+
+def test_p99_interpolates_inside_its_bucket():
+    buckets = ((0.1, 50.0), (0.5, 100.0), (float("inf"), 100.0))
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.1)
+    assert histogram_quantile(0.99, buckets) == pytest.approx(0.1 + 0.4 * 49 / 50)
+    assert histogram_quantile(0.99, ()) is None
+    assert histogram_quantile(0.99, ((0.1, 0.0), (float("inf"), 0.0))) is None
+
+
+def test_p99_in_the_overflow_bucket_is_the_largest_bound():
+    buckets = ((0.1, 1.0), (2.5, 1.0), (float("inf"), 100.0))
+    assert histogram_quantile(0.99, buckets) == 2.5
+
+
+def test_latency_counts_only_since_the_previous_scrape():
+    before = parse_engine_metrics(engine_text(latencies=[2.0] * 100)).latency
+    now = parse_engine_metrics(engine_text(latencies=[2.0] * 100 + [0.07] * 50)).latency
+    delta = dict(latency_delta(now, before))
+    assert delta[0.1] == 50 and delta[float("inf")] == 50
+    assert latency_delta(now, None) == ()
+
+
+def test_a_restarted_engine_counts_from_zero():
+    before = ((0.1, 10.0), (float("inf"), 10.0))
+    now = ((0.1, 2.0), (float("inf"), 3.0))
+    assert latency_delta(now, before) == now
+
+
+def test_aggregate_means_over_pods_and_p99_over_their_new_requests():
+    first = {
+        "a": parse_engine_metrics(engine_text(queue=2, gpus=(40,), latencies=[0.07] * 10)),
+        "b": parse_engine_metrics(engine_text(queue=6, gpus=(80,), latencies=[0.07] * 10)),
+    }
+    assert aggregate(first, {}).p99_latency_ms is None  # no interval yet
+    later = {
+        "a": parse_engine_metrics(engine_text(queue=2, gpus=(40,), latencies=[0.07] * 110)),
+        "b": parse_engine_metrics(engine_text(queue=6, gpus=(80,),
+                                              latencies=[0.07] * 10 + [2.0] * 5)),
+    }  # fmt: skip
+    metrics = aggregate(later, {pod: s.latency for pod, s in first.items()})
+    assert metrics.pods == 2
+    assert metrics.queue_depth == 4
+    assert metrics.gpu_utilization == 60
+    # 100 fast requests on a, 5 slow ones on b: the 99th percentile is a slow one.
+    assert metrics.p99_latency_ms == pytest.approx(1000 + 1500 * (103.95 - 100) / 5)
+
+
+def test_the_url_template_names_the_pod():
+    pod = {"metadata": {"name": "chat-1", "namespace": "ns"}, "status": {"podIP": "10.1.2.3"}}
+    assert scrape_url("http://{pod_ip}:8000/metrics", pod) == "http://10.1.2.3:8000/metrics"
+    assert scrape_url("http://127.0.0.1:9/{namespace}/{pod_name}", pod) == (
+        "http://127.0.0.1:9/ns/chat-1"
+    )
+
+
+def test_running_pods_with_an_address_are_scraped_ready_or_not():
+    def pod(phase="Running", ip="10.0.0.1", deleting=False):
+        meta = {"name": "p", "namespace": "ns"}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        return {"metadata": meta, "status": {"phase": phase, "podIP": ip}}
+
+    assert scrapable(pod())
+    assert not scrapable(pod(phase="Pending", ip=None))
+    assert not scrapable(pod(ip=None))
+    assert not scrapable(pod(deleting=True))
+
+
+def test_scrape_reads_pods_concurrently_and_leaves_out_the_silent_ones(unused_tcp_port):
+    async def metrics(request: web.Request) -> web.Response:
+        if request.match_info["pod"] == "broken":
+            return web.Response(text="{garbage\n")
+        if request.match_info["pod"] == "missing":
+            return web.Response(status=404)
+        return web.Response(text=engine_text(queue=5))
+
+    async def run() -> dict:
+        app = web.Application()
+        app.router.add_get("/{pod}", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", unused_tcp_port).start()
+        try:
+            base = f"http://127.0.0.1:{unused_tcp_port}"
+            urls = {p: f"{base}/{p}" for p in ("good", "broken", "missing")}
+            urls["closed"] = "http://127.0.0.1:1/metrics"
+            return await scrape(urls, timeout_s=2)
+        finally:
+            await runner.cleanup()
+
+    samples = asyncio.run(run())
+    assert list(samples) == ["good"]
+    assert samples["good"].queue_depth == 5
+
+
+@pytest.fixture()
+def unused_tcp_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

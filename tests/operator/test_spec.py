@@ -1,0 +1,74 @@
+"""Reading an InferenceService spec: the contract's defaults, and bad fields named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from inference_operator.spec import parse_spec
+from infergrid.errors import ContractError
+
+SAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "samples"
+MINIMAL = {"model": {"name": "m", "storageUri": "pkg://m"}, "resources": {"gpus": 1}}
+
+
+def parse(doc: dict) -> object:
+    return parse_spec(doc, "img:1", "infergrid-scheduler")
+
+
+def test_a_minimal_spec_gets_every_default_of_the_contract():
+    spec = parse(MINIMAL)
+    assert spec.image == "img:1"
+    assert spec.model.format == "huggingface" and spec.model.task == "text-generation"
+    assert spec.engine["maxNumSeqs"] == 64 and spec.engine["blockSize"] == 16
+    assert spec.scheduling.policy == "binpack"
+    assert spec.scheduling.scheduler_name == "infergrid-scheduler"
+    assert spec.replicas == 1 and spec.canary is None
+    scaling = spec.autoscaling
+    assert (scaling.enabled, scaling.min_replicas, scaling.max_replicas) == (False, 1, 4)
+    assert (scaling.scale_down_max_percent, scaling.interval_s) == (20, 15)
+
+
+@pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_sample_parses(path):
+    doc = yaml.safe_load(path.read_text())
+    parse(doc["spec"])
+
+
+@pytest.mark.parametrize(
+    ("resources", "field"),
+    [
+        ({}, "spec.resources"),
+        ({"gpus": 1, "gpuMemoryMiB": 1024}, "spec.resources"),
+        ({"gpus": 1, "gpuCores": 20}, "spec.resources.gpuCores"),
+        ({"gpus": 1, "topology": "nvlink"}, "spec.resources.topology"),
+        ({"gpus": 9}, "spec.resources.gpus"),
+        ({"migProfile": "2g"}, "spec.resources.migProfile"),
+    ],
+)
+def test_bad_resources_are_named(resources, field):
+    with pytest.raises(ContractError) as err:
+        parse({**MINIMAL, "resources": resources})
+    assert err.value.field == field
+
+
+def test_bad_fields_elsewhere_are_named():
+    cases = [
+        ({**MINIMAL, "model": {"name": "m", "storageUri": "s3://x"}}, "spec.model.storageUri"),
+        ({**MINIMAL, "engine": {"blockSize": 12}}, "spec.engine.blockSize"),
+        ({**MINIMAL, "autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
+         "spec.autoscaling.minReplicas"),
+        ({**MINIMAL, "canary": {"storageUri": "pkg://c"}}, "spec.canary.trafficPercent"),
+        ({**MINIMAL, "replicas": True}, "spec.replicas"),
+    ]  # fmt: skip
+    for doc, field in cases:
+        with pytest.raises(ContractError) as err:
+            parse(doc)
+        assert err.value.field == field
+
+
+def test_an_empty_priority_class_means_none():
+    spec = parse({**MINIMAL, "scheduling": {"priorityClassName": ""}})
+    assert spec.scheduling.priority_class_name == ""
