@@ -1,4 +1,5 @@
-"""The ``infergrid`` command: look at a fleet file or a pod's GPU request without a cluster.
+"""The ``infergrid`` command: look at a fleet file or a pod's GPU request without a cluster,
+or replay a trace through the placement core (``simulate``).
 
 Bad input prints ``error: <field>: <reason>`` and exits 2, never a traceback.
 """
@@ -14,6 +15,7 @@ from infergrid.errors import ContractError
 from infergrid.fleet import FleetNode, load_fleet
 from infergrid.inventory import node_capacity
 from infergrid.pod_request import parse_pod_request
+from infergrid.simulate import cli as simulate_cli
 from infergrid.yamlfile import read_yaml
 
 EXIT_BAD_INPUT: Final = 2
@@ -40,6 +42,14 @@ def _parser() -> argparse.ArgumentParser:
     pod = commands.add_parser("pod-request", help="print a pod's GPU request as JSON")
     pod.add_argument("file", help="the pod as YAML or JSON")
     pod.set_defaults(run=lambda args: _pod_request_json(args.file))
+    simulate = commands.add_parser(
+        "simulate",
+        help="replay a node and pod trace (the FGD paper's openb) under placement policies",
+        description=simulate_cli.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    simulate_cli.add_arguments(simulate)
+    simulate.set_defaults(run=simulate_cli.run)
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(run=lambda args: __version__)
     return parser

@@ -1,9 +1,10 @@
 """Filter and prioritize, decided over a PlacementView: no HTTP, no API server.
 
-Every rejected node gets its reason, and every shortfall of it, so the
-pod's FailedScheduling event tells people what to change. A node that can
-never take the pod (unknown, no inventory, invalid request) goes to
-FailedAndUnresolvableNodes, so preemption does not evict pods for nothing.
+Every rejected node gets its reason, so the pod's FailedScheduling event
+tells people what to change. A node that can never take the pod (unknown, no
+inventory, invalid request) goes to FailedAndUnresolvableNodes, so preemption
+does not evict pods for nothing. The view answers for all nodes at once; this
+module only resolves the pod's request and policy once and normalises.
 """
 
 from __future__ import annotations
@@ -33,25 +34,16 @@ def _policy(request: PodGpuRequest, view: PlacementView) -> Policy:
 def filter_nodes(
     pod: dict[str, Any], names: list[str], view: PlacementView, default_policy: str, now: datetime
 ) -> FilterOutcome:
-    out = FilterOutcome()
     try:
         request = parse_pod_request(pod, default_policy)
     except ContractError as err:
-        out.unresolvable = {n: f"invalid GPU request: {err}" for n in names}
-        out.categories = ["invalid-request"] * len(names)
-        return out
+        return FilterOutcome(
+            unresolvable={n: f"invalid GPU request: {err}" for n in names},
+            categories=["invalid-request"] * len(names),
+        )
     view.observe(str((pod.get("metadata") or {}).get("uid", "")), request)
-    policy = _policy(request, view)
-    for name, decision in zip(names, view.decide(names, request, policy, now, False), strict=True):
-        if isinstance(decision, str):
-            out.unresolvable[name] = decision
-            out.categories.append("no-inventory")
-        elif decision[0].fits:
-            out.passed.append(name)
-        else:
-            out.failed[name] = "; ".join(decision[0].reasons)
-            out.categories.extend(s.resource for s in decision[0].shortfalls)
-    return out
+    found = view.filter(names, request, _policy(request, view), now)
+    return FilterOutcome(found.passed, found.failed, found.unresolvable, found.categories)
 
 
 def prioritize_nodes(
@@ -62,11 +54,7 @@ def prioritize_nodes(
         request = parse_pod_request(pod, default_policy)
     except ContractError:
         return dict.fromkeys(names, 0)
-    policy = _policy(request, view)
-    raw: dict[str, float] = {}
-    for name, decision in zip(names, view.decide(names, request, policy, now, True), strict=True):
-        if not isinstance(decision, str) and decision[1] is not None:
-            raw[name] = decision[1]
+    feasible, raw = view.raw_scores(names, request, _policy(request, view), now)
     scores = dict.fromkeys(names, 0)
-    scores.update(zip(raw, normalize_scores(list(raw.values())), strict=True))
+    scores.update(zip(feasible, normalize_scores(raw), strict=True))
     return scores

@@ -6,10 +6,16 @@ each node ``fit`` (every shortfall, or the placement) and a raw score, then
 ``normalize_scores`` across the feasible nodes; ``score_nodes`` does all of it.
 ``build_node_state`` makes a node from its annotations; ``apply`` and
 ``release`` keep it current; ``to_pod_assignment`` writes what bind records.
+The trace simulator also passes a ``HostRequest`` (CPU, memory, GPU models) on
+nodes with ``HostResources``, and runs the simulation-only policies (the FGD
+paper's baselines) from ``SIMULATION_SCORERS`` and ``SIMULATION_GPU_CHOICES``.
+``OfferIndex`` answers fit, binpack and spread scores and reasons for the common
+pods (one share or whole-GPU container) on thousands of nodes at once, in numpy.
 """
 
 from infergrid.placement.assignments import reservation_from_assignment, to_pod_assignment
 from infergrid.placement.build import build_node_state, idle_usage
+from infergrid.placement.fgd_plus import model_contention, with_contention
 from infergrid.placement.fit import FitResult, fit
 from infergrid.placement.fragmentation import (
     DEFAULT_WORKLOAD,
@@ -20,7 +26,9 @@ from infergrid.placement.fragmentation import (
     node_fragmentation,
     task_fragmentation,
 )
-from infergrid.placement.gpu_choice import GPU_CHOICES, GpuChoice
+from infergrid.placement.gpu_choice import GPU_CHOICES, SIMULATION_GPU_CHOICES, GpuChoice
+from infergrid.placement.host import HostRequest, host_shortfalls, reserve_host
+from infergrid.placement.offers import OfferIndex, Rejections
 from infergrid.placement.policy import Policy, resolve_policy
 from infergrid.placement.rank import NodeScore, best_node, score_nodes
 from infergrid.placement.reserve import apply, release
@@ -28,7 +36,9 @@ from infergrid.placement.scoring import (
     EQUAL_SCORE,
     MAX_EXTENDER_PRIORITY,
     RAW_SCORERS,
+    SIMULATION_SCORERS,
     normalize_scores,
+    policy_names,
     raw_scorer,
 )
 from infergrid.placement.shortfall import Shortfall
@@ -37,6 +47,7 @@ from infergrid.placement.state import (
     IDLE_USED_MIB,
     AssignmentIssue,
     GpuState,
+    HostResources,
     MigSlot,
     NodeState,
 )
@@ -50,16 +61,22 @@ __all__ = [
     "IDLE_USED_MIB",
     "MAX_EXTENDER_PRIORITY",
     "RAW_SCORERS",
+    "SIMULATION_GPU_CHOICES",
+    "SIMULATION_SCORERS",
     "AssignmentIssue",
     "Demand",
     "FitResult",
     "FragmentationTally",
     "GpuChoice",
     "GpuState",
+    "HostRequest",
+    "HostResources",
     "MigSlot",
     "NodeScore",
     "NodeState",
+    "OfferIndex",
     "Policy",
+    "Rejections",
     "Shortfall",
     "Workload",
     "apply",
@@ -68,14 +85,19 @@ __all__ = [
     "choose_gpu_set",
     "fit",
     "free_capacity",
+    "host_shortfalls",
     "idle_usage",
+    "model_contention",
     "node_fragmentation",
     "normalize_scores",
+    "policy_names",
     "raw_scorer",
     "release",
     "reservation_from_assignment",
+    "reserve_host",
     "resolve_policy",
     "score_nodes",
     "task_fragmentation",
     "to_pod_assignment",
+    "with_contention",
 ]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from infergrid.assignment import ContainerAssignment
 from infergrid.constants import ANNOTATION_GPU_USAGE
+from infergrid.placement.host import HostRequest, host_shortfalls, reserve_host
 from infergrid.placement.placers import PLACERS
 from infergrid.placement.policy import Policy
 from infergrid.placement.reserve import apply
@@ -28,18 +29,21 @@ class FitResult:
     ``after`` is the node with the placement reserved: bind stores it, and the
     scorers compare it with the node before. It is worked out only when asked
     for, since filter, which asks about thousands of nodes, never needs it.
+    ``host`` is the pod's CPU and memory, reserved in ``after`` too (see ``fit``).
     """
 
     placements: tuple[ContainerAssignment, ...] = ()
     shortfalls: tuple[Shortfall, ...] = ()
     before: NodeState | None = None
+    host: HostRequest | None = None
 
     @property
     def after(self) -> NodeState | None:
         """The node with the placement reserved; None when the pod does not fit."""
         if self.before is None or self.shortfalls:
             return None
-        return apply(self.before, self.placements) if self.placements else self.before
+        node = apply(self.before, self.placements) if self.placements else self.before
+        return reserve_host(node, self.host)
 
     @property
     def fits(self) -> bool:
@@ -52,19 +56,24 @@ class FitResult:
         return tuple(s.message for s in self.shortfalls)
 
 
-def fit(request: PodGpuRequest, node: NodeState, policy: Policy) -> FitResult:
+def fit(
+    request: PodGpuRequest, node: NodeState, policy: Policy, host: HostRequest | None = None
+) -> FitResult:
     """Place each GPU container of ``request`` on ``node``, choosing GPUs by ``policy``.
 
     ``request.policy`` is not read: the caller resolved it into ``policy`` once.
     A pod without GPU containers fits any node, stale or not: it needs nothing
     the heartbeat vouches for. A container that does not fit is left out of the
     working copy and the next ones are still tried, so every shortfall shows.
+    ``host`` (the simulator's; the extender passes none) adds the pod's CPU,
+    memory and GPU models: checked before the GPUs, and reserved in ``after``.
     """
     containers = request.gpu_containers
+    outside = host_shortfalls(node, host, wants_gpus=bool(containers))
     if not containers:
-        return FitResult(before=node)
+        return FitResult(shortfalls=outside) if outside else FitResult(before=node, host=host)
     if not node.offers:
-        return FitResult(shortfalls=(_stale(node),))
+        return FitResult(shortfalls=(*outside, _stale(node)))
     working = node
     placements: list[ContainerAssignment] = []
     shortfalls: list[Shortfall] = []
@@ -77,9 +86,9 @@ def fit(request: PodGpuRequest, node: NodeState, policy: Policy) -> FitResult:
                 working = apply(working, (placed,))
         else:
             shortfalls += (_named(s, container.name) for s in placed)
-    if shortfalls:
-        return FitResult(shortfalls=tuple(shortfalls))
-    return FitResult(placements=tuple(placements), before=node)
+    if shortfalls or outside:
+        return FitResult(shortfalls=(*outside, *shortfalls))
+    return FitResult(placements=tuple(placements), before=node, host=host)
 
 
 def _stale(node: NodeState) -> Shortfall:

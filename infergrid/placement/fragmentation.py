@@ -15,17 +15,23 @@ Definitions, in this module's units (1.0 is one whole GPU):
   can be used by m (k = 1 for a share), m cannot run there at all and all of n's
   free capacity, Σ_g free(g), is fragment to it. Otherwise only the leftovers m
   cannot use are: Σ free(g) over the GPUs g that m cannot use.
+* As in the paper, a task may also name CPU millicores and the GPU models it
+  accepts, or ask for no GPU at all. Where it cannot run on n whatever the GPUs
+  (no GPU asked, a model it does not accept, or less CPU free than it needs on a
+  node that tracks CPU) all of n's free capacity is fragment to it as well.
 * Node fragmentation F_n = Σ_m p_m · F_n(m). The FGD score of a placement is
   the increase F_n(after) − F_n(before); lower is better.
 
 Containers are the tasks (a pod's GPU containers each count once); MIG
-requests take no part, since MIG GPUs are carved up ahead of time.
+requests take no part, since MIG GPUs are carved up ahead of time. The
+extender's tasks carry no CPU and no models; the trace simulator's do.
 """
 
 import math
 from collections import Counter, deque
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Final
 
 from infergrid.errors import ContractError
@@ -47,30 +53,53 @@ _POPULARITY_SLACK: Final = 1e-6
 
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """A task type's GPU demand: ``whole_gpus`` GPUs, or a share (``memory_mib``, ``cores``)."""
+    """A task type's demand: ``whole_gpus`` GPUs, or a share (``memory_mib``, ``cores``).
+
+    ``cpu_milli`` and ``gpu_models`` (empty: any) are what the paper's typical
+    pods also carry; a task with CPU and no GPU at all is a CPU-only pod.
+    """
 
     whole_gpus: int = 0
     memory_mib: int = 0
     cores: int = 0
+    cpu_milli: int = 0
+    gpu_models: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        if self.whole_gpus < 0 or self.memory_mib < 0 or self.cores < 0:
+        if min(self.whole_gpus, self.memory_mib, self.cores, self.cpu_milli) < 0:
             raise ContractError("demand", f"amounts must not be negative: {self}")
-        if (self.whole_gpus > 0) == (self.memory_mib > 0 or self.cores > 0):
-            raise ContractError("demand", f"whole GPUs or a share, not both or neither: {self}")
-        if self.whole_gpus == 0 and not (self.memory_mib > 0 and 0 <= self.cores <= ALL_CORES):
+        share = self.memory_mib > 0 or self.cores > 0
+        if self.whole_gpus > 0 and share:
+            raise ContractError("demand", f"whole GPUs or a share, not both: {self}")
+        if not (self.whole_gpus > 0 or share or self.cpu_milli > 0):
+            raise ContractError("demand", f"needs GPUs, a share or CPU: {self}")
+        if share and not (self.memory_mib > 0 and 0 <= self.cores <= ALL_CORES):
             raise ContractError("demand", f"a share needs memory, and cores from 0 to 100: {self}")
+
+    @property
+    def wants_gpu(self) -> bool:
+        """Whether the task asks for any GPU; CPU-only tasks do not."""
+        return self.whole_gpus > 0 or self.memory_mib > 0
 
     @property
     def gpus_needed(self) -> int:
         """How many usable GPUs the task needs on one node."""
         return self.whole_gpus or 1
 
+    def shut_out(self, node: NodeState) -> bool:
+        """Whether the task cannot run on ``node`` whatever its GPUs: it asks for no GPU,
+        for another model, or for more CPU than the node (where it tracks CPU) has free."""
+        if not self.wants_gpu:
+            return True
+        if self.gpu_models and node.product not in self.gpu_models:
+            return True
+        return node.host is not None and node.host.free_cpu_milli < self.cpu_milli
+
     def usable_on(self, gpu: GpuState) -> bool:
-        """Whether this task could be placed on ``gpu`` as it is now."""
+        """Whether this task could be placed on ``gpu`` as it is now (never, without a GPU)."""
         if self.whole_gpus:
             return gpu.takes_whole()
-        return gpu.takes_share(self.memory_mib, self.cores)
+        return self.memory_mib > 0 and gpu.takes_share(self.memory_mib, self.cores)
 
     @staticmethod
     def of(container: ContainerGpuRequest) -> "Demand | None":
@@ -82,11 +111,20 @@ class Demand:
         return None
 
 
+_NO_CONTENTION: Final[Mapping[str, float]] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """Task types and their popularity, which sum to 1."""
+    """Task types and their popularity, which sum to 1.
+
+    ``contention`` says how contested each GPU model is in the cluster the
+    workload runs on (0 is average; see ``fgd_plus.model_contention``). Only
+    fgd-plus reads it; it takes no part in equality.
+    """
 
     tasks: tuple[tuple[Demand, float], ...]
+    contention: Mapping[str, float] = field(default_factory=lambda: _NO_CONTENTION, compare=False)
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -156,44 +194,115 @@ def free_capacity(gpu: GpuState) -> float:
 
 def task_fragmentation(node: NodeState, demand: Demand) -> float:
     """F_n(m) for one task type."""
-    if not node.offers:
-        return 0.0
-    idle = slivers = 0.0
-    usable = 0
-    for gpu in node.gpus:
-        free = free_capacity(gpu)
-        idle += free
-        if demand.usable_on(gpu):
-            usable += 1
-        else:
-            slivers += free
-    return idle if usable < demand.gpus_needed else slivers
+    return node_fragmentation(node, Workload(((demand, 1.0),)))
 
 
 def node_fragmentation(node: NodeState, workload: Workload) -> float:
-    """F_n = Σ_m p_m · F_n(m), in GPUs."""
-    return sum(p * task_fragmentation(node, demand) for demand, p in workload.tasks)
+    """F_n = Σ_m p_m · F_n(m), in GPUs.
+
+    Tasks that ask the GPUs for the same (whole GPUs, or share memory and cores)
+    see the same usable GPUs and slivers, so each such demand costs one pass over
+    the GPUs; the sums run in the same order as task by task, so the result is too.
+    """
+    if not node.offers:
+        return 0.0
+    views = _views(node)
+    idle = 0.0
+    for view in views:
+        idle += view.free
+    seen: dict[tuple[int, int, int], tuple[int, float]] = {}
+    total = 0
+    for demand, p in workload.tasks:
+        key = (demand.whole_gpus, demand.memory_mib, demand.cores)
+        found = seen.get(key)
+        if found is None:
+            found = seen[key] = _usable_and_slivers(views, demand)
+        usable, slivers = found
+        shut = demand.shut_out(node)
+        total += p * (idle if shut or usable < demand.gpus_needed else slivers)
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuView:
+    """What fragmentation reads of one GPU, worked out once per node instead of once per task.
+
+    ``room`` is (free MiB, free cores) when the GPU takes shares at all, else None.
+    """
+
+    free: float
+    whole: bool
+    room: tuple[int, int] | None
+
+
+def _view(gpu: GpuState) -> _GpuView:
+    shares = (
+        gpu.available and not gpu.mig_enabled and not gpu.exclusive and gpu.shares < gpu.share_slots
+    )
+    room = (gpu.free_mib, gpu.free_cores) if shares else None
+    return _GpuView(free_capacity(gpu), gpu.takes_whole(), room)
+
+
+def _views(node: NodeState) -> list[_GpuView]:
+    return [_view(g) for g in node.gpus]
+
+
+def _usable(view: _GpuView, demand: Demand) -> bool:
+    """``demand.usable_on`` of the GPU behind ``view``, from the view alone."""
+    if demand.whole_gpus:
+        return view.whole
+    room = view.room
+    return (
+        room is not None
+        and demand.memory_mib > 0
+        and room[0] >= demand.memory_mib
+        and room[1] >= demand.cores
+    )
+
+
+def _usable_and_slivers(views: list[_GpuView], demand: Demand) -> tuple[int, float]:
+    """How many GPUs the demand can use, and the free capacity on the others."""
+    slivers = 0.0
+    usable = 0
+    for view in views:
+        if _usable(view, demand):
+            usable += 1
+        else:
+            slivers += view.free
+    return usable, slivers
 
 
 class FragmentationTally:
-    """F_n kept as per-task sums, so the effect of changing one GPU costs one pass over tasks.
+    """F_n kept as sums per GPU demand, so the effect of changing one GPU costs one pass over
+    the distinct demands.
 
     Choosing a GPU for a share asks "what if this GPU took it" once per candidate;
     recomputing F_n from scratch each time would cost a pass over every GPU too.
     """
 
-    __slots__ = ("_idle", "_slivers", "_usable", "_workload")
+    __slots__ = ("_demands", "_idle", "_keys", "_shut_out", "_slivers", "_usable", "_workload")
 
     def __init__(self, node: NodeState, workload: Workload) -> None:
         self._workload = workload
-        frees = [free_capacity(g) if node.offers else 0.0 for g in node.gpus]
+        views = _views(node)
+        frees = [v.free if node.offers else 0.0 for v in views]
         self._idle = sum(frees)
+        index: dict[tuple[int, int, int], int] = {}
+        self._keys: list[int] = []
+        self._demands: list[Demand] = []
+        for demand, _ in workload.tasks:
+            key = (demand.whole_gpus, demand.memory_mib, demand.cores)
+            if key not in index:
+                index[key] = len(self._demands)
+                self._demands.append(demand)
+            self._keys.append(index[key])
         self._usable: list[int] = []
         self._slivers: list[float] = []
-        for demand, _ in workload.tasks:
-            usable = [node.offers and demand.usable_on(g) for g in node.gpus]
+        for demand in self._demands:
+            usable = [node.offers and _usable(v, demand) for v in views]
             self._usable.append(sum(usable))
             self._slivers.append(sum(f for f, u in zip(frees, usable, strict=True) if not u))
+        self._shut_out = [demand.shut_out(node) for demand, _ in workload.tasks]
 
     def total(self) -> float:
         """F_n of the node as it is."""
@@ -202,18 +311,20 @@ class FragmentationTally:
     def total_if(self, old: GpuState, new: GpuState) -> float:
         """F_n if ``old`` (a GPU of a node that offers) became ``new``."""
         old_free, new_free = free_capacity(old), free_capacity(new)
+        old_view, new_view = _view(old), _view(new)
         usable: list[int] = []
         slivers: list[float] = []
-        for (demand, _), count, sliver in zip(
-            self._workload.tasks, self._usable, self._slivers, strict=True
-        ):
-            was, now = demand.usable_on(old), demand.usable_on(new)
+        for demand, count, sliver in zip(self._demands, self._usable, self._slivers, strict=True):
+            was, now = _usable(old_view, demand), _usable(new_view, demand)
             usable.append(count - was + now)
             slivers.append(sliver - (0.0 if was else old_free) + (0.0 if now else new_free))
         return self._sum(self._idle - old_free + new_free, usable, slivers)
 
     def _sum(self, idle: float, usable: list[int], slivers: list[float]) -> float:
         total = 0.0
-        for (demand, p), count, sliver in zip(self._workload.tasks, usable, slivers, strict=True):
-            total += p * (idle if count < demand.gpus_needed else sliver)
+        for (demand, p), key, shut in zip(
+            self._workload.tasks, self._keys, self._shut_out, strict=True
+        ):
+            fragment = idle if shut or usable[key] < demand.gpus_needed else slivers[key]
+            total += p * fragment
         return total

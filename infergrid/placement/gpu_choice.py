@@ -5,18 +5,33 @@ Every candidate already fits; the policy only orders them. Each chooser is one
 resolve the same way and a replayed trace places pods identically.
 """
 
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from infergrid.constants import POLICY_BINPACK, POLICY_FGD, POLICY_SPREAD
+from infergrid.constants import (
+    POLICY_BEST_FIT,
+    POLICY_BINPACK,
+    POLICY_DOT_PRODUCT,
+    POLICY_FGD,
+    POLICY_FGD_PAPER,
+    POLICY_FGD_PLUS,
+    POLICY_GPU_CLUSTERING,
+    POLICY_GPU_PACKING,
+    POLICY_RANDOM_FIT,
+    POLICY_SPREAD,
+)
 from infergrid.placement.fragmentation import FragmentationTally, Workload
 from infergrid.placement.reserve import reserved_share
 from infergrid.placement.state import GpuState, MigSlot, NodeState
 
-ShareChooser = Callable[[NodeState, Sequence[GpuState], int, int, Workload], GpuState]
-"""(node, fitting GPUs, share memory MiB, share cores, workload) → the GPU to use."""
+ShareChooser = Callable[[NodeState, Sequence[GpuState], int, int, Workload, int], GpuState]
+"""(node, fitting GPUs, share memory MiB, share cores, workload, salt) → the GPU to use.
+
+``salt`` is the policy's per-pod random number; only choosers that pick at random read it.
+"""
 
 _DIGITS: Final = 9
 """Fragmentation deltas are rounded to this many decimals before comparing, so float noise
@@ -32,21 +47,36 @@ class GpuChoice:
 
 
 def fullest_gpu(
-    node: NodeState, fits: Sequence[GpuState], memory_mib: int, cores: int, workload: Workload
+    node: NodeState,
+    fits: Sequence[GpuState],
+    memory_mib: int,
+    cores: int,
+    workload: Workload,
+    salt: int = 0,
 ) -> GpuState:
     """binpack: the GPU with least free memory, then fewest free SMs."""
     return min(fits, key=lambda g: (g.free_mib, g.free_cores, g.index))
 
 
 def emptiest_gpu(
-    node: NodeState, fits: Sequence[GpuState], memory_mib: int, cores: int, workload: Workload
+    node: NodeState,
+    fits: Sequence[GpuState],
+    memory_mib: int,
+    cores: int,
+    workload: Workload,
+    salt: int = 0,
 ) -> GpuState:
     """spread: the GPU with most free memory, then most free SMs."""
     return min(fits, key=lambda g: (-g.free_mib, -g.free_cores, g.index))
 
 
 def least_fragmenting_gpu(
-    node: NodeState, fits: Sequence[GpuState], memory_mib: int, cores: int, workload: Workload
+    node: NodeState,
+    fits: Sequence[GpuState],
+    memory_mib: int,
+    cores: int,
+    workload: Workload,
+    salt: int = 0,
 ) -> GpuState:
     """fgd: the GPU whose taking the share raises node fragmentation least; then binpack."""
     tally = FragmentationTally(node, workload)
@@ -58,6 +88,18 @@ def least_fragmenting_gpu(
         return (increase, gpu.free_mib, gpu.free_cores, gpu.index)
 
     return min(fits, key=key)
+
+
+def random_gpu(
+    node: NodeState,
+    fits: Sequence[GpuState],
+    memory_mib: int,
+    cores: int,
+    workload: Workload,
+    salt: int = 0,
+) -> GpuState:
+    """random-fit: any fitting GPU, drawn with ``salt`` as the seed, so a replay repeats it."""
+    return fits[random.Random(salt).randrange(len(fits))]
 
 
 def choose_mig(free: Sequence[tuple[GpuState, MigSlot]], packs: bool) -> tuple[GpuState, MigSlot]:
@@ -78,3 +120,18 @@ GPU_CHOICES: Final[Mapping[str, GpuChoice]] = MappingProxyType(
         POLICY_FGD: GpuChoice(share=least_fragmenting_gpu, packs_mig=True),
     }
 )
+"""The GPU choice of each policy a pod may ask for."""
+
+SIMULATION_GPU_CHOICES: Final[Mapping[str, GpuChoice]] = MappingProxyType(
+    {
+        POLICY_FGD_PLUS: GpuChoice(share=least_fragmenting_gpu, packs_mig=True),
+        POLICY_FGD_PAPER: GpuChoice(share=least_fragmenting_gpu, packs_mig=True),
+        # The paper's "best" GPU selection: the fitting GPU with least left, as binpack.
+        POLICY_BEST_FIT: GpuChoice(share=fullest_gpu, packs_mig=True),
+        POLICY_DOT_PRODUCT: GpuChoice(share=fullest_gpu, packs_mig=True),
+        POLICY_GPU_PACKING: GpuChoice(share=fullest_gpu, packs_mig=True),
+        POLICY_GPU_CLUSTERING: GpuChoice(share=fullest_gpu, packs_mig=True),
+        POLICY_RANDOM_FIT: GpuChoice(share=random_gpu, packs_mig=True),
+    }
+)
+"""The GPU choice of each policy only the trace simulator runs (see ``SIMULATION_SCORERS``)."""

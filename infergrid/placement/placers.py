@@ -66,7 +66,7 @@ def place_share(
     memory, cores = request.memory_mib, request.cores
     fits = [g for g in node.gpus if g.takes_share(memory, cores)]
     if fits:
-        gpu = policy.choice.share(node, fits, memory, cores, policy.workload)
+        gpu = policy.choice.share(node, fits, memory, cores, policy.workload, policy.salt)
         assigned = (AssignedGpu(gpu.uuid, memory, cores),)
         return ContainerAssignment(request.name, gpus=assigned, shared=True)
     if not node.gpus:

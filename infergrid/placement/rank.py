@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from infergrid.placement.fit import FitResult, fit
+from infergrid.placement.host import HostRequest
 from infergrid.placement.policy import Policy
 from infergrid.placement.scoring import normalize_scores
 from infergrid.placement.state import NodeState
@@ -26,10 +27,13 @@ class NodeScore:
 
 
 def score_nodes(
-    request: PodGpuRequest, nodes: Iterable[NodeState], policy: Policy
+    request: PodGpuRequest,
+    nodes: Iterable[NodeState],
+    policy: Policy,
+    host: HostRequest | None = None,
 ) -> tuple[NodeScore, ...]:
-    """Every node's fit and score for ``request``, in the order given."""
-    fits = [(node, fit(request, node, policy)) for node in nodes]
+    """Every node's fit and score for ``request`` (with ``host``, see ``fit``), in order given."""
+    fits = [(node, fit(request, node, policy, host)) for node in nodes]
     raw = [
         policy.raw_score(node, result.after, policy.workload)
         for node, result in fits

@@ -11,8 +11,29 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final
 
-from infergrid.constants import PLACEMENT_POLICIES, POLICY_BINPACK, POLICY_FGD, POLICY_SPREAD
+from infergrid.constants import (
+    PLACEMENT_POLICIES,
+    POLICY_BEST_FIT,
+    POLICY_BINPACK,
+    POLICY_DOT_PRODUCT,
+    POLICY_FGD,
+    POLICY_FGD_PAPER,
+    POLICY_FGD_PLUS,
+    POLICY_GPU_CLUSTERING,
+    POLICY_GPU_PACKING,
+    POLICY_RANDOM_FIT,
+    POLICY_SPREAD,
+)
 from infergrid.errors import ContractError
+from infergrid.placement.baselines import (
+    best_fit_score,
+    dot_product_score,
+    fgd_paper_score,
+    gpu_clustering_score,
+    gpu_packing_score,
+    random_fit_score,
+)
+from infergrid.placement.fgd_plus import fgd_plus_score
 from infergrid.placement.fragmentation import Workload, node_fragmentation
 from infergrid.placement.state import NodeState
 
@@ -67,15 +88,35 @@ def fgd_score(before: NodeState, after: NodeState, workload: Workload) -> float:
 RAW_SCORERS: Final[Mapping[str, RawScorer]] = MappingProxyType(
     {POLICY_BINPACK: binpack_score, POLICY_SPREAD: spread_score, POLICY_FGD: fgd_score}
 )
+"""The raw scorer of each policy a pod may ask for (``PLACEMENT_POLICIES``)."""
+
+SIMULATION_SCORERS: Final[Mapping[str, RawScorer]] = MappingProxyType(
+    {
+        POLICY_FGD_PLUS: fgd_plus_score,
+        POLICY_FGD_PAPER: fgd_paper_score,
+        POLICY_BEST_FIT: best_fit_score,
+        POLICY_DOT_PRODUCT: dot_product_score,
+        POLICY_GPU_PACKING: gpu_packing_score,
+        POLICY_GPU_CLUSTERING: gpu_clustering_score,
+        POLICY_RANDOM_FIT: random_fit_score,
+    }
+)
+"""Raw scorers of policies only the trace simulator runs: our fgd-plus, and the FGD paper's
+FGD and baselines. They resolve like any policy, but no pod can ask for them."""
+
+
+def policy_names() -> tuple[str, ...]:
+    """Every policy name that resolves: the pods' first, then the simulation-only ones."""
+    return (*PLACEMENT_POLICIES, *SIMULATION_SCORERS)
 
 
 def raw_scorer(policy: str) -> RawScorer:
     """The raw scorer of ``policy``; an unknown name fails here, before any node is scored."""
-    try:
-        return RAW_SCORERS[policy]
-    except KeyError:
-        known = ", ".join(PLACEMENT_POLICIES)
-        raise ContractError("policy", f"{policy!r} is not one of {known}") from None
+    scorer = RAW_SCORERS.get(policy) or SIMULATION_SCORERS.get(policy)
+    if scorer is None:
+        known = ", ".join(policy_names())
+        raise ContractError("policy", f"{policy!r} is not one of {known}")
+    return scorer
 
 
 def normalize_scores(raw: Sequence[float]) -> list[int]:

@@ -144,11 +144,38 @@ class AssignmentIssue:
 
 
 @dataclass(frozen=True, slots=True)
+class HostResources:
+    """A node's CPU and memory: capacity, and what placed pods request of it.
+
+    kube-scheduler keeps this account in a cluster (NodeResourcesFit), so the
+    extender leaves it out; the trace simulator has no kube-scheduler and puts
+    it here, so that fit, the scorers and fragmentation can see CPU.
+    """
+
+    cpu_milli: int
+    memory_mib: int
+    requested_cpu_milli: int = 0
+    requested_memory_mib: int = 0
+
+    @property
+    def free_cpu_milli(self) -> int:
+        """Millicores no placed pod requests."""
+        return self.cpu_milli - self.requested_cpu_milli
+
+    @property
+    def free_memory_mib(self) -> int:
+        """MiB of memory no placed pod requests."""
+        return self.memory_mib - self.requested_memory_mib
+
+
+@dataclass(frozen=True, slots=True)
 class NodeState:
     """One node's GPUs in index order, and whether its heartbeat is fresh enough to offer them.
 
     ``issues`` are what building the state found wrong in recorded assignments;
     they do not take part in equality, so a rebuilt state equals a live one.
+    ``host`` is the node's CPU and memory where the caller tracks them (the
+    simulator); None where kube-scheduler does (the extender).
     """
 
     name: str
@@ -156,3 +183,9 @@ class NodeState:
     offers: bool
     heartbeat: datetime | None = None
     issues: tuple[AssignmentIssue, ...] = field(default=(), compare=False)
+    host: HostResources | None = None
+
+    @property
+    def product(self) -> str:
+        """The GPU model the node is labelled with: its lowest-index GPU's; "" without GPUs."""
+        return self.gpus[0].model if self.gpus else ""

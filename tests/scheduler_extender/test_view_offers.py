@@ -1,0 +1,171 @@
+"""The view's whole-cluster answers against its node-by-node path through ``fit``.
+
+A random stream of pods of every kind is filtered, prioritized and bound on a
+small mixed fleet while heartbeats age past ``stale_after`` and come back,
+nodes break and return, and names the cache never heard of are asked about.
+The offer-index path must pass the same nodes, reject the same ones (with a
+reason ``fit`` also gives, or a count of why no GPU takes shares) and give the
+same raw scores, bit for bit, as a second view that runs ``fit`` per node.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from unittest.mock import patch
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from infergrid.constants import (
+    ANNOTATION_GPU_INVENTORY,
+    ANNOTATION_GPU_USAGE,
+    ANNOTATION_PLACEMENT_POLICY,
+    ANNOTATION_TOPOLOGY,
+    RESOURCE_GPU,
+    RESOURCE_GPU_CORES,
+    RESOURCE_GPU_MEMORY,
+    RESOURCE_VGPU,
+    mig_resource,
+)
+from infergrid.fleet import load_fleet
+from infergrid.inventory import encode_inventory
+from infergrid.placement import fit, idle_usage, offers, resolve_policy, to_pod_assignment
+from infergrid.placement.offers import MAX_GPUS
+from infergrid.pod_request import parse_pod_request
+from infergrid.usage import encode_usage
+from scheduler_extender.decisions import filter_nodes, prioritize_nodes
+from scheduler_extender.view import PlacementView
+from scheduler_extender.watch_cache import ADDED, MODIFIED, ClusterCache
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+STALE_AFTER = timedelta(seconds=30)
+SAMPLE = load_fleet(Path(__file__).resolve().parents[2] / "e2e" / "fleets" / "sample.yaml")
+FLEET = SAMPLE.nodes
+NAMES = [n.name for n in FLEET]
+
+
+def publish(cache: ClusterCache, node, at: datetime, event: str = MODIFIED) -> None:
+    usage = idle_usage(node.inventory, at)
+    annotations = {
+        ANNOTATION_GPU_INVENTORY: encode_inventory(node.inventory),
+        ANNOTATION_GPU_USAGE: encode_usage(usage),
+    }
+    cache.apply_node(event, {"metadata": {"name": node.name, "annotations": annotations}})
+
+
+def break_node(cache: ClusterCache, node) -> None:
+    annotations = {ANNOTATION_GPU_INVENTORY: "{not json"}
+    cache.apply_node(MODIFIED, {"metadata": {"name": node.name, "annotations": annotations}})
+
+
+@st.composite
+def pods(draw: st.DrawFn, uid: int) -> dict:
+    kind = draw(st.sampled_from(("share", "share", "whole", "whole", "mig", "two")))
+    if kind == "share":
+        limits = {RESOURCE_VGPU: "1", RESOURCE_GPU_MEMORY: str(draw(st.sampled_from(
+            (1024, 4096, 8192, 16384, 23034, 40000))))}  # fmt: skip
+        if draw(st.booleans()):
+            limits[RESOURCE_GPU_CORES] = str(draw(st.sampled_from((10, 30, 50, 100))))
+    elif kind == "whole":
+        limits = {RESOURCE_GPU: str(draw(st.sampled_from((1, 1, 2, 3, 4, 8))))}
+    elif kind == "mig":
+        limits = {mig_resource(draw(st.sampled_from(("3g.40gb", "1g.10gb")))): "1"}
+    else:
+        limits = {RESOURCE_VGPU: "1", RESOURCE_GPU_MEMORY: "4096"}
+    containers = [{"name": "engine", "resources": {"limits": limits}}]
+    if kind == "two":
+        containers.append({"name": "side", "resources": {"limits": {RESOURCE_GPU: "1"}}})
+    annotations = {ANNOTATION_PLACEMENT_POLICY: draw(st.sampled_from(("binpack", "spread", "fgd")))}
+    if draw(st.booleans()):
+        annotations[ANNOTATION_TOPOLOGY] = "nvlink"
+    return {
+        "metadata": {"name": f"p{uid}", "namespace": "t", "uid": f"u{uid}",
+                     "annotations": annotations},
+        "spec": {"containers": containers},
+    }  # fmt: skip
+
+
+steps = st.one_of(
+    st.tuples(st.just("pod"), st.integers(0, 10**6)),
+    st.tuples(st.just("pod"), st.integers(0, 10**6)),
+    st.tuples(st.just("pod"), st.integers(0, 10**6)),
+    st.tuples(st.just("age"), st.sampled_from((5, 20, 31))),
+    st.tuples(st.just("beat"), st.sampled_from(NAMES)),
+    st.tuples(st.just("break"), st.sampled_from(NAMES)),
+)
+
+
+def reasons_agree(fast: str, slow: str) -> bool:
+    """Each line of the index's reason is one of fit's, or counts why no GPU takes shares."""
+    if ": none of " in fast and " GPUs takes a share: " in fast:
+        return True
+    return set(fast.split("; ")) <= set(slow.split("; "))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.lists(steps, min_size=5, max_size=25), st.sampled_from((MAX_GPUS, 4)))
+def test_the_offer_index_answers_as_fit_does_node_by_node(data, plan, widest):
+    """With ``widest`` 4 the 8-GPU nodes are not indexed and go through ``fit`` in the mix."""
+    with patch.object(offers, "MAX_GPUS", widest):
+        run_plan(data, plan)
+
+
+def run_plan(data, plan) -> None:
+    cache = ClusterCache()
+    for node in FLEET:
+        publish(cache, node, NOW, ADDED)
+    fast = PlacementView(cache, STALE_AFTER)
+    slow = PlacementView(cache, STALE_AFTER)
+    now = NOW
+    asked = [*NAMES, "nowhere"]
+    for step, arg in plan:
+        if step == "age":
+            now += timedelta(seconds=arg)
+            continue
+        node = next((n for n in FLEET if n.name == arg), None)
+        if step == "beat":
+            publish(cache, node, now)
+            continue
+        if step == "break":
+            break_node(cache, node)
+            continue
+        pod = data.draw(pods(arg))
+        request = parse_pod_request(pod)
+        policy = resolve_policy(request.policy, fast.workload())
+        got = fast.filter(asked, request, policy, now)
+        want = slow._filter_each(asked, request, policy, now)
+        assert got.passed == want.passed
+        assert got.unresolvable == want.unresolvable
+        assert got.failed.keys() == want.failed.keys()
+        for name, reason in got.failed.items():
+            assert reasons_agree(reason, want.failed[name]), (name, reason, want.failed[name])
+        assert fast.raw_scores(asked, request, policy, now) == slow._raw_scores_each(
+            asked, request, policy, now
+        )
+        if got.passed:
+            chosen = got.passed[arg % len(got.passed)]
+            result = fit(request, fast.node_state(chosen, now), policy)
+            meta = pod["metadata"]
+            cache.reserve(
+                meta["uid"], "t", meta["name"], to_pod_assignment(chosen, result.placements, now)
+            )
+
+
+def test_filter_and_prioritize_agree_through_decisions():
+    cache = ClusterCache()
+    for node in FLEET:
+        publish(cache, node, NOW, ADDED)
+    view = PlacementView(cache, STALE_AFTER)
+    pod = {
+        "metadata": {"name": "p", "namespace": "t", "uid": "u", "annotations": {}},
+        "spec": {"containers": [{"name": "engine", "resources": {"limits": {RESOURCE_GPU: "2"}}}]},
+    }
+    out = filter_nodes(pod, NAMES, view, "binpack", NOW)
+    assert out.passed == ["a100-0", "a100-1", "l4-0", "l4-1", "h100"]
+    scores = prioritize_nodes(pod, NAMES, view, "binpack", NOW)
+    assert scores["h100"] == 10 and max(scores.values()) == 10
+    later = NOW + STALE_AFTER + timedelta(seconds=1)
+    out = filter_nodes(pod, NAMES, view, "binpack", later)
+    assert out.passed == []
+    assert all("node heartbeat is stale" in r for r in out.failed.values())
