@@ -85,9 +85,9 @@ def infsvc_crd(cluster: Cluster) -> None:
         except ApiException as err:
             if err.status != 409:
                 raise
-            body["metadata"]["resourceVersion"] = (
-                ext.read_custom_resource_definition(name).metadata.resource_version
-            )
+            body["metadata"]["resourceVersion"] = ext.read_custom_resource_definition(
+                name
+            ).metadata.resource_version
             ext.replace_custom_resource_definition(name, body)
 
         def established(name: str = name) -> bool:
