@@ -70,6 +70,21 @@ def namespace(cluster: Cluster) -> Iterator[str]:
 CRDS = Path(__file__).resolve().parents[1] / "crds"
 
 
+@pytest.fixture(scope="module")
+def extender(cluster: Cluster, tmp_path_factory):
+    """The scheduler extender at the URL the local infergrid-scheduler calls."""
+    from e2e.cluster.local_cluster import LocalCluster
+    from e2e.extender_support import ExtenderProcess
+
+    if not cluster.local:
+        pytest.skip("needs the local cluster's infergrid-scheduler pointed at this extender")
+    log = tmp_path_factory.mktemp("extender") / "extender.log"
+    process = ExtenderProcess(LocalCluster().extender_url(), cluster.kubeconfig, log)
+    process.start()
+    yield process
+    process.stop()
+
+
 @pytest.fixture(scope="session")
 def infsvc_crd(cluster: Cluster) -> None:
     """Every CRD in `crds/` installed (created or replaced) and Established."""

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
-import urllib.request
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,56 +10,26 @@ from urllib.parse import urlparse
 
 from kubernetes import client
 
-from e2e.cluster.processes import wait_until
+from e2e.part_process import PartProcess
 from infergrid import constants
 from infergrid.assignment import decode_assignment
 from infergrid.inventory import decode_inventory
 
 
-class ExtenderProcess:
+class ExtenderProcess(PartProcess):
     """`infergrid-scheduler-extender` on the port infergrid-scheduler calls."""
 
     def __init__(self, url: str, kubeconfig: Path, log: Path):
         self.port = urlparse(url).port
-        self.kubeconfig = kubeconfig
-        self.log = log
+        super().__init__("extender", kubeconfig, log, f"http://127.0.0.1:{self.port}/readyz")
         self.args: list[str] = []
-        self.proc: subprocess.Popen | None = None
 
-    def start(self) -> None:
-        argv = [
+    def argv(self) -> list[str]:
+        return [
             sys.executable, "-m", "scheduler_extender.main",
             "--host", "127.0.0.1", "--port", str(self.port),
             "--identity", "e2e-extender", "--lease-namespace", "kube-system", *self.args,
         ]  # fmt: skip
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
-            )
-        wait_until(self.ready, 60, "the extender to be ready", self._alive)
-
-    def ready(self) -> bool:
-        url = f"http://127.0.0.1:{self.port}/readyz"
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
-
-    def _alive(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            raise RuntimeError(f"the extender exited; see {self.log}")
-
-    def kill(self) -> None:
-        """SIGKILL: no clean shutdown, as when a node dies under it."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(30)
 
 
 def share_pod(name: str, mib: int, **extra) -> dict:

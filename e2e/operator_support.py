@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 from kubernetes import client
 
 from e2e.cluster import binaries
-from e2e.cluster.processes import wait_until
+from e2e.part_process import PartProcess
 from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
 
 SAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "samples"
@@ -26,53 +23,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class OperatorProcess:
-    """`python -m inference_operator.main` scoped to some namespaces, as a real process.
-
-    A process, not kopf's in-thread KopfRunner, so a test can SIGKILL it in the
-    middle of a reconcile and start a new one, as when its pod is evicted.
-    """
+class OperatorProcess(PartProcess):
+    """`python -m inference_operator.main` scoped to some namespaces."""
 
     def __init__(self, kubeconfig: Path, namespaces: list[str], log: Path, *args: str):
         self.port = free_port()
-        self.kubeconfig = kubeconfig
-        self.log = log
-        self.argv = [
+        super().__init__("operator", kubeconfig, log, f"http://127.0.0.1:{self.port}/healthz")
+        self.namespaces = namespaces
+        self.args = args
+
+    def argv(self) -> list[str]:
+        return [
             sys.executable, "-m", "inference_operator.main",
-            "--namespaces", ",".join(namespaces),
-            "--liveness-endpoint", f"http://127.0.0.1:{self.port}/healthz",
-            *args,
+            "--namespaces", ",".join(self.namespaces),
+            "--liveness-endpoint", self.ready_url,
+            *self.args,
         ]  # fmt: skip
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
-            )
-        wait_until(self.alive, 60, "the operator's liveness endpoint", self._running)
-
-    def alive(self) -> bool:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as resp:
-            return resp.status == 200
-
-    def _running(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            raise RuntimeError(f"the operator exited; see {self.log}")
-
-    def kill(self) -> None:
-        """SIGKILL: no clean shutdown, no chance to finish what it was doing."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(30)
 
 
 def custom(api: client.ApiClient) -> client.CustomObjectsApi:

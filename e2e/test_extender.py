@@ -9,10 +9,8 @@ import pytest
 from kubernetes import client
 
 from e2e.cluster import fake_nodes
-from e2e.cluster.local_cluster import LocalCluster
 from e2e.cluster.processes import wait_until
 from e2e.extender_support import (
-    ExtenderProcess,
     audit,
     bound,
     gpu_pod,
@@ -27,17 +25,6 @@ from infergrid.inventory import decode_inventory, encode_inventory
 from infergrid.usage import GpuUsage, GpuUsageSample, encode_usage
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def extender(cluster, tmp_path_factory):
-    if not cluster.local:
-        pytest.skip("needs the local cluster's infergrid-scheduler pointed at this extender")
-    log = tmp_path_factory.mktemp("extender") / "extender.log"
-    process = ExtenderProcess(LocalCluster().extender_url(), cluster.kubeconfig, log)
-    process.start()
-    yield process
-    process.stop()
 
 
 @pytest.fixture()

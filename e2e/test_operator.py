@@ -20,9 +20,7 @@ import yaml
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from e2e.cluster.local_cluster import LocalCluster
 from e2e.cluster.processes import wait_until
-from e2e.extender_support import ExtenderProcess
 from e2e.operator_support import (
     SAMPLES,
     OperatorProcess,
@@ -45,17 +43,6 @@ pytestmark = pytest.mark.e2e
 NO_METRICS = ("--metrics-url-template", "http://127.0.0.1:1/{pod_name}")
 SELECTOR = "infergrid.io/inferenceservice="
 CHILD_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget")
-
-
-@pytest.fixture(scope="module")
-def extender(cluster, tmp_path_factory):
-    if not cluster.local:
-        pytest.skip("needs the local cluster's infergrid-scheduler pointed at this extender")
-    log = tmp_path_factory.mktemp("extender") / "extender.log"
-    process = ExtenderProcess(LocalCluster().extender_url(), cluster.kubeconfig, log)
-    process.start()
-    yield process
-    process.stop()
 
 
 @pytest.fixture()
