@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
+import multiprocessing
 import random
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -127,33 +128,56 @@ def mixed_cache(nodes: int, rnd: random.Random) -> ClusterCache:
 
 
 class Server:
-    """The extender app on 127.0.0.1 in a thread of its own, as a separate process would be."""
+    """The extender app in a process of its own, as in production: the client's JSON work
+    and the server's share no interpreter lock. The process builds the mixed cache, freezes
+    it out of garbage collection as the extender does once synced, and serves the real app
+    plus one bench-only route that records a placement the way bind would."""
 
-    def __init__(self, service: ExtenderService):
-        self.service = service
-        self.port = 0
-        self.ready = threading.Event()
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self._run, daemon=True).start()
-        self.ready.wait(30)
+    def __init__(self, nodes: int, seed: int):
+        context = multiprocessing.get_context("fork")
+        parent, child = context.Pipe()
+        self.process = context.Process(target=self._run, args=(nodes, seed, child), daemon=True)
+        self.process.start()
+        self.port, self.names = parent.recv()
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        runner = web.AppRunner(self.service.app(), access_log=None)
-        self.loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
-        self.ready.set()
-        self.loop.run_forever()
+    @staticmethod
+    def _run(nodes: int, seed: int, conn) -> None:
+        cache = mixed_cache(nodes, random.Random(seed))
+        view = PlacementView(cache, timedelta(days=1))
+        service = ExtenderService(view, Binder(None, view, "binpack"), "binpack", lambda: True)
+        app = service.app()
+
+        async def reserve(request: web.Request) -> web.Response:
+            body = await request.json()
+            bind_like_the_extender(cache, view, body["Pod"], body["Node"])
+            return web.json_response({})
+
+        app.router.add_post("/bench/reserve", reserve)
+        gc.collect()
+        gc.freeze()
+
+        async def serve() -> None:
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            conn.send((site._server.sockets[0].getsockname()[1], sorted(cache.nodes())))
+            await asyncio.Event().wait()
+
+        asyncio.run(serve())
 
     def post(self, path: str, body: dict) -> tuple[float, object]:
+        """Seconds from sending the request to its last byte received; parsed afterwards."""
         data = json.dumps(body).encode()
         started = time.perf_counter()
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data)
         with urllib.request.urlopen(req, timeout=60) as resp:
-            result = json.loads(resp.read())
-        return time.perf_counter() - started, result
+            raw = resp.read()
+        return time.perf_counter() - started, json.loads(raw)
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.join()
 
 
 def pct(samples: list[float]) -> dict[str, float]:
@@ -163,25 +187,24 @@ def pct(samples: list[float]) -> dict[str, float]:
 
 
 def latency(nodes: int, pods: int, seed: int = 7) -> dict:
-    rnd = random.Random(seed)
-    cache = mixed_cache(nodes, rnd)
-    view = PlacementView(cache, timedelta(days=1))
-    service = ExtenderService(view, Binder(None, view, "binpack"), "binpack", lambda: True)
-    server = Server(service)
-    names = sorted(cache.nodes())
+    server = Server(nodes, seed)
+    rnd = random.Random(seed + 1)
     filters, priorities, passed = [], [], []
-    for i in range(pods):
-        pod = pod_json(10_000_000 + i, rnd)
-        took, result = server.post("/filter", {"Pod": pod, "NodeNames": names})
-        filters.append(took)
-        feasible = result["NodeNames"]
-        passed.append(len(feasible))
-        if not feasible:
-            continue
-        took, scores = server.post("/prioritize", {"Pod": pod, "NodeNames": feasible})
-        priorities.append(took)
-        best = max(scores, key=lambda s: (s["Score"], s["Host"]))["Host"]
-        bind_like_the_extender(cache, view, pod, best)
+    try:
+        for i in range(pods):
+            pod = pod_json(10_000_000 + i, rnd)
+            took, result = server.post("/filter", {"Pod": pod, "NodeNames": server.names})
+            filters.append(took)
+            feasible = result["NodeNames"]
+            passed.append(len(feasible))
+            if not feasible:
+                continue
+            took, scores = server.post("/prioritize", {"Pod": pod, "NodeNames": feasible})
+            priorities.append(took)
+            best = max(scores, key=lambda s: (s["Score"], s["Host"]))["Host"]
+            server.post("/bench/reserve", {"Pod": pod, "Node": best})
+    finally:
+        server.stop()
     return {"nodes": nodes, "gpus": nodes * 8, "pods": pods,
             "mean_feasible_nodes": round(statistics.mean(passed)),
             "filter": pct(filters), "prioritize": pct(priorities)}  # fmt: skip
