@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from infergrid import __version__
@@ -50,9 +51,32 @@ def _parser() -> argparse.ArgumentParser:
     )
     simulate_cli.add_arguments(simulate)
     simulate.set_defaults(run=simulate_cli.run)
+    placements = commands.add_parser(
+        "placements",
+        help="print which pod holds how much of each GPU, and what is free (reads the cluster)",
+    )
+    placements.add_argument(
+        "--stale-after", type=float, default=30.0, metavar="SECONDS",
+        help="a node whose usage heartbeat is older offers nothing, as in the extender",
+    )  # fmt: skip
+    placements.set_defaults(run=lambda args: _placements(args.stale_after))
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(run=lambda args: __version__)
     return parser
+
+
+def _placements(stale_after_s: float) -> str:
+    from infergrid import placement_table
+    from infergrid.cluster_snapshot import read_snapshot
+    from infergrid.process import kube_api
+
+    snap = read_snapshot(kube_api())
+    rows = placement_table.gpu_rows(
+        snap.inventories, snap.usages, snap.assignments,
+        datetime.now(UTC), timedelta(seconds=stale_after_s),
+    )  # fmt: skip
+    problems = [f"unreadable: {p}" for p in snap.problems]
+    return "\n".join([placement_table.render(rows), *problems])
 
 
 def _fleet_table(path: str) -> str:
