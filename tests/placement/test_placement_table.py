@@ -37,6 +37,7 @@ def test_whole_gpus_and_mig_instances_name_their_kind():
     assert [h.kind for h in rows[0].holders] == ["whole"]
     assert [h.kind for h in rows[1].holders] == ["whole"]
     assert rows[2].holders == (Holder("ns/m", "mig:3g.40gb", 40192, 0),)
+    assert rows[2].free_mib == 40192  # the untaken instance
 
 
 def test_measured_use_outside_assignments_shrinks_free_memory_as_in_the_extender():

