@@ -63,6 +63,7 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     num_cached_tokens: int = 0  # of those, tokens found in the prefix cache at admission
     num_preemptions: int = 0
+    text_end: int | None = None  # a stop string starts here in the output text: cut it here
 
     @property
     def token_ids(self) -> list[int]:
