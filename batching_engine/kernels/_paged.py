@@ -1,0 +1,113 @@
+"""What the decode and prefill attention files share: input checks for the paged cache, the dot
+dtype, and the torch pieces of their references.
+
+The references are the engine's CPU path, so they are batched torch, not per-token loops, and
+they attend the way Hugging Face's Llama does by default (`scaled_dot_product_attention` on
+model-dtype tensors), which keeps the CPU engine's greedy tokens equal to transformers'.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+import triton.language as tl
+
+from ._launch import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_dim,
+    check_dtype,
+    check_inner_contiguous,
+    check_ndim,
+    require,
+)
+
+LOG2_E = 1.4426950408889634
+
+
+def default_scale(q: torch.Tensor) -> float:
+    return 1.0 / math.sqrt(q.shape[-1])
+
+
+def dot_dtype(dtype: torch.dtype, interpreted: bool) -> tuple[tl.dtype, str]:
+    """The dtype `tl.dot` runs in, and its fp32 precision.
+
+    16-bit inputs use the tensor cores as they are. fp32 uses exact (IEEE) products so it stays
+    the accurate path. bf16 under the interpreter goes through fp32, because the interpreter
+    multiplies bf16 matrices as raw 16-bit integers.
+    """
+    if dtype == torch.float32 or (dtype == torch.bfloat16 and interpreted):
+        return tl.float32, "ieee"
+    return (tl.float16 if dtype == torch.float16 else tl.bfloat16), "tf32"
+
+
+def check_paged_cache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    num_seqs: int,
+) -> None:
+    """q `[*, num_heads, head_dim]` against the cache, the block tables and the lengths."""
+    check_ndim("q", q, 3, "[num_tokens, num_heads, head_dim]")
+    check_ndim("k_cache", k_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    check_ndim("block_tables", block_tables, 2, "[num_seqs, max_blocks]")
+    check_ndim("context_lens", context_lens, 1, "[num_seqs]")
+    check_dtype("q", q, FLOAT_DTYPES)
+    check_dtype("block_tables", block_tables, INDEX_DTYPES)
+    check_dtype("context_lens", context_lens, INDEX_DTYPES)
+    for name, t in {"k_cache": k_cache, "v_cache": v_cache}.items():
+        require(t.dtype == q.dtype, f"{name}: dtype {t.dtype}, expected {q.dtype} (q's)")
+    require(
+        v_cache.shape == k_cache.shape and v_cache.stride() == k_cache.stride(),
+        f"v_cache: shape {tuple(v_cache.shape)} strides {v_cache.stride()} differ from k_cache's",
+    )
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    check_dim("q", q, 2, head_dim, "head_dim of the cache")
+    require(
+        q.shape[1] % num_kv_heads == 0,
+        f"q: {q.shape[1]} heads is not a multiple of the cache's {num_kv_heads} kv heads",
+    )
+    check_dim("block_tables", block_tables, 0, num_seqs, "one row per sequence")
+    check_dim("context_lens", context_lens, 0, num_seqs, "one length per sequence")
+    for name, t in {"q": q, "k_cache": k_cache}.items():
+        check_inner_contiguous(name, t)
+    require(
+        block_tables.shape[1] <= 1 or block_tables.stride(1) == 1,
+        "block_tables: rows must be contiguous",
+    )
+
+
+def gather_context(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
+    """Tokens 0..length-1 of each sequence: `[num_seqs, length, num_kv_heads, head_dim]`.
+    Rows past a table's end of blocks (-1) read block 0; the caller masks them."""
+    block_size = cache.shape[1]
+    positions = torch.arange(length, device=cache.device)
+    blocks = block_tables[:, positions // block_size].long().clamp(min=0)
+    return cache[blocks, positions % block_size]
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor | None,
+    scale: float,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """GQA attention, batch-first: q `[B, n, H, D]`, k/v `[B, L, KVH, D]`, visible `[B, n, L]`
+    (None: every key, or causal when `is_causal`, as HF passes a whole prompt) -> `[B, n, H, D]`."""
+    mask = None if visible is None else visible[:, None]
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=mask,
+        scale=scale,
+        is_causal=is_causal,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2)

@@ -1,0 +1,353 @@
+"""Paged decode attention: one new query token per sequence against its whole cached context.
+
+Decode is bound by reading the KV cache, so the kernel reads each cached K/V row once: a program
+serves one (sequence, kv head) pair and all the query heads that share that kv head (GQA), the
+group padded to 16 rows so `tl.dot` can run on the tensor cores.
+
+Split-K: when sequences x kv heads are too few to fill the GPU (small batches, long contexts),
+the context is cut into `num_splits` ranges handled by separate programs, each writing a
+normalised partial output and its log-sum-exp; a second, tiny kernel merges them. The split count
+depends on shapes only (the block-table width bounds the context), never on device values, so a
+CUDA graph can capture the launch.
+
+A sequence with context length 0 (a padded row of a CUDA-graph batch) gets zeros, reading nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import (
+    Launch,
+    check_device,
+    check_inner_contiguous,
+    is_interpreted,
+    next_power_of_2,
+    require,
+    sm_count,
+)
+from ._paged import (
+    LOG2_E,
+    attention,
+    check_paged_cache,
+    default_scale,
+    dot_dtype,
+    gather_context,
+)
+
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 32
+PROGRAMS_PER_SM = 4
+
+
+@triton.jit
+def _decode_attention_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    out_ptr,
+    lse_ptr,
+    scale_log2,
+    tokens_per_split,
+    stride_q_seq,
+    stride_q_head,
+    stride_cache_block,
+    stride_cache_offset,
+    stride_cache_head,
+    stride_tables_seq,
+    stride_out_seq,
+    stride_out_head,
+    stride_out_split,
+    stride_lse_seq,
+    stride_lse_head,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    context_len = tl.load(context_lens_ptr + seq).to(tl.int32)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, context_len)
+
+    g = tl.arange(0, BLOCK_G)
+    g_mask = g < GROUP
+    heads = kv_head * GROUP + g
+    dims = tl.arange(0, BLOCK_D)
+    d_mask = dims < HEAD_DIM
+    gd_mask = g_mask[:, None] & d_mask[None, :]
+    q_offsets = seq * stride_q_seq + heads[:, None] * stride_q_head + dims[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=gd_mask, other=0.0).to(DOT_DTYPE)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    table_row = block_tables_ptr + seq * stride_tables_seq
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        block = tl.load(table_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        rows = (
+            block * stride_cache_block
+            + (offs_n % BLOCK_SIZE) * stride_cache_offset
+            + kv_head * stride_cache_head
+        )
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        kv_offsets = rows[:, None] + dims[None, :]
+        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        scores = tl.where(n_mask[None, :], scores, float("-inf"))
+        # Every tile holds at least one real token, so m_new is finite.
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    out_offsets = (
+        seq * stride_out_seq
+        + heads[:, None] * stride_out_head
+        + split * stride_out_split
+        + dims[None, :]
+    )
+    tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+    if SPLIT:
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+        lse_offsets = seq * stride_lse_seq + heads * stride_lse_head + split
+        tl.store(lse_ptr + lse_offsets, lse, mask=g_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    partial_ptr,
+    lse_ptr,
+    out_ptr,
+    num_splits,
+    stride_partial_seq,
+    stride_partial_head,
+    stride_partial_split,
+    stride_lse_seq,
+    stride_lse_head,
+    stride_out_seq,
+    stride_out_head,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    splits = tl.arange(0, BLOCK_S)
+    s_mask = splits < num_splits
+    dims = tl.arange(0, BLOCK_D)
+    d_mask = dims < HEAD_DIM
+    lse_row = lse_ptr + seq * stride_lse_seq + head * stride_lse_head
+    lse = tl.load(lse_row + splits, mask=s_mask, other=float("-inf"))
+    lse_max = tl.max(lse, axis=0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    weights = tl.exp2(lse - lse_max)
+    partial_offsets = (
+        seq * stride_partial_seq
+        + head * stride_partial_head
+        + splits[:, None] * stride_partial_split
+        + dims[None, :]
+    )
+    mask = s_mask[:, None] & d_mask[None, :]
+    partial = tl.load(partial_ptr + partial_offsets, mask=mask, other=0.0)
+    total = tl.sum(weights, axis=0)
+    total = tl.where(total > 0.0, total, 1.0)
+    out = tl.sum(partial * weights[:, None], axis=0) / total
+    out_offsets = seq * stride_out_seq + head * stride_out_head + dims
+    tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def decode_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The torch path, batched: gather every context up to the longest, mask each to its length."""
+    scale = default_scale(q) if scale is None else scale
+    longest = int(context_lens.max()) if q.shape[0] else 0
+    if longest == 0:
+        return torch.zeros_like(q)
+    visible = torch.arange(longest, device=q.device)[None, :] < context_lens[:, None]
+    # Zero the masked rows: whatever lies past a context (even NaN) must not leak in.
+    hidden = ~visible[:, :, None, None]
+    k = gather_context(k_cache, block_tables, longest).masked_fill(hidden, 0.0)
+    v = gather_context(v_cache, block_tables, longest).masked_fill(hidden, 0.0)
+    out = attention(q[:, None], k, v, visible[:, None, :], scale)[:, 0]
+    return out.masked_fill((context_lens == 0)[:, None, None], 0.0)
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int) -> int:
+    """Enough programs to fill every SM a few times over, without splits shorter than
+    MIN_TOKENS_PER_SPLIT tokens (then merging would cost more than it saves)."""
+    programs = max(num_seqs * num_kv_heads, 1)
+    wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, programs)
+    useful = triton.cdiv(max(max_context_len, 1), MIN_TOKENS_PER_SPLIT)
+    return max(1, min(wanted, useful, MAX_SPLITS))
+
+
+def decode_attention_plan(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    interpreted: bool,
+) -> tuple[Launch, Launch | None]:
+    """The attention launch and, when split, the launch that merges the partial outputs.
+
+    The partial buffers are allocated here (fp32 `[num_seqs, num_heads, num_splits, head_dim]` and
+    the log-sum-exps); under a CUDA graph they come from the graph's memory pool.
+    """
+    num_seqs, num_heads, head_dim = q.shape
+    block_size = k_cache.shape[1]
+    max_context_len = block_tables.shape[1] * block_size
+    block_d = max(16, next_power_of_2(head_dim))
+    block_n = 16 if interpreted else (64 if block_d <= 128 else 32)
+    tokens_per_split = triton.cdiv(triton.cdiv(max_context_len, num_splits), block_n) * block_n
+    group = num_heads // k_cache.shape[2]
+    dtype, precision = dot_dtype(q.dtype, interpreted)
+    split = num_splits > 1
+    if split:
+        target = torch.empty(
+            (num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        )
+        lse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        target_strides = target.stride()[:3]
+        lse_strides = lse.stride()[:2]
+    else:
+        target, lse = out, out  # lse is never touched without SPLIT
+        target_strides = (*out.stride()[:2], 0)
+        lse_strides = (0, 0)
+    attention = Launch(
+        grid=(num_seqs, k_cache.shape[2], num_splits),
+        args=(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            target,
+            lse,
+            float(scale) * LOG2_E,
+            tokens_per_split,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            block_tables.stride(0),
+            *target_strides,
+            *lse_strides,
+        ),
+        constexprs={
+            "GROUP": group,
+            "BLOCK_G": max(16, next_power_of_2(group)),
+            "HEAD_DIM": head_dim,
+            "BLOCK_D": block_d,
+            "BLOCK_SIZE": block_size,
+            "BLOCK_N": block_n,
+            "DOT_DTYPE": dtype,
+            "DOT_PRECISION": precision,
+            "SPLIT": split,
+        },
+        num_warps=4,
+        num_stages=2,
+    )
+    if not split:
+        return attention, None
+    merge = Launch(
+        grid=(num_seqs, num_heads),
+        args=(target, lse, out, num_splits, *target_strides, *lse_strides, *out.stride()[:2]),
+        constexprs={
+            "HEAD_DIM": head_dim,
+            "BLOCK_D": next_power_of_2(head_dim),
+            "BLOCK_S": next_power_of_2(num_splits),
+        },
+        num_warps=4 if head_dim >= 128 else 2,
+        num_stages=1,
+    )
+    return attention, merge
+
+
+def _check(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    out: torch.Tensor,
+    num_splits: int | None,
+) -> None:
+    check_paged_cache(q, k_cache, v_cache, block_tables, context_lens, num_seqs=q.shape[0])
+    require(
+        out.shape == q.shape and out.dtype == q.dtype,
+        f"out: shape {tuple(out.shape)} {out.dtype}, expected {tuple(q.shape)} {q.dtype}",
+    )
+    check_inner_contiguous("out", out)
+    require(
+        num_splits is None or 1 <= num_splits <= 1024,
+        f"num_splits: {num_splits} is not within 1..1024",
+    )
+
+
+def decode_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """The Triton path. q `[num_seqs, num_heads, head_dim]` -> out of the same shape.
+
+    `num_splits` overrides the split-K heuristic (tests use it to force either path).
+    """
+    out = torch.empty_like(q) if out is None else out
+    _check(q, k_cache, v_cache, block_tables, context_lens, out, num_splits)
+    check_device(
+        _decode_attention_kernel,
+        {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_tables": block_tables,
+         "context_lens": context_lens, "out": out},
+    )  # fmt: skip
+    if q.shape[0] == 0:
+        return out
+    if num_splits is None:
+        max_context_len = block_tables.shape[1] * k_cache.shape[1]
+        num_splits = choose_num_splits(
+            q.shape[0], k_cache.shape[2], max_context_len, sm_count(q.device)
+        )
+    scale = default_scale(q) if scale is None else scale
+    attention, merge = decode_attention_plan(
+        q, k_cache, v_cache, block_tables, context_lens, out, scale, num_splits,
+        interpreted=is_interpreted(_decode_attention_kernel),
+    )  # fmt: skip
+    attention.run(_decode_attention_kernel)
+    if merge is not None:
+        merge.run(_decode_reduce_kernel)
+    return out

@@ -1,0 +1,141 @@
+"""The functions the model calls: each runs the Triton kernel on CUDA tensors and the torch
+reference elsewhere.
+
+One switch forces either path for the whole process: the environment variable
+`INFERGRID_KERNELS=auto|triton|torch` (read at import; an unknown value fails then, not at the
+first request), or `set_kernel_backend()`. Forcing `triton` on CPU tensors raises a clear error;
+forcing `torch` on a GPU gives the reference path there (how the engine's greedy-token parity
+check compares the two).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, get_args
+
+import torch
+
+from . import decode_attention as _decode
+from . import kv_cache_write as _kv_write
+from . import prefill_attention as _prefill
+from . import rmsnorm as _rmsnorm
+from . import rotary as _rotary
+from . import silu_and_mul as _silu
+
+Backend = Literal["auto", "triton", "torch"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+ENV_VAR = "INFERGRID_KERNELS"
+
+
+def _parse_backend(value: str, source: str) -> Backend:
+    backend = value.strip().lower()
+    if backend not in BACKENDS:
+        raise ValueError(f"{source}: {value!r} is not one of {', '.join(BACKENDS)}")
+    return backend  # type: ignore[return-value]
+
+
+_backend: Backend = _parse_backend(os.environ.get(ENV_VAR, "auto"), ENV_VAR)
+
+
+def set_kernel_backend(backend: str) -> None:
+    """Force `triton` or `torch` for every kernel call from now on, or go back to `auto`."""
+    global _backend
+    _backend = _parse_backend(backend, "kernel backend")
+
+
+def kernel_backend() -> Backend:
+    return _backend
+
+
+def uses_triton(tensor: torch.Tensor) -> bool:
+    """Whether a call on `tensor` takes the Triton path under the current switch."""
+    if _backend == "auto":
+        return tensor.is_cuda
+    return _backend == "triton"
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """q `[num_seqs, num_heads, head_dim]`, one token per sequence at position
+    `context_lens[s] - 1` (its K/V already written) -> attention output, same shape.
+    Graph-safe: no host sync; rows with context length 0 give zeros."""
+    if uses_triton(q):
+        return _decode.decode_attention_triton(
+            q, k_cache, v_cache, block_tables, context_lens, scale
+        )
+    return _decode.decode_attention_reference(
+        q, k_cache, v_cache, block_tables, context_lens, scale
+    )
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    scale: float | None = None,
+    max_query_len: int | None = None,
+) -> torch.Tensor:
+    """q `[num_tokens, num_heads, head_dim]`, the flattened chunks (`cu_seqlens_q`), each the
+    last tokens of its sequence's `context_lens[s]` cached tokens (their K/V written first).
+    Pass `max_query_len` to spare a device sync."""
+    if uses_triton(q):
+        return _prefill.prefill_attention_triton(
+            q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, max_query_len
+        )
+    return _prefill.prefill_attention_reference(
+        q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale
+    )
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store key/value `[num_tokens, num_kv_heads, head_dim]` into their slots; -1 skips."""
+    if uses_triton(key):
+        _kv_write.write_kv_cache_triton(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        _kv_write.write_kv_cache_reference(key, value, k_cache, v_cache, slot_mapping)
+
+
+def fused_add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(rmsnorm(x + residual) * weight, x + residual)`; with residual None, `(rmsnorm(x), x)`.
+    x `[num_tokens, hidden]`."""
+    if uses_triton(x):
+        return _rmsnorm.fused_add_rmsnorm_triton(x, residual, weight, eps)
+    return _rmsnorm.fused_add_rmsnorm_reference(x, residual, weight, eps)
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q `[T, H, D]` and k `[T, KVH, D]` at `positions` (`[T]`) with cos/sin caches
+    `[max_pos, rotary_dim]` (HF `rotate_half` layout); new tensors are returned."""
+    if uses_triton(q):
+        return _rotary.rotary_embedding_triton(positions, q, k, cos, sin)
+    return _rotary.rotary_embedding_reference(positions, q, k, cos, sin)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """`[..., 2*d]` (gate | up) -> `silu(gate) * up`, `[..., d]`."""
+    if uses_triton(x):
+        return _silu.silu_and_mul_triton(x)
+    return _silu.silu_and_mul_reference(x)
