@@ -55,3 +55,19 @@ demo-down: install
 
 clean: cluster-down demo-down
 	rm -rf $(VENV) .cluster .demo
+
+# The Helm chart and images (deploy/helm/infergrid, images/).
+.PHONY: images helm-lint
+HELM = $(shell $(PY) -c 'from e2e.cluster.binaries import paths; print(paths()["helm"])')
+KUBE_VERSION = $(shell sed -n 's/^K8S_VERSION=//p' e2e/cluster/versions.env)
+
+# Every component image; REGISTRY=, TAG=, PUSH=1 (images/README.md). Needs docker.
+images:
+	bash images/build.sh
+
+# helm lint --strict with the default values and each set in deploy/helm/values/.
+helm-lint: install
+	@test -x "$(HELM)" || { echo "helm is not built yet: make cluster-build"; exit 1; }
+	$(HELM) lint --strict --kube-version $(KUBE_VERSION) deploy/helm/infergrid
+	for f in deploy/helm/values/*.yaml; do \
+	  $(HELM) lint --strict --kube-version $(KUBE_VERSION) deploy/helm/infergrid -f $$f || exit 1; done

