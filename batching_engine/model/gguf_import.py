@@ -1,0 +1,201 @@
+"""Turn a llama GGUF file into an HF-format model directory, once per file.
+
+The engine has one loader, for HF-format directories; a GGUF file is converted into one:
+config.json, model.safetensors (float32, dequantized), tokenizer.json and tokenizer_config.json.
+The result is cached under a directory named by the file's SHA-256, so the conversion runs the
+first time a file is seen and never again; it is written to a temporary directory and renamed
+into place, so a crash or a concurrent conversion never leaves a half-written model behind.
+
+Two llama.cpp conventions are undone on the way: Q and K rows are stored permuted for its
+adjacent-pair rope (HF pairs dimension i with i + head_dim/2), and the tokenizer is stored as
+a raw vocabulary and merge list rather than a tokenizer.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+from safetensors.torch import save_file
+
+from batching_engine.model.gguf_tokenizer import build_tokenizer, tokenizer_config
+from infergrid.errors import ContractError
+
+CACHE_ENV = "INFERGRID_CACHE_DIR"
+
+# GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.").
+_BLOCK_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_TOP_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def import_gguf(gguf_path: str | Path, cache_root: str | Path | None = None) -> Path:
+    """The HF-format directory for this GGUF file, converting it if it is not cached yet."""
+    gguf_path = Path(gguf_path)
+    if not gguf_path.is_file():
+        raise ContractError("model.storageUri", f"GGUF file {gguf_path} does not exist")
+    root = Path(cache_root) if cache_root is not None else default_cache_root()
+    target = root / file_sha256(gguf_path)
+    if (target / "config.json").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=root))
+    try:
+        convert_gguf(gguf_path, staging)
+        os.rename(staging, target)
+    except OSError:
+        if not (target / "config.json").is_file():  # not a lost race with another converter
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def default_cache_root() -> Path:
+    base = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "infergrid"
+    return Path(base) / "gguf"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Write config, weights and tokenizer files for `gguf_path` into `out_dir`."""
+    reader = GGUFReader(gguf_path)
+    metadata = read_metadata(reader)
+    config = hf_config(metadata, {tensor.name for tensor in reader.tensors})
+    save_file(hf_weights(reader, config), str(out_dir / "model.safetensors"))
+    build_tokenizer(metadata).save(str(out_dir / "tokenizer.json"))
+    _write_json(out_dir / "tokenizer_config.json", tokenizer_config(metadata))
+    _write_json(out_dir / "config.json", config)
+
+
+def read_metadata(reader: GGUFReader) -> dict[str, Any]:
+    """Every key-value field as a plain Python value (strings, numbers, lists)."""
+    return {name: field.contents() for name, field in reader.fields.items()}
+
+
+def hf_config(metadata: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
+    """config.json for a llama GGUF; anything the model code cannot honour fails here."""
+    architecture = metadata.get("general.architecture")
+    if architecture != "llama":
+        raise ContractError(
+            "general.architecture", f"{architecture!r} is not supported; only 'llama'"
+        )
+    if "rope_freqs.weight" in tensor_names:
+        raise ContractError("rope_freqs.weight", "per-frequency rope factors are not supported")
+    hidden = _required(metadata, "llama.embedding_length")
+    heads = _required(metadata, "llama.attention.head_count")
+    head_dim = metadata.get("llama.attention.key_length", hidden // heads)
+    if metadata.get("llama.rope.dimension_count", head_dim) != head_dim:
+        raise ContractError("llama.rope.dimension_count", "partial rotary is not supported")
+    tokens = _required(metadata, "tokenizer.ggml.tokens")
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": metadata.get("llama.vocab_size", len(tokens)),
+        "hidden_size": hidden,
+        "intermediate_size": _required(metadata, "llama.feed_forward_length"),
+        "num_hidden_layers": _required(metadata, "llama.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": metadata.get("llama.attention.head_count_kv", heads),
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": float(_required(metadata, "llama.attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(metadata.get("llama.rope.freq_base", 10000.0)),
+        "rope_scaling": _rope_scaling(metadata),
+        "max_position_embeddings": _required(metadata, "llama.context_length"),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "bos_token_id": metadata.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": metadata.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": metadata.get("tokenizer.ggml.padding_token_id"),
+        "torch_dtype": "float32",
+    }
+
+
+def _rope_scaling(metadata: dict[str, Any]) -> dict[str, Any] | None:
+    kind = metadata.get("llama.rope.scaling.type", "none")
+    if kind == "none":
+        return None
+    if kind == "linear":
+        return {
+            "rope_type": "linear",
+            "factor": float(_required(metadata, "llama.rope.scaling.factor")),
+        }
+    raise ContractError(
+        "llama.rope.scaling.type", f"{kind!r} is not supported; known: none, linear"
+    )
+
+
+def hf_weights(reader: GGUFReader, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Every tensor dequantized to float32 under its HF name, Q and K rows un-permuted."""
+    weights = {}
+    for tensor in reader.tensors:
+        name = hf_tensor_name(tensor.name)
+        values = dequantize(tensor.data, tensor.tensor_type).reshape(tuple(reversed(tensor.shape)))
+        if name.endswith("self_attn.q_proj.weight"):
+            values = unpermute_rope_rows(values, config["num_attention_heads"])
+        elif name.endswith("self_attn.k_proj.weight"):
+            values = unpermute_rope_rows(values, config["num_key_value_heads"])
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        weights[name] = torch.from_numpy(values if values.flags.writeable else values.copy())
+    return weights
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    if gguf_name in _TOP_TENSORS:
+        return _TOP_TENSORS[gguf_name]
+    parts = gguf_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_TENSORS:
+        return f"model.layers.{parts[1]}.{_BLOCK_TENSORS[parts[2]]}"
+    raise ContractError(f"tensors.{gguf_name}", "no HF llama counterpart")
+
+
+def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row order.
+
+    Within each head, llama.cpp interleaves the two rotated halves (rows 0, D/2, 1, D/2+1, ...)
+    so its rope can rotate adjacent pairs; HF keeps the halves apart. Viewing each head's rows
+    as [D/2, 2] and transposing to [2, D/2] restores HF's order.
+    """
+    rows, columns = weight.shape
+    head_dim = rows // num_heads
+    per_head = weight.reshape(num_heads, head_dim // 2, 2, columns)
+    return per_head.swapaxes(1, 2).reshape(rows, columns)
+
+
+def _required(metadata: dict[str, Any], key: str) -> Any:
+    if key not in metadata:
+        raise ContractError(key, "missing from the GGUF metadata")
+    return metadata[key]
+
+
+def _write_json(path: Path, document: dict[str, Any]) -> None:
+    path.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n")

@@ -1,0 +1,143 @@
+"""The Llama decoder over one flat batch of tokens from many sequences.
+
+There is no batch dimension: a step's tokens are concatenated ([num_tokens, hidden]) and the
+attention metadata says which sequence, position and cache slot each belongs to. Linear layers
+therefore see one large matmul per step whatever the mix of prefill chunks and decodes.
+
+Parameter names follow HF's (`model.layers.3.self_attn...`) except for the two fused
+projections, `qkv_proj` and `gate_up_proj`, which the loader fills shard by shard.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from batching_engine.model.attention import (
+    DenseAttentionMetadata,
+    PagedAttentionMetadata,
+    dense_causal_attention,
+    paged_attention,
+    write_kv,
+)
+from batching_engine.model.config import LlamaConfig
+from batching_engine.model.layers import RMSNorm, SwiGLUMLP
+from batching_engine.model.rope import RotaryEmbedding, apply_rotary
+
+AttentionMetadata = PagedAttentionMetadata | DenseAttentionMetadata
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query self-attention: q, k and v from one fused projection."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        kv_cache: KVCache | None,
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rotary(q.view(-1, self.num_heads, self.head_dim), *rope)
+        k = apply_rotary(k.view(-1, self.num_kv_heads, self.head_dim), *rope)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if isinstance(meta, DenseAttentionMetadata):
+            out = dense_causal_attention(q, k, v, meta, self.scale)
+        else:
+            assert kv_cache is not None, "paged attention needs this layer's KV cache"
+            write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
+            out = paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention then pre-norm MLP, each added to the residual stream."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        kv_cache: KVCache | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (this block's MLP output, the residual stream before it); the next norm
+        adds them, so each residual add happens once, inside a norm."""
+        hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, rope, meta, kv_cache)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and the final norm: token ids in, hidden states out."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.rotary = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache] | None = None,
+    ) -> torch.Tensor:
+        """input_ids: [num_tokens]; returns the normed hidden states, [num_tokens, hidden]."""
+        hidden, residual = self.embed_tokens(input_ids), None
+        rope = self.rotary(meta.positions, hidden.dtype)
+        for index, layer in enumerate(self.layers):
+            cache = kv_caches[index] if kv_caches else None
+            hidden, residual = layer(hidden, residual, rope, meta, cache)
+        return self.norm(hidden, residual)[0]
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder plus an LM head, which is the embedding matrix when the model ties them."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.model = LlamaModel(config)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache] | None = None,
+    ) -> torch.Tensor:
+        return self.model(input_ids, meta, kv_caches)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits for the given hidden states only: the runner passes just the sampled rows."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return hidden @ weight.t()

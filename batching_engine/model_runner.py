@@ -1,0 +1,210 @@
+"""The one part of the engine that owns the model and the device.
+
+`execute` takes the scheduler's `(sequence, num_new_tokens)` pairs, runs all their chunks as one
+flat batch through the model (writing their KV into the paged cache), and samples a token only
+for the chunks that reach the end of their sequence. It never changes a sequence: the engine
+advances them afterwards. `embed` and `classify` serve single-pass models, with no cache.
+
+The KV cache is sized once, at start, to what the memory budget leaves: on a GPU the budget
+covers weights, the activation peak (measured with a worst-case dummy step) and the cache;
+on a CPU the caller gives the cache size directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from pathlib import Path
+
+import torch
+
+from batching_engine.model.activation_profile import activation_peak_bytes
+from batching_engine.model.attention import PagedAttentionMetadata
+from batching_engine.model.config import LlamaConfig
+from batching_engine.model.heads import (
+    POOLING_MODES,
+    LlamaForSequenceClassification,
+    pool_embeddings,
+)
+from batching_engine.model.kv_cache import KVCacheLayout, KVCaches
+from batching_engine.model.llama import LlamaModel
+from batching_engine.model.loader import load_model
+from batching_engine.model.step_metadata import dense_metadata, paged_metadata
+from batching_engine.sampler import sample
+from batching_engine.sequence import Sequence
+from infergrid.errors import ContractError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MIB = 1 << 20
+
+
+class ModelRunner:
+    """Model, KV cache and sampling for one engine; `num_kv_blocks` is what the cache holds."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: torch.dtype | str = torch.float32,
+        block_size: int = 16,
+        kv_cache_memory_bytes: int | None = None,
+        memory_budget_bytes: int | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 4096,
+    ) -> None:
+        self.device = torch.device(device)
+        self.dtype = _dtype(dtype)
+        self.block_size = block_size
+        self.config, self.model = load_model(model_dir, dtype=self.dtype, device=device)
+        self.max_model_len = _max_model_len(self.config, max_model_len)
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.kv_layout = KVCacheLayout.for_model(self.config, block_size, self.dtype)
+        self.kv_caches: KVCaches = []
+        self.num_kv_blocks = 0
+        if self.config.head == "lm_head":
+            kv_bytes = self._kv_cache_bytes(kv_cache_memory_bytes, memory_budget_bytes)
+            self.num_kv_blocks = self.kv_layout.num_blocks(kv_bytes, self.max_model_len)
+            self.kv_caches = self.kv_layout.allocate(self.num_kv_blocks, self.device)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    @torch.inference_mode()
+    def execute(self, batch: list[tuple[Sequence, int]]) -> list[int | None]:
+        """KV for every chunk; a sampled token for each chunk that completes its sequence."""
+        if not batch:
+            return []
+        order = sorted(range(len(batch)), key=lambda i: batch[i][1] == 1)  # prefill chunks first
+        pairs = [batch[i] for i in order]
+        input_ids, meta = self._prepare(pairs)
+        hidden = self.model(input_ids, meta, self.kv_caches)
+        tokens: list[int | None] = [None] * len(batch)
+        for i, token in self._sample_completed(pairs, hidden, meta).items():
+            tokens[order[i]] = token
+        return tokens
+
+    @torch.inference_mode()
+    def embed(self, token_ids: Seq[Seq[int]], pooling: str = "mean") -> torch.Tensor:
+        """L2-normalised embeddings, [num_inputs, hidden] float32 on the CPU."""
+        if pooling not in POOLING_MODES:
+            raise ContractError("pooling", f"{pooling!r} is not one of {', '.join(POOLING_MODES)}")
+        hidden, lens = self._single_pass(token_ids)
+        return pool_embeddings(hidden, lens, pooling).cpu()
+
+    @torch.inference_mode()
+    def classify(self, token_ids: Seq[Seq[int]]) -> torch.Tensor:
+        """Class logits, [num_inputs, num_labels] float32 on the CPU."""
+        if not isinstance(self.model, LlamaForSequenceClassification):
+            raise ContractError(
+                "model.task", f"{self.config.architecture} has no classification head"
+            )
+        hidden, lens = self._single_pass(token_ids)
+        return self.model.classify(hidden, lens).cpu()
+
+    def _prepare(
+        self, pairs: list[tuple[Sequence, int]]
+    ) -> tuple[torch.Tensor, PagedAttentionMetadata]:
+        """The chunks' token ids, flattened, and where each token sits in the cache."""
+        starts, lens, tables, ids = [], [], [], []
+        for seq, n in pairs:
+            start = seq.num_computed_tokens
+            assert n >= 1 and start + n <= seq.num_tokens, f"bad chunk for sequence {seq.seq_id}"
+            assert len(seq.block_table) * self.block_size >= start + n, "block table too short"
+            ids.extend(_chunk(seq, start, n))
+            starts.append(start)
+            lens.append(n)
+            tables.append(seq.block_table)
+        meta = paged_metadata(starts, lens, tables, self.block_size, self.device)
+        return torch.tensor(ids, device=self.device), meta
+
+    def _sample_completed(
+        self, pairs: list[tuple[Sequence, int]], hidden: torch.Tensor, meta: PagedAttentionMetadata
+    ) -> dict[int, int]:
+        """Tokens for the pairs whose chunk ends their sequence; logits only for those rows."""
+        done = [i for i, (s, n) in enumerate(pairs) if s.num_computed_tokens + n == s.num_tokens]
+        if not done:
+            return {}
+        last_rows = (meta.cu_seqlens_q[1:] - 1)[done]
+        logits = self.model.compute_logits(hidden[last_rows])
+        params = [pairs[i][0].params for i in done]
+        steps = [len(pairs[i][0].output_token_ids) for i in done]
+        return dict(zip(done, sample(logits, params, steps), strict=True))
+
+    def _single_pass(self, token_ids: Seq[Seq[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normed hidden states of whole inputs in one flat batch, and the inputs' lengths."""
+        lens = [self._check_input(ids, f"input[{i}]") for i, ids in enumerate(token_ids)]
+        if not lens:
+            raise ContractError("input", "must hold at least one input")
+        flat = torch.tensor([t for ids in token_ids for t in ids], device=self.device)
+        trunk = self.model if isinstance(self.model, LlamaModel) else self.model.model
+        hidden = trunk(flat, dense_metadata(lens, self.device))
+        return hidden, torch.tensor(lens, device=self.device)
+
+    def _check_input(self, ids: Seq[int], field: str) -> int:
+        if not 0 < len(ids) <= self.max_model_len:
+            raise ContractError(field, f"needs 1 to {self.max_model_len} tokens, got {len(ids)}")
+        vocab = self.config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ContractError(field, f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        return len(ids)
+
+    def _kv_cache_bytes(self, kv_bytes: int | None, budget_bytes: int | None) -> int:
+        """The cache's size: given directly, or what the budget leaves after weights and
+        (on a GPU) the measured activation peak."""
+        if budget_bytes is None:
+            if kv_bytes is None:
+                raise ContractError("kv_cache_memory_bytes", "set it, or memory_budget_bytes")
+            return kv_bytes
+        activations = self._activation_peak_bytes() if self.device.type == "cuda" else 0
+        free = budget_bytes - self.weight_bytes - activations
+        if free <= 0 or (kv_bytes is not None and kv_bytes > free):
+            raise ContractError(
+                "memory_budget_bytes",
+                f"{budget_bytes // MIB} MiB cannot hold weights ({self.weight_bytes // MIB} MiB)"
+                f" + activations ({activations // MIB} MiB)"
+                + (f" + the KV cache asked for ({kv_bytes // MIB} MiB)" if kv_bytes else ""),
+            )
+        return kv_bytes if kv_bytes is not None else free
+
+    def _activation_peak_bytes(self) -> int:
+        return activation_peak_bytes(
+            self.model,
+            self.kv_layout,
+            self.device,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+
+
+def _chunk(seq: Sequence, start: int, n: int) -> list[int]:
+    """token_ids[start:start + n] without building the whole prompt + output list."""
+    prompt = seq.prompt_token_ids
+    if start >= len(prompt):
+        return seq.output_token_ids[start - len(prompt) : start - len(prompt) + n]
+    if start + n <= len(prompt):
+        return prompt[start : start + n]
+    return prompt[start:] + seq.output_token_ids[: start + n - len(prompt)]
+
+
+def _dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ContractError("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _max_model_len(config: LlamaConfig, asked: int | None) -> int:
+    if asked is None:
+        return config.max_position_embeddings
+    if not 0 < asked <= config.max_position_embeddings:
+        raise ContractError(
+            "max_model_len",
+            f"must be 1 to the model's max_position_embeddings ({config.max_position_embeddings}),"
+            f" got {asked}",
+        )
+    return asked

@@ -1,0 +1,86 @@
+"""The reference paged attention equals plain causal attention over each whole sequence.
+
+Sequences live in scattered blocks of the cache; some arrive as a fresh prompt, some as a
+later chunk of a prompt whose start is already cached, some as a single decode token. The
+reference kernels are compared with softmax(QK^T)V written out for one sequence at a time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from batching_engine.model.attention import paged_attention, write_kv
+from batching_engine.model.step_metadata import paged_metadata
+
+HEADS, KV_HEADS, DIM, BLOCK = 4, 2, 8, 4
+
+
+def naive_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q, k, v: [length, heads or kv heads, dim] for one whole sequence."""
+    group = HEADS // KV_HEADS
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(DIM)
+    length = q.shape[0]
+    scores = scores.masked_fill(torch.ones(length, length).triu(1).bool(), float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def test_prefill_chunks_and_decodes_attend_over_their_whole_cached_context():
+    generator = torch.Generator().manual_seed(0)
+    lengths, cached = [11, 9, 6, 13], [0, 5, 3, 12]  # tokens already in the cache before this step
+    q = [torch.randn(n, HEADS, DIM, generator=generator) for n in lengths]
+    k = [torch.randn(n, KV_HEADS, DIM, generator=generator) for n in lengths]
+    v = [torch.randn(n, KV_HEADS, DIM, generator=generator) for n in lengths]
+    k_cache, v_cache = torch.zeros(2, 16, BLOCK, KV_HEADS, DIM).unbind(0)
+    free = torch.randperm(16, generator=generator).tolist()
+    tables = [[free.pop() for _ in range(-(-n // BLOCK))] for n in lengths]
+
+    # Earlier steps cached the first tokens of sequences 1 to 3.
+    done = [s for s in range(4) if cached[s]]
+    before = paged_metadata(
+        [0] * len(done), [cached[s] for s in done], [tables[s] for s in done], BLOCK, "cpu"
+    )
+    write_kv(
+        k_cache,
+        v_cache,
+        torch.cat([k[s][: cached[s]] for s in done]),
+        torch.cat([v[s][: cached[s]] for s in done]),
+        before.slot_mapping,
+    )
+
+    # This step: a fresh prompt, two later chunks, one decode token.
+    chunk = [slice(cached[s], lengths[s]) for s in range(4)]
+    meta = paged_metadata(cached, [lengths[s] - cached[s] for s in range(4)], tables, BLOCK, "cpu")
+    write_kv(
+        k_cache,
+        v_cache,
+        torch.cat([k[s][chunk[s]] for s in range(4)]),
+        torch.cat([v[s][chunk[s]] for s in range(4)]),
+        meta.slot_mapping,
+    )
+    out = paged_attention(
+        torch.cat([q[s][chunk[s]] for s in range(4)]), k_cache, v_cache, meta, DIM**-0.5
+    )
+
+    expected = torch.cat([naive_causal(q[s], k[s], v[s])[chunk[s]] for s in range(4)])
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert (meta.num_prefill_seqs, meta.num_prefill_tokens) == (3, 11 + 4 + 3)
+
+
+def test_slots_are_block_table_entry_times_block_size_plus_offset():
+    meta = paged_metadata([6, 0], [3, 2], [[7, 2, 9], [4]], BLOCK, "cpu")
+    # Positions 6, 7, 8 of the first sequence: block 2 offsets 2, 3, then block 9 offset 0.
+    assert meta.positions.tolist() == [6, 7, 8, 0, 1]
+    assert meta.slot_mapping.tolist() == [2 * 4 + 2, 2 * 4 + 3, 9 * 4, 4 * 4, 4 * 4 + 1]
+    assert meta.block_tables.tolist() == [[7, 2, 9], [4, -1, -1]]
+    assert meta.context_lens.tolist() == [9, 2] and meta.cu_seqlens_q.tolist() == [0, 3, 5]
+
+
+def test_a_slot_of_minus_one_leaves_the_cache_as_it_was():
+    k_cache, v_cache = torch.zeros(2, 2, BLOCK, KV_HEADS, DIM).unbind(0)
+    k = torch.ones(2, KV_HEADS, DIM)
+    write_kv(k_cache, v_cache, k, 2 * k, torch.tensor([-1, 5]))
+    assert k_cache.view(-1, KV_HEADS, DIM).sum(dim=(1, 2)).nonzero().flatten().tolist() == [5]
+    assert v_cache.sum() == 2 * KV_HEADS * DIM
