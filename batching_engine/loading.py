@@ -1,0 +1,120 @@
+"""From settings to a loaded model: files, memory budget, runner, tokenizer and engine.
+
+Runs on a thread while the server already answers probes (it can take a while: a GGUF file
+is converted the first time it is seen). Every mistake a person can fix, a model that
+cannot do the task or a budget the model does not fit, raises a ContractError naming the
+setting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from batching_engine.async_engine import AsyncEngine
+from batching_engine.engine import LLMEngine
+from batching_engine.memory_budget import resolve_memory_budget
+from batching_engine.metrics import EngineMetrics
+from batching_engine.model.config import LlamaConfig
+from batching_engine.model_runner import ModelRunner
+from batching_engine.model_source import resolve_model_dir
+from batching_engine.server.served_model import GENERATION_TASK, ServedModel
+from batching_engine.tokenizer import Tokenizer
+from infergrid.errors import ContractError
+
+if TYPE_CHECKING:
+    from batching_engine.main import Settings
+
+log = logging.getLogger("infergrid.engine")
+
+
+def load(settings: Settings, metrics: EngineMetrics) -> tuple[ServedModel, AsyncEngine]:
+    started = time.monotonic()
+    _set_cpu_threads(settings.cpu_threads)
+    model_dir = resolve_model_dir(settings.model_uri)
+    model_config = LlamaConfig.from_dir(model_dir)
+    _check_task(settings.task, model_config)
+    engine_config = _fit_model_len(settings, model_config)
+    runner = _runner(settings, model_dir, engine_config)
+    tokenizer = Tokenizer(model_dir)
+    engine = None
+    if settings.task == GENERATION_TASK:
+        eos = tokenizer.eos_token_ids | set(model_config.eos_token_ids)
+        engine = LLMEngine(engine_config, runner, eos, tokenizer.decode)
+    served = ServedModel(
+        name=settings.model_name,
+        task=settings.task,
+        tokenizer=tokenizer,
+        runner=runner,
+        vocab_size=model_config.vocab_size,
+        max_model_len=engine_config.max_model_len,
+        created=int(time.time()),
+    )
+    log.info(
+        "loaded %s from %s in %.1f s: %d KV blocks of %d tokens",
+        settings.model_name,
+        model_dir,
+        time.monotonic() - started,
+        runner.num_kv_blocks,
+        engine_config.block_size,
+    )
+    return served, AsyncEngine(engine, metrics)
+
+
+def _set_cpu_threads(asked: int | None) -> None:
+    """One CPU is left to the event loop. torch's OpenMP threads spin while they wait for
+    each other, so a pool as large as the machine, sharing it with a busy event loop, is
+    oversubscribed: on 2 CPUs that made CPU decoding over 50 times slower under load."""
+    threads = asked or max(1, len(os.sched_getaffinity(0)) - 1)
+    torch.set_num_threads(threads)
+    log.info("torch uses %d CPU threads", threads)
+
+
+def _check_task(task: str, config: LlamaConfig) -> None:
+    if task == GENERATION_TASK and config.head != "lm_head":
+        raise ContractError(
+            "model.task",
+            f"{config.architecture} has no language-model head; it cannot do text-generation",
+        )
+
+
+def _fit_model_len(settings: Settings, config: LlamaConfig):
+    """max_model_len is at most what the model's positions allow; the default shrinks to fit."""
+    asked, limit = settings.engine.max_model_len, config.max_position_embeddings
+    if asked <= limit:
+        return settings.engine
+    log.warning("max_model_len %d exceeds the model's %d positions; using %d", asked, limit, limit)
+    return replace(settings.engine, max_model_len=limit)
+
+
+def _runner(settings: Settings, model_dir, engine_config) -> ModelRunner:
+    device = settings.device
+    total = None
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ContractError("--device", f"{device} asked for, but no CUDA device is visible")
+        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    budget = resolve_memory_budget(
+        device=device,
+        environ=os.environ,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        kv_cache_memory=settings.kv_cache_memory,
+        device_total_bytes=total,
+    )
+    log.info("memory budget from %s", budget.source)
+    return ModelRunner(
+        model_dir,
+        device=device,
+        dtype=settings.dtype or ("bfloat16" if device.startswith("cuda") else "float32"),
+        block_size=engine_config.block_size,
+        kv_cache_memory_bytes=budget.kv_cache_bytes,
+        memory_budget_bytes=budget.total_bytes,
+        max_model_len=engine_config.max_model_len,
+        max_num_seqs=engine_config.max_num_seqs,
+        max_num_batched_tokens=engine_config.max_num_batched_tokens,
+    )

@@ -1,0 +1,1 @@
+"""The engine's HTTP edge: OpenAI-style request parsing and the aiohttp app."""

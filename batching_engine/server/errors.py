@@ -1,0 +1,94 @@
+"""Every failure of a request, as the OpenAI-style JSON error a client gets.
+
+`_ERRORS` is the one table that says, for each kind of failure, its HTTP status, its
+OpenAI error type, and the `requests_total` status it counts as (None where it was
+counted where it was raised: the engine counts what it ended, and a 429 is counted by
+whoever knows whether it was a full queue or a queue timeout).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from batching_engine import metrics as m
+from batching_engine.async_engine import EngineFailedError
+from batching_engine.metrics import EngineMetrics
+from batching_engine.server.protocol import RequestError
+from batching_engine.server.responses import error_body
+from infergrid.errors import ContractError
+
+log = logging.getLogger("infergrid.engine.http")
+
+
+class ModelNotFoundError(RequestError):
+    """The body names a model this engine does not serve."""
+
+
+class NotReadyError(Exception):
+    """The model is still loading, or the server is draining."""
+
+
+class RetryLaterError(Exception):
+    """Overloaded: the client should retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+# First match wins, so subclasses come first.
+_ERRORS: tuple[tuple[type[BaseException], int, str, str | None], ...] = (
+    (ModelNotFoundError, 404, "invalid_request_error", m.INVALID),
+    (ContractError, 400, "invalid_request_error", m.INVALID),
+    (RetryLaterError, 429, "rate_limit_error", None),
+    (NotReadyError, 503, "service_unavailable", m.REJECTED),
+    (EngineFailedError, 500, "server_error", None),
+)
+
+
+def error_response(err: Exception, metrics: EngineMetrics) -> web.Response:
+    """The response for an exception out of a handler; unknown ones are our bug: a 500."""
+    known = _classify(err)
+    if known is None:
+        log.exception("request failed", exc_info=err)
+        metrics.request_finished(m.ERROR)
+        return json_error(500, "internal error", "server_error", None)
+    status, error_type, counted_as = known
+    if counted_as is not None:
+        metrics.request_finished(counted_as)
+    param = err.field if isinstance(err, ContractError) else None
+    code = "model_not_found" if isinstance(err, ModelNotFoundError) else None
+    response = json_error(status, str(err), error_type, param, code)
+    if isinstance(err, RetryLaterError):
+        response.headers["Retry-After"] = str(err.retry_after)
+    elif isinstance(err, NotReadyError):
+        response.headers["Retry-After"] = "1"
+    return response
+
+
+def http_error_response(
+    err: web.HTTPException, metrics: EngineMetrics, max_body_bytes: int
+) -> web.Response:
+    """aiohttp's own refusals (body too large, no such route, wrong method) as JSON."""
+    if err.status < 500:
+        metrics.request_finished(m.INVALID)
+    too_large = err.status == web.HTTPRequestEntityTooLarge.status_code
+    message = f"body: larger than {max_body_bytes} bytes" if too_large else err.reason
+    response = json_error(
+        err.status, message, "invalid_request_error", "body" if too_large else None
+    )
+    if "Allow" in err.headers:
+        response.headers["Allow"] = err.headers["Allow"]
+    return response
+
+
+def json_error(
+    status: int, message: str, kind: str, param: str | None, code: str | None = None
+) -> web.Response:
+    return web.json_response(error_body(message, kind, param, code), status=status)
+
+
+def _classify(err: Exception) -> tuple[int, str, str | None] | None:
+    return next(((s, t, c) for kind, s, t, c in _ERRORS if isinstance(err, kind)), None)
