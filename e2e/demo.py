@@ -30,17 +30,17 @@ from e2e.cluster import binaries
 from e2e.cluster.local_cluster import REPO, LocalCluster
 from e2e.cluster.processes import ClusterError, log_tail, wait_until
 from e2e.crds import install_crds
-from e2e.operator_support import SAMPLES, create_service, free_port
+from e2e.operator_support import SAMPLES, create_service, free_port, owned
 from infergrid import placement_table
 from infergrid.cluster_snapshot import Snapshot, read_snapshot
-from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
 
 STATE = REPO / ".demo"
 FLEET = REPO / "e2e" / "fleets" / "demo.yaml"
 NAMESPACE = "demo"
-SAMPLE_FILES = ("smollm2-shared.yaml", "smollm2-canary.yaml", "llama-whole-gpus.yaml",
-                "embeddings-mig.yaml")  # fmt: skip
-"""Shared-GPU small models (with a canary), a 2-GPU NVLink model, and a MIG model."""
+SAMPLE_FILES = ("llama-whole-gpus.yaml", "embeddings-mig.yaml", "smollm2-shared.yaml",
+                "smollm2-canary.yaml")  # fmt: skip
+"""A 2-GPU NVLink model, a MIG model, and shared-GPU small models (one with a canary),
+applied one after the other so each lands on what the ones before left."""
 PROMPTS = (
     "What is a GPU? Answer in one sentence.",
     "Name three colours of the rainbow.",
@@ -135,17 +135,18 @@ class Demo:
 
     def services(self) -> None:
         api = self.cluster.api()
-        core = client.CoreV1Api(api)
-        core.create_namespace({"metadata": {"name": NAMESPACE}})
-        files = SAMPLE_FILES[:1] + SAMPLE_FILES[2:] if self.quick else SAMPLE_FILES
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
+        files = SAMPLE_FILES[:3] if self.quick else SAMPLE_FILES
         for name in files:
             body = yaml.safe_load((SAMPLES / name).read_text())
             create_service(api, NAMESPACE, body)
-            self.out(f"    applied {name}: {_resources(body)}")
-        wait_until(lambda: self._all_bound(core), 120, "every engine pod to be bound",
-                   on_poll=self._check_parts)  # fmt: skip
-        pods = core.list_namespaced_pod(NAMESPACE).items
-        self.out(f"    {len(pods)} engine pods bound by infergrid-scheduler")
+            service = body["metadata"]["name"]
+            wait_until(lambda s=service: self._bound(s), 120, f"the pods of {service} to be bound",
+                       on_poll=self._check_parts)  # fmt: skip
+            pods = owned(api, NAMESPACE, service)["Pod"]
+            where = sorted({p.spec.node_name for p in pods})
+            self.out(f"    {name}: {_resources(body)}; {len(pods)} pod(s) bound on"
+                     f" {', '.join(where)}")  # fmt: skip
 
     def placements(self) -> None:
         snap = self.snapshot()
@@ -236,12 +237,12 @@ class Demo:
         except TimeoutError as err:
             raise StepFailed(str(err), log) from err
 
-    def _all_bound(self, core: client.CoreV1Api) -> bool:
-        pods = core.list_namespaced_pod(NAMESPACE).items
-        services = client.CustomObjectsApi(self.cluster.api()).list_namespaced_custom_object(
-            CRD_GROUP, CRD_VERSION, NAMESPACE, CRD_PLURAL
-        )["items"]
-        return bool(pods) and len(services) > 0 and all(p.spec.node_name for p in pods)
+    def _bound(self, service: str) -> bool:
+        """Every pod the operator's Deployments ask for exists and is bound to a node."""
+        children = owned(self.cluster.api(), NAMESPACE, service)
+        wanted = sum(d.spec.replicas or 0 for d in children["Deployment"])
+        pods = children["Pod"]
+        return wanted > 0 and len(pods) == wanted and all(p.spec.node_name for p in pods)
 
     def _check_parts(self) -> None:
         for name in ("extender", "operator"):

@@ -1,0 +1,97 @@
+"""`make demo`, shortened (fewer services, shorter answers), as CI runs it.
+
+It starts its own cluster in a state folder of its own, so it runs beside the suite's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes import client
+
+from e2e.demo import NAMESPACE, Demo
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """The demo's steps with --keep, so the test can compare with the API server after."""
+    lines: list[str] = []
+    demo = Demo(keep=True, quick=True, state=tmp_path_factory.mktemp("demo"), out=lines.append)
+    try:
+        code = demo.run()
+        yield demo, code, "\n".join(lines)
+    finally:
+        demo.down()
+
+
+def test_the_demo_runs_every_step_and_says_so(demo_run):
+    demo, code, output = demo_run
+    assert code == 0, output
+    for step in range(1, 9):
+        assert f"[{step}/8]" in output
+    assert "smollm2> " in output and output.split("smollm2> ", 1)[1].strip()
+    assert "time to first token" in output and "time per output token" in output
+    assert "queue depth" in output
+
+
+def test_the_placement_table_matches_the_assignments_the_api_server_holds(demo_run):
+    demo, code, output = demo_run
+    assert code == 0, output
+    core = client.CoreV1Api(demo.cluster.api())
+    table = _table(output)
+    held: dict[tuple[str, str], set[str]] = {}
+    assigned: dict[tuple[str, str], int] = {}
+    for pod in core.list_namespaced_pod(NAMESPACE).items:
+        raw = (pod.metadata.annotations or {}).get("infergrid.io/gpu-assignment")
+        assert raw, f"{pod.metadata.name} has no assignment"
+        doc = json.loads(raw)
+        assert doc["node"] == pod.spec.node_name
+        for container in doc["containers"]:
+            for gpu in container.get("gpus", []):
+                key = (doc["node"], gpu["uuid"])
+                held.setdefault(key, set()).add(pod.metadata.name)
+                assigned[key] = assigned.get(key, 0) + gpu["memoryMiB"]
+    index = _gpu_indices(core)
+    for (node, uuid), pods in held.items():
+        shown = table[(node, index[uuid])]
+        assert {p.split("/", 1)[1] for p in shown["pods"]} >= pods
+        assert 0 <= shown["free"] <= shown["total"] - assigned[(node, uuid)]
+    total_holders = sum(len(row["pods"]) for row in table.values())
+    assert total_holders >= sum(len(p) for p in held.values()) > 0
+
+
+def test_keep_leaves_the_engine_and_cluster_reachable_until_down(demo_run):
+    demo, code, output = demo_run
+    assert "make demo-down" in output
+    assert demo.cluster.is_running()
+
+
+def _gpu_indices(core: client.CoreV1Api) -> dict[str, str]:
+    found = {}
+    for node in core.list_node().items:
+        raw = (node.metadata.annotations or {}).get("infergrid.io/gpu-inventory")
+        for gpu in json.loads(raw)["gpus"] if raw else []:
+            found[gpu["uuid"]] = str(gpu["index"])
+    return found
+
+
+def _table(output: str) -> dict[tuple[str, str], dict]:
+    """The printed table: per (node, GPU index) its holders (namespace/pod)."""
+    lines = output.split("NODE ", 1)[1].split("done in", 1)[0].splitlines()[1:]
+    rows: dict[tuple[str, str], dict] = {}
+    current = None
+    for line in lines:
+        cells = line.split()
+        if not cells:
+            continue
+        if "/" in cells[0]:  # a further holder of the GPU above
+            rows[current]["pods"].append(cells[0])
+            continue
+        current = (cells[0], cells[1])
+        pod = next((c for c in cells if "/" in c), None)
+        free, total = [int(c) for c in cells[2:] if c.isdigit()][-2:]
+        rows[current] = {"pods": [pod] if pod else [], "free": free, "total": total}
+    return rows
