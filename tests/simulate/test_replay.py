@@ -5,7 +5,7 @@ import random
 import pytest
 
 from infergrid.simulate.policies import SIM_POLICIES, sim_policy
-from infergrid.simulate.protocol import arrivals
+from infergrid.simulate.protocol import Arrivals, arrivals
 from infergrid.simulate.replay import Scenario, play, replay
 from infergrid.simulate.trace import TraceNode, TracePod
 
@@ -67,6 +67,24 @@ def test_gpu_spec_restricts_the_models():
     order = arrivals(2, scenario.pods, scenario.capacity_milli, seed=9)
     played = play(scenario, BEST_FIT, order)
     assert played.placed_on == ("t4", None, None)
+
+
+def test_fragmentation_counts_all_idle_gpu_for_cpu_only_and_disallowed_models():
+    # Typical pods: a whole T4 GPU and a CPU-only pod, half each. On the T4 node
+    # the GPU pod fits (no sliver) and the CPU-only pod sees its 1000 idle milli
+    # as fragment: F = 500. On the G2 node neither can use the GPU: F = 1000.
+    nodes = [node("t4", 1, "T4"), node("g2", 1, "G2")]
+    pods = [pod("w", 1000, spec=("T4",)), pod("c", 0)]
+    scenario = Scenario.of(nodes, pods)
+    # By hand: the CPU-only pod, then the T4 pod twice (the second finds no T4).
+    played = play(scenario, BEST_FIT, Arrivals(0, (0, 1), (1, 0, 0)))
+    assert played.placed_on[1:] == ("t4", None)
+    first, second, third = played.measurements
+    assert (first.arrived_pct, first.allocated_pct) == (0.0, 0.0)
+    assert first.frag_rate_pct == pytest.approx(100 * (500 + 1000) / 2000)
+    # The T4 is taken: 1000 milli idle, all of it on the G2, all fragment.
+    assert (second.arrived_pct, second.allocated_pct, second.frag_rate_pct) == (50.0, 50.0, 100.0)
+    assert (third.arrived_pct, third.allocated_pct, third.failed) == (100.0, 50.0, 1)
 
 
 def random_trace(seed: int) -> tuple[list[TraceNode], list[TracePod]]:
