@@ -6,8 +6,12 @@ for the chunks that reach the end of their sequence. It never changes a sequence
 advances them afterwards. `embed` and `classify` serve single-pass models, with no cache.
 
 The KV cache is sized once, at start, to what the memory budget leaves: on a GPU the budget
-covers weights, the activation peak (measured with a worst-case dummy step) and the cache;
-on a CPU the caller gives the cache size directly.
+covers weights, the activation peak (measured with a worst-case dummy step), the memory pool of
+the decode CUDA graphs and the cache; on a CPU the caller gives the cache size directly.
+
+On CUDA (where dispatch takes the Triton path, which never syncs with the host) decode-only
+steps replay CUDA graphs captured at a ladder of batch sizes; prefill steps, batches past the
+ladder and any device where capture is unavailable or failed run eagerly, with the same results.
 """
 
 from __future__ import annotations
@@ -17,8 +21,13 @@ from pathlib import Path
 
 import torch
 
-from batching_engine.model.activation_profile import activation_peak_bytes
-from batching_engine.model.attention import PagedAttentionMetadata
+from batching_engine.kernels.cuda_graphs import Capture, DecodeGraphs, batch_size_ladder
+from batching_engine.model.activation_profile import ActivationPeaks, activation_peaks
+from batching_engine.model.attention import (
+    PagedAttentionMetadata,
+    decode_buffers,
+    decode_metadata,
+)
 from batching_engine.model.config import LlamaConfig
 from batching_engine.model.heads import (
     POOLING_MODES,
@@ -26,6 +35,7 @@ from batching_engine.model.heads import (
     pool_embeddings,
 )
 from batching_engine.model.kv_cache import KVCacheLayout, KVCaches
+from batching_engine.model.layers import pack_linears
 from batching_engine.model.llama import LlamaModel
 from batching_engine.model.loader import load_model
 from batching_engine.model.step_metadata import dense_metadata, paged_metadata
@@ -57,19 +67,26 @@ class ModelRunner:
         self.dtype = _dtype(dtype)
         self.block_size = block_size
         self.config, self.model = load_model(model_dir, dtype=self.dtype, device=device)
+        pack_linears(self.model, max_num_seqs)  # CPU float32 only: the decode batch's rows
         self.max_model_len = _max_model_len(self.config, max_model_len)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.kv_layout = KVCacheLayout.for_model(self.config, block_size, self.dtype)
         self.kv_caches: KVCaches = []
         self.num_kv_blocks = 0
+        self.decode_graphs: DecodeGraphs | None = None
         if self.config.head == "lm_head":
-            kv_bytes = self._kv_cache_bytes(kv_cache_memory_bytes, memory_budget_bytes)
+            graphs = DecodeGraphs.available(self.device)
+            kv_bytes = self._kv_cache_bytes(kv_cache_memory_bytes, memory_budget_bytes, graphs)
             self.num_kv_blocks = self.kv_layout.num_blocks(kv_bytes, self.max_model_len)
             self.kv_caches = self.kv_layout.allocate(self.num_kv_blocks, self.device)
+            if graphs:
+                self.capture_decode_graphs()
 
     @property
     def weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """Parameters and buffers (packed weights are buffers, as are the rotary tables)."""
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     @torch.inference_mode()
     def execute(self, batch: list[tuple[Sequence, int]]) -> list[int | None]:
@@ -79,11 +96,38 @@ class ModelRunner:
         order = sorted(range(len(batch)), key=lambda i: batch[i][1] == 1)  # prefill chunks first
         pairs = [batch[i] for i in order]
         input_ids, meta = self._prepare(pairs)
-        hidden = self.model(input_ids, meta, self.kv_caches)
+        hidden = self._forward(input_ids, meta)
         tokens: list[int | None] = [None] * len(batch)
         for i, token in self._sample_completed(pairs, hidden, meta).items():
             tokens[order[i]] = token
         return tokens
+
+    @torch.inference_mode()
+    def capture_decode_graphs(self, capture: Capture | None = None) -> bool:
+        """Capture decode steps at every batch size of the ladder; False (and eager decode
+        from then on) when a capture fails. `capture` replaces the real CUDA-graph capture,
+        which is how the replay path is tested without a GPU."""
+        max_blocks = self.kv_layout.blocks_needed(self.max_model_len)
+        graphs = DecodeGraphs(
+            self.decode_forward,
+            decode_buffers(self.max_num_seqs, max_blocks, self.device),
+            batch_size_ladder(self.max_num_seqs),
+            capture=capture,
+        )
+        self.decode_graphs = graphs if graphs.capture_all() else None
+        return self.decode_graphs is not None
+
+    def decode_forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+    ) -> torch.Tensor:
+        """A decode-only step from tensors alone (one token per sequence): what a graph holds."""
+        meta = decode_metadata(positions, slot_mapping, context_lens, block_tables)
+        return self.model(input_ids, meta, self.kv_caches)
 
     @torch.inference_mode()
     def embed(self, token_ids: Seq[Seq[int]], pooling: str = "mean") -> torch.Tensor:
@@ -119,6 +163,15 @@ class ModelRunner:
         meta = paged_metadata(starts, lens, tables, self.block_size, self.device)
         return torch.tensor(ids, device=self.device), meta
 
+    def _forward(self, input_ids: torch.Tensor, meta: PagedAttentionMetadata) -> torch.Tensor:
+        """Hidden states of every token: decode-only steps through a graph when one fits."""
+        if self.decode_graphs is None or meta.num_prefill_seqs:
+            return self.model(input_ids, meta, self.kv_caches)
+        inputs = {"input_ids": input_ids, "positions": meta.positions,
+                  "slot_mapping": meta.slot_mapping, "context_lens": meta.context_lens,
+                  "block_tables": meta.block_tables}  # fmt: skip
+        return self.decode_graphs.run(inputs)
+
     def _sample_completed(
         self, pairs: list[tuple[Sequence, int]], hidden: torch.Tensor, meta: PagedAttentionMetadata
     ) -> dict[int, int]:
@@ -151,14 +204,17 @@ class ModelRunner:
             raise ContractError(field, f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
         return len(ids)
 
-    def _kv_cache_bytes(self, kv_bytes: int | None, budget_bytes: int | None) -> int:
-        """The cache's size: given directly, or what the budget leaves after weights and
-        (on a GPU) the measured activation peak."""
+    def _kv_cache_bytes(self, kv_bytes: int | None, budget_bytes: int | None, graphs: bool) -> int:
+        """The cache's size: given directly, or what the budget leaves after weights and (on a
+        GPU) the measured activation peak, plus a decode step's worth kept by the graphs' pool."""
         if budget_bytes is None:
             if kv_bytes is None:
                 raise ContractError("kv_cache_memory_bytes", "set it, or memory_budget_bytes")
             return kv_bytes
-        activations = self._activation_peak_bytes() if self.device.type == "cuda" else 0
+        activations = 0
+        if self.device.type == "cuda":
+            peaks = self._activation_peaks()
+            activations = peaks.step + (peaks.decode_forward if graphs else 0)
         free = budget_bytes - self.weight_bytes - activations
         if free <= 0 or (kv_bytes is not None and kv_bytes > free):
             raise ContractError(
@@ -169,8 +225,8 @@ class ModelRunner:
             )
         return kv_bytes if kv_bytes is not None else free
 
-    def _activation_peak_bytes(self) -> int:
-        return activation_peak_bytes(
+    def _activation_peaks(self) -> ActivationPeaks:
+        return activation_peaks(
             self.model,
             self.kv_layout,
             self.device,

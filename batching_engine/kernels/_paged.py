@@ -81,13 +81,29 @@ def check_paged_cache(
     )
 
 
-def gather_context(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
-    """Tokens 0..length-1 of each sequence: `[num_seqs, length, num_kv_heads, head_dim]`.
-    Rows past a table's end of blocks (-1) read block 0; the caller masks them."""
-    block_size = cache.shape[1]
-    positions = torch.arange(length, device=cache.device)
-    blocks = block_tables[:, positions // block_size].long().clamp(min=0)
-    return cache[blocks, positions % block_size]
+def context_slots(
+    block_tables: torch.Tensor, context_lens: torch.Tensor, length: int, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cache slot of positions 0..length-1 of each sequence, `[num_seqs, length]`, and
+    which of them lie inside the context.
+
+    A position past its context reads the sequence's position 0 instead: a real token, so
+    finite, which the caller masks out. Reading what lies past a context (anything, even NaN)
+    would need a pass zeroing it, since a masked NaN still poisons the softmax.
+    """
+    positions = torch.arange(length, device=block_tables.device)
+    visible = positions < context_lens[:, None]
+    positions = torch.where(visible, positions, 0)
+    blocks = block_tables.long().gather(1, positions // block_size).clamp_(min=0)
+    return blocks * block_size + positions % block_size, visible
+
+
+def gather_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The cache rows at `slots` (`[num_seqs, length]`): `[num_seqs, length, num_kv_heads,
+    head_dim]`. One row copy per token from a 2-D view, several times faster than indexing
+    the 4-D cache."""
+    rows = cache.reshape(-1, cache.shape[2] * cache.shape[3])
+    return F.embedding(slots, rows).view(*slots.shape, cache.shape[2], cache.shape[3])
 
 
 def attention(

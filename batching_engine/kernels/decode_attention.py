@@ -32,14 +32,18 @@ from ._paged import (
     LOG2_E,
     attention,
     check_paged_cache,
+    context_slots,
     default_scale,
     dot_dtype,
-    gather_context,
+    gather_slots,
 )
 
 MIN_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 32
 PROGRAMS_PER_SM = 4
+# The torch path groups sequences by context length: fewer calls against less padding.
+MAX_GROUPS = 4
+GROUP_CALL_ROWS = 1024  # what one more call costs, in context positions attended
 
 
 @triton.jit
@@ -183,18 +187,57 @@ def decode_attention_reference(
     context_lens: torch.Tensor,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """The torch path, batched: gather every context up to the longest, mask each to its length."""
+    """The torch path, batched: sequences of similar context length share one attention call,
+    each context gathered to the longest of its group and masked to its own length.
+
+    Grouping by length bounds the padding (a batch mixing 20- and 600-token contexts would
+    otherwise gather and attend 600 positions for every sequence) at a few calls per batch.
+    Sequences with no context (padded rows of a CUDA-graph batch) get zeros.
+    """
     scale = default_scale(q) if scale is None else scale
-    longest = int(context_lens.max()) if q.shape[0] else 0
-    if longest == 0:
-        return torch.zeros_like(q)
-    visible = torch.arange(longest, device=q.device)[None, :] < context_lens[:, None]
-    # Zero the masked rows: whatever lies past a context (even NaN) must not leak in.
-    hidden = ~visible[:, :, None, None]
-    k = gather_context(k_cache, block_tables, longest).masked_fill(hidden, 0.0)
-    v = gather_context(v_cache, block_tables, longest).masked_fill(hidden, 0.0)
-    out = attention(q[:, None], k, v, visible[:, None, :], scale)[:, 0]
-    return out.masked_fill((context_lens == 0)[:, None, None], 0.0)
+    lengths = context_lens.tolist()
+    groups = length_groups(lengths)
+    if len(groups) == 1 and len(groups[0]) == len(lengths):  # one call over the whole batch
+        return _attend(q, k_cache, v_cache, block_tables, context_lens, max(lengths), scale)
+    out = torch.zeros_like(q)
+    for group in groups:
+        rows = torch.tensor(group, device=q.device)
+        out[rows] = _attend(
+            q[rows], k_cache, v_cache, block_tables[rows], context_lens[rows],
+            lengths[group[-1]], scale,
+        )  # fmt: skip
+    return out
+
+
+def _attend(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    longest: int,
+    scale: float,
+) -> torch.Tensor:
+    """One call: every context gathered to `longest` positions and masked to its own length."""
+    slots, visible = context_slots(block_tables, context_lens, longest, k_cache.shape[1])
+    k, v = gather_slots(k_cache, slots), gather_slots(v_cache, slots)
+    return attention(q[:, None], k, v, visible[:, None, :], scale)[:, 0]
+
+
+def length_groups(lengths: list[int]) -> list[list[int]]:
+    """Indices of the non-empty contexts sorted by length, cut into the runs of about equal
+    count that cost least: each run pays a call (GROUP_CALL_ROWS positions' worth) and
+    attends its longest context for every sequence in it."""
+    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lengths.__getitem__)
+    best: list[list[int]] = []
+    best_cost = float("inf")
+    for count in range(1, min(MAX_GROUPS, len(order)) + 1):
+        bounds = [len(order) * g // count for g in range(count + 1)]
+        groups = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        cost = sum(GROUP_CALL_ROWS + len(g) * lengths[g[-1]] for g in groups)
+        if cost < best_cost:
+            best, best_cost = groups, cost
+    return best
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int) -> int:

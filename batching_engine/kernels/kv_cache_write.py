@@ -75,12 +75,15 @@ def write_kv_cache_reference(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """The torch path: index-copy the rows whose slot is not -1."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
-    block_size = k_cache.shape[1]
-    k_cache[slots // block_size, slots % block_size] = key[keep]
-    v_cache[slots // block_size, slots % block_size] = value[keep]
+    """The torch path: index-copy the rows whose slot is not -1. The rows are selected (a copy)
+    only when some slot is -1; a decode step's tokens all have one."""
+    slots = slot_mapping.long()
+    keep = slots >= 0
+    if not bool(keep.all()):
+        slots, key, value = slots[keep], key[keep], value[keep]
+    blocks, offsets = slots // k_cache.shape[1], slots % k_cache.shape[1]
+    k_cache[blocks, offsets] = key
+    v_cache[blocks, offsets] = value
 
 
 def _check(

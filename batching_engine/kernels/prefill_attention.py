@@ -32,9 +32,10 @@ from ._paged import (
     LOG2_E,
     attention,
     check_paged_cache,
+    context_slots,
     default_scale,
     dot_dtype,
-    gather_context,
+    gather_slots,
 )
 
 
@@ -137,9 +138,11 @@ def prefill_attention_reference(
     for seq, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
         if start == end:
             continue
-        tables = block_tables[seq : seq + 1]
-        k = gather_context(k_cache, tables, lengths[seq])
-        v = gather_context(v_cache, tables, lengths[seq])
+        slots, _ = context_slots(
+            block_tables[seq : seq + 1], context_lens[seq : seq + 1], lengths[seq],
+            k_cache.shape[1],
+        )  # fmt: skip
+        k, v = gather_slots(k_cache, slots), gather_slots(v_cache, slots)
         out[start:end] = _chunk_attention(q[None, start:end], k, v, scale)[0]
     return out
 

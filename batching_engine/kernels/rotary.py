@@ -125,16 +125,19 @@ def rotary_embedding_reference(
     cos: torch.Tensor,
     sin: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The torch path: Hugging Face's `apply_rotary_pos_emb`, with partial rotary support."""
+    """The torch path: Hugging Face's `apply_rotary_pos_emb`, with partial rotary support.
+    The positions' cos and sin are looked up once for q and k."""
     rotary_dim = cos.shape[-1]
+    c = cos[positions].to(q.dtype)[:, None, :]
+    s = sin[positions].to(q.dtype)[:, None, :]
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
-        c = cos[positions].to(x.dtype)[:, None, :]
-        s = sin[positions].to(x.dtype)[:, None, :]
-        r, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+        r = x[..., :rotary_dim]
         x1, x2 = r.chunk(2, dim=-1)
         rotated = r * c + torch.cat((-x2, x1), dim=-1) * s
-        return torch.cat((rotated, passed), dim=-1)
+        if rotary_dim == x.shape[-1]:
+            return rotated
+        return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
 
     return rotate(q), rotate(k)
 

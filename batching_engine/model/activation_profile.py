@@ -3,10 +3,14 @@
 The KV cache gets what the budget leaves, so the activation peak must be known before the
 cache is allocated. It is measured, not estimated: one dummy step with the full token budget
 as prefill, one decode of the most sequences at the longest context, each followed by
-sampling with top-k and top-p (whose sort is the sampler's largest buffer).
+sampling with top-k and top-p (whose sort is the sampler's largest buffer). The decode's
+forward pass is also measured alone: captured CUDA graphs keep that much in their own pool.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -17,8 +21,14 @@ from batching_engine.sampler import sample
 from batching_engine.sequence import SamplingParams
 
 
+@dataclass(frozen=True, slots=True)
+class ActivationPeaks:
+    step: int  # bytes the largest eager step (forward and sampling) allocates at its peak
+    decode_forward: int  # bytes a decode forward at max_num_seqs allocates at its peak
+
+
 @torch.inference_mode()
-def activation_peak_bytes(
+def activation_peaks(
     model: LlamaForCausalLM,
     layout: KVCacheLayout,
     device: torch.device,
@@ -26,16 +36,29 @@ def activation_peak_bytes(
     max_model_len: int,
     max_num_seqs: int,
     max_num_batched_tokens: int,
-) -> int:
+) -> ActivationPeaks:
+    prefill = _peak_bytes(
+        device,
+        lambda: _dummy_prefill(model, device, max_model_len, max_num_seqs, max_num_batched_tokens),
+    )
+    hidden: list[torch.Tensor] = []
+    forward = _peak_bytes(
+        device,
+        lambda: hidden.append(_dummy_decode(model, layout, device, max_model_len, max_num_seqs)),
+    )
+    sampling = _peak_bytes(device, lambda: _dummy_sample(model, hidden.pop(), max_num_seqs))
+    torch.cuda.empty_cache()
+    return ActivationPeaks(step=max(prefill, forward + sampling), decode_forward=forward)
+
+
+def _peak_bytes(device: torch.device, run: Callable[[], None]) -> int:
+    """How far `run` raises the allocated memory above where it started."""
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    _dummy_prefill(model, device, max_model_len, max_num_seqs, max_num_batched_tokens)
-    _dummy_decode(model, layout, device, max_model_len, max_num_seqs)
+    run()
     torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - before
-    torch.cuda.empty_cache()
-    return peak
+    return torch.cuda.max_memory_allocated(device) - before
 
 
 def _dummy_prefill(
@@ -51,7 +74,7 @@ def _dummy_prefill(
 def _dummy_decode(
     model: LlamaForCausalLM, layout: KVCacheLayout, device: torch.device, max_model_len: int,
     max_num_seqs: int,
-) -> None:  # fmt: skip
+) -> torch.Tensor:  # fmt: skip
     """Every sequence reads the same blocks: the size of the gather is what matters."""
     needed = layout.blocks_needed(max_model_len)
     caches = layout.allocate(needed, device)
@@ -61,7 +84,7 @@ def _dummy_decode(
         layout.block_size, device,
     )  # fmt: skip
     ids = torch.zeros(max_num_seqs, dtype=torch.long, device=device)
-    _dummy_sample(model, model(ids, meta, caches), max_num_seqs)
+    return model(ids, meta, caches)
 
 
 def _dummy_sample(model: LlamaForCausalLM, hidden: torch.Tensor, max_num_seqs: int) -> None:

@@ -12,6 +12,7 @@ from torch import nn
 
 from batching_engine.model.attention import DenseAttentionMetadata
 from batching_engine.model.config import LlamaConfig
+from batching_engine.model.layers import Linear
 from batching_engine.model.llama import LlamaModel
 
 POOLING_MODES = ("mean", "last")
@@ -46,7 +47,7 @@ class LlamaForSequenceClassification(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.model = LlamaModel(config)
-        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.score = Linear(config.hidden_size, config.num_labels, bias=False)
 
     def forward(self, input_ids: torch.Tensor, meta: DenseAttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, meta)

@@ -2,7 +2,9 @@
 
 There is no batch dimension: a step's tokens are concatenated ([num_tokens, hidden]) and the
 attention metadata says which sequence, position and cache slot each belongs to. Linear layers
-therefore see one large matmul per step whatever the mix of prefill chunks and decodes.
+therefore see one large matmul per step whatever the mix of prefill chunks and decodes. Everything
+between the matmuls (norms, rotary, KV writes, attention, the MLP gate) goes through
+`batching_engine.kernels.dispatch`, which picks the Triton kernel or its torch reference.
 
 Parameter names follow HF's (`model.layers.3.self_attn...`) except for the two fused
 projections, `qkv_proj` and `gate_up_proj`, which the loader fills shard by shard.
@@ -13,19 +15,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from batching_engine.kernels import dispatch
 from batching_engine.model.attention import (
     DenseAttentionMetadata,
     PagedAttentionMetadata,
     dense_causal_attention,
     paged_attention,
-    write_kv,
 )
 from batching_engine.model.config import LlamaConfig
-from batching_engine.model.layers import RMSNorm, SwiGLUMLP
-from batching_engine.model.rope import RotaryEmbedding, apply_rotary
+from batching_engine.model.layers import Linear, RMSNorm, SwiGLUMLP, linear
+from batching_engine.model.rope import RotaryEmbedding
 
 AttentionMetadata = PagedAttentionMetadata | DenseAttentionMetadata
 KVCache = tuple[torch.Tensor, torch.Tensor]
+RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [max_positions, head_dim]
 
 
 class LlamaAttention(nn.Module):
@@ -39,25 +42,26 @@ class LlamaAttention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
 
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rope: RopeTables,
         meta: AttentionMetadata,
         kv_cache: KVCache | None,
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(-1, self.num_heads, self.head_dim), *rope)
-        k = apply_rotary(k.view(-1, self.num_kv_heads, self.head_dim), *rope)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = dispatch.rotary_embedding(meta.positions, q, k, *rope)
         if isinstance(meta, DenseAttentionMetadata):
             out = dense_causal_attention(q, k, v, meta, self.scale)
         else:
             assert kv_cache is not None, "paged attention needs this layer's KV cache"
-            write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
+            dispatch.write_kv_cache(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
             out = paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -76,7 +80,7 @@ class LlamaDecoderLayer(nn.Module):
         self,
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rope: RopeTables,
         meta: AttentionMetadata,
         kv_cache: KVCache | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,7 +114,7 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """input_ids: [num_tokens]; returns the normed hidden states, [num_tokens, hidden]."""
         hidden, residual = self.embed_tokens(input_ids), None
-        rope = self.rotary(meta.positions, hidden.dtype)
+        rope = (self.rotary.cos, self.rotary.sin)
         for index, layer in enumerate(self.layers):
             cache = kv_caches[index] if kv_caches else None
             hidden, residual = layer(hidden, residual, rope, meta, cache)
@@ -126,7 +130,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (
             None
             if config.tie_word_embeddings
-            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
 
     def forward(
@@ -140,4 +144,4 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits for the given hidden states only: the runner passes just the sampled rows."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return hidden @ weight.t()
+        return linear(hidden, weight)

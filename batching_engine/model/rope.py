@@ -1,9 +1,10 @@
-"""Rotary position embedding, with the cos/sin table computed once per model.
+"""Rotary position embedding's cos/sin table, computed once per model.
 
 Tokens of many sequences arrive flattened, each with its own position, so the table is
-indexed by position instead of being rebuilt per step. The rotation pairs dimension i with
-i + head_dim/2 (HF's "rotate half" layout), which is what HF-format weights expect; the
-table is [max_positions, head_dim] with both halves repeated, as the Triton rotary kernel reads it.
+indexed by position instead of being rebuilt per step; the rotation itself is
+`dispatch.rotary_embedding`. It pairs dimension i with i + head_dim/2 (HF's "rotate half"
+layout), which is what HF-format weights expect; the table is [max_positions, head_dim] with
+both halves repeated, as the Triton rotary kernel reads it.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def _llama3_frequencies(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.T
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotates queries and keys by their token's position, from a precomputed table."""
+    """The cos and sin of every position's angles: [max_positions, head_dim] buffers."""
 
     def __init__(
         self, head_dim: int, max_positions: int, theta: float, scaling: RopeScaling | None
@@ -67,17 +68,3 @@ class RotaryEmbedding(nn.Module):
         angles = (positions[:, None] * inv_freq).repeat(1, 2).to(self.cos.device)
         self.cos.copy_(angles.cos())
         self.sin.copy_(angles.sin())
-
-    def forward(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for each token ([tokens, 1, head_dim]), looked up once per step."""
-        cos = self.cos[positions].unsqueeze(1).to(dtype)
-        sin = self.sin[positions].unsqueeze(1).to(dtype)
-        return cos, sin
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x ([tokens, heads, head_dim]) by its token's angles."""
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-second, first), dim=-1) * sin

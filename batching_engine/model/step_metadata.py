@@ -42,11 +42,8 @@ def paged_metadata(
         context_lens=context_lens.to(dtype=torch.int32, device=device),
         cu_seqlens_q=cu_seqlens.to(dtype=torch.int32, device=device),
         max_query_len=max(query_lens),
-        max_context_len=int(context_lens.max()),
         num_prefill_seqs=num_prefill_seqs,
         num_prefill_tokens=sum(query_lens[:num_prefill_seqs]),
-        query_lens_host=tuple(query_lens),
-        context_lens_host=tuple(context_lens.tolist()),
     )
 
 

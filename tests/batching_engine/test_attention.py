@@ -1,8 +1,9 @@
-"""The reference paged attention equals plain causal attention over each whole sequence.
+"""The model's paged attention equals plain causal attention over each whole sequence.
 
 Sequences live in scattered blocks of the cache; some arrive as a fresh prompt, some as a
 later chunk of a prompt whose start is already cached, some as a single decode token. The
-reference kernels are compared with softmax(QK^T)V written out for one sequence at a time.
+model splits the step into prefill chunks and decode tokens for the kernels (here their torch
+references); the result is compared with softmax(QK^T)V written out one sequence at a time.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import math
 
 import torch
 
-from batching_engine.model.attention import paged_attention, write_kv
+from batching_engine.kernels.decode_attention import length_groups
+from batching_engine.kernels.dispatch import write_kv_cache
+from batching_engine.model.attention import paged_attention
 from batching_engine.model.step_metadata import paged_metadata
 
 HEADS, KV_HEADS, DIM, BLOCK = 4, 2, 8, 4
@@ -42,22 +45,22 @@ def test_prefill_chunks_and_decodes_attend_over_their_whole_cached_context():
     before = paged_metadata(
         [0] * len(done), [cached[s] for s in done], [tables[s] for s in done], BLOCK, "cpu"
     )
-    write_kv(
-        k_cache,
-        v_cache,
+    write_kv_cache(
         torch.cat([k[s][: cached[s]] for s in done]),
         torch.cat([v[s][: cached[s]] for s in done]),
+        k_cache,
+        v_cache,
         before.slot_mapping,
     )
 
     # This step: a fresh prompt, two later chunks, one decode token.
     chunk = [slice(cached[s], lengths[s]) for s in range(4)]
     meta = paged_metadata(cached, [lengths[s] - cached[s] for s in range(4)], tables, BLOCK, "cpu")
-    write_kv(
-        k_cache,
-        v_cache,
+    write_kv_cache(
         torch.cat([k[s][chunk[s]] for s in range(4)]),
         torch.cat([v[s][chunk[s]] for s in range(4)]),
+        k_cache,
+        v_cache,
         meta.slot_mapping,
     )
     out = paged_attention(
@@ -78,9 +81,31 @@ def test_slots_are_block_table_entry_times_block_size_plus_offset():
     assert meta.context_lens.tolist() == [9, 2] and meta.cu_seqlens_q.tolist() == [0, 3, 5]
 
 
-def test_a_slot_of_minus_one_leaves_the_cache_as_it_was():
-    k_cache, v_cache = torch.zeros(2, 2, BLOCK, KV_HEADS, DIM).unbind(0)
-    k = torch.ones(2, KV_HEADS, DIM)
-    write_kv(k_cache, v_cache, k, 2 * k, torch.tensor([-1, 5]))
-    assert k_cache.view(-1, KV_HEADS, DIM).sum(dim=(1, 2)).nonzero().flatten().tolist() == [5]
-    assert v_cache.sum() == 2 * KV_HEADS * DIM
+def test_a_decode_batch_of_far_apart_contexts_attends_each_over_its_own():
+    """Contexts of 1 to 300 tokens: the torch path attends them in several groups of similar
+    length, each padded to its longest; every slot outside a context holds NaN, which must not
+    leak into any sequence's answer."""
+    generator = torch.Generator().manual_seed(1)
+    lengths = [1, 300, 7, 150, 64, 33, 290, 2, 120, 16, 250, 90] * 2
+    assert len(length_groups(lengths)) > 1
+    tables, free = [], torch.randperm(2000, generator=generator).tolist()
+    for n in lengths:
+        tables.append([free.pop() for _ in range(-(-n // BLOCK))])
+    k_cache, v_cache = torch.full((2, 2000, BLOCK, KV_HEADS, DIM), float("nan")).unbind(0)
+    k = [torch.randn(n, KV_HEADS, DIM, generator=generator) for n in lengths]
+    v = [torch.randn(n, KV_HEADS, DIM, generator=generator) for n in lengths]
+    pairs = zip(tables, lengths, strict=True)
+    slots = [t[p // BLOCK] * BLOCK + p % BLOCK for t, n in pairs for p in range(n)]
+    write_kv_cache(torch.cat(k), torch.cat(v), k_cache, v_cache, torch.tensor(slots))
+
+    # Each sequence's last token asks again, as a decode token over its whole context.
+    q = torch.randn(len(lengths), HEADS, DIM, generator=generator)
+    decode = paged_metadata([n - 1 for n in lengths], [1] * len(lengths), tables, BLOCK, "cpu")
+    out = paged_attention(q, k_cache, v_cache, decode, DIM**-0.5)
+
+    group = HEADS // KV_HEADS
+    for s in range(len(lengths)):
+        keys, values = k[s].repeat_interleave(group, 1), v[s].repeat_interleave(group, 1)
+        weights = (torch.einsum("hd,khd->hk", q[s], keys) / math.sqrt(DIM)).softmax(-1)
+        expected = torch.einsum("hk,khd->hd", weights, values)
+        torch.testing.assert_close(out[s], expected, rtol=1e-5, atol=1e-5)
