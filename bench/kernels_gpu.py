@@ -744,22 +744,9 @@ def decode_batch(batch: int, s: Sizes, per_seq: int, SamplingParams, Sequence) -
 
 
 def engine_forward(runner, s: Sizes, per_seq: int):
-    """The runner's model on decode inputs given as tensors, so CUDA graphs can hold them."""
-    from batching_engine.model.attention import PagedAttentionMetadata
-
+    """The runner's decode step on inputs given as tensors, so CUDA graphs can hold them."""
     device = runner.device
-
-    def forward(input_ids, positions, slot_mapping, context_lens, block_tables):
-        n = input_ids.shape[0]
-        meta = PagedAttentionMetadata(
-            positions=positions, slot_mapping=slot_mapping, block_tables=block_tables,
-            context_lens=context_lens,
-            cu_seqlens_q=torch.arange(n + 1, dtype=torch.int32, device=device),
-            max_query_len=1, max_context_len=block_tables.shape[1] * s.block_size,
-            num_prefill_seqs=0, num_prefill_tokens=0,
-            query_lens_host=(1,) * n, context_lens_host=(s.engine_context + 1,) * n,
-        )  # fmt: skip
-        return runner.model(input_ids, meta, runner.kv_caches)
+    forward = runner.decode_forward
 
     def make_inputs(batch: int) -> dict[str, torch.Tensor]:
         tables = torch.arange(batch * per_seq, device=device, dtype=torch.int32)
