@@ -12,6 +12,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+import triton
 import triton.language as tl
 
 from ._launch import (
@@ -25,6 +26,30 @@ from ._launch import (
 )
 
 LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def paged_kv_tile(
+    table_row,
+    offs_n,
+    n_mask,
+    kv_head,
+    dims,
+    d_mask,
+    stride_cache_block,
+    stride_cache_offset,
+    stride_cache_head,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Offsets and mask of a tile of cached tokens `offs_n` of one KV head, found through the
+    sequence's block-table row: what both attention kernels load K and V from."""
+    block = tl.load(table_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    rows = (
+        block * stride_cache_block
+        + (offs_n % BLOCK_SIZE) * stride_cache_offset
+        + kv_head * stride_cache_head
+    )
+    return rows[:, None] + dims[None, :], n_mask[:, None] & d_mask[None, :]
 
 
 def default_scale(q: torch.Tensor) -> float:

@@ -36,6 +36,7 @@ from ._paged import (
     default_scale,
     dot_dtype,
     gather_slots,
+    paged_kv_tile,
 )
 
 
@@ -92,14 +93,18 @@ def _prefill_attention_kernel(
         for start in range(0, kv_end, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             n_mask = offs_n < kv_end
-            block = tl.load(table_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-            rows = (
-                block * stride_cache_block
-                + (offs_n % BLOCK_SIZE) * stride_cache_offset
-                + kv_head * stride_cache_head
+            kv_offsets, kv_mask = paged_kv_tile(
+                table_row,
+                offs_n,
+                n_mask,
+                kv_head,
+                dims,
+                d_mask,
+                stride_cache_block,
+                stride_cache_offset,
+                stride_cache_head,
+                BLOCK_SIZE,
             )
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-            kv_offsets = rows[:, None] + dims[None, :]
             k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
             scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
             visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
