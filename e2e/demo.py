@@ -27,7 +27,7 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import binaries
-from e2e.cluster.local_cluster import REPO, LocalCluster
+from e2e.cluster.local_cluster import REPO, LocalCluster, url_ok
 from e2e.cluster.processes import ClusterError, log_tail, wait_until
 from e2e.crds import install_crds
 from e2e.operator_support import SAMPLES, create_service, free_port, owned
@@ -224,8 +224,7 @@ class Demo:
         last = [""]
 
         def poll() -> None:
-            if not self.cluster.processes.alive(name):
-                raise StepFailed(f"{name} exited:\n{_indent(log_tail(log, 15))}", log)
+            self._check_alive(name)
             if progress:
                 line = log_tail(log, 1).strip()
                 if line and line != last[0]:
@@ -233,8 +232,8 @@ class Demo:
                     self.out(f"    {name}: {_short(line)}")
 
         try:
-            wait_until(lambda: _ok(ready_url), timeout, f"the {name} to be ready", poll)
-        except TimeoutError as err:
+            wait_until(lambda: url_ok(ready_url), timeout, f"the {name} to be ready", poll)
+        except ClusterError as err:  # timed out
             raise StepFailed(str(err), log) from err
 
     def _bound(self, service: str) -> bool:
@@ -246,9 +245,13 @@ class Demo:
 
     def _check_parts(self) -> None:
         for name in ("extender", "operator"):
-            if not self.cluster.processes.alive(name):
-                log = self.logs / f"{name}.log"
-                raise StepFailed(f"the {name} exited:\n{_indent(log_tail(log, 15))}", log)
+            self._check_alive(name)
+
+    def _check_alive(self, name: str) -> None:
+        """Fails the step, with the end of the process's log, when `name` has exited."""
+        if not self.cluster.processes.alive(name):
+            log = self.logs / f"{name}.log"
+            raise StepFailed(f"the {name} exited:\n{_indent(log_tail(log, 15))}", log)
 
 
 def summarize_metrics(text: str) -> list[str]:
@@ -286,14 +289,6 @@ def _resources(body: dict) -> str:
             f", {res['topology']}" if res.get("topology") else ""
         )
     return f"a {res.get('gpuMemoryMiB')} MiB, {res.get('gpuCores', 100)}% SM share per replica"
-
-
-def _ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
 
 
 def _indent(text: str) -> str:

@@ -47,7 +47,8 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+def url_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    """200 from `url`; anything else raises, which `wait_until` reads as not ready yet."""
     with urllib.request.urlopen(url, context=context, timeout=2) as resp:
         return resp.status == 200
 
@@ -137,18 +138,18 @@ class LocalCluster:
     def _start(self, layout: components.Layout) -> None:
         argv = components.commands(layout)
         ready = {
-            "etcd": lambda: _ok(f"http://127.0.0.1:{layout.etcd_port}/health"),
+            "etcd": lambda: url_ok(f"http://127.0.0.1:{layout.etcd_port}/health"),
             "kube-apiserver": lambda: self._apiserver_ready(layout),
-            "kube-controller-manager": lambda: _ok(
+            "kube-controller-manager": lambda: url_ok(
                 f"https://127.0.0.1:{layout.controller_manager_port}/healthz", _insecure()
             ),
-            "kube-scheduler": lambda: _ok(
+            "kube-scheduler": lambda: url_ok(
                 f"https://127.0.0.1:{layout.scheduler_port}/healthz", _insecure()
             ),
-            "infergrid-scheduler": lambda: _ok(
+            "infergrid-scheduler": lambda: url_ok(
                 f"https://127.0.0.1:{layout.infergrid_scheduler_port}/healthz", _insecure()
             ),
-            "kwok": lambda: _ok(f"http://127.0.0.1:{layout.kwok_port}/healthz"),
+            "kwok": lambda: url_ok(f"http://127.0.0.1:{layout.kwok_port}/healthz"),
         }
         for name, args in argv.items():
             self.processes.start(name, args)
@@ -166,7 +167,7 @@ class LocalCluster:
     def _apiserver_ready(self, layout: components.Layout) -> bool:
         ctx = ssl.create_default_context(cafile=str(layout.certs.ca_cert))
         ctx.load_cert_chain(str(layout.certs.admin_cert), str(layout.certs.admin_key))
-        return _ok(f"{layout.server}/readyz", ctx)
+        return url_ok(f"{layout.server}/readyz", ctx)
 
     def _save_layout(self, layout: components.Layout) -> None:
         data = asdict(layout)
