@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -24,6 +25,7 @@ from scheduler_extender.protocol import (
     binding_result,
     decode_binding_args,
     decode_extender_args,
+    encode,
     filter_result,
     priority_list,
 )
@@ -33,6 +35,13 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """Thousands of node names fit easily; a larger body is refused with 413."""
+
+
+def _reply(doc: dict[str, Any] | list[dict[str, Any]], status: int = 200) -> web.Response:
+    """The JSON answer, with the headers aiohttp's json_response would send."""
+    return web.Response(
+        body=encode(doc), status=status, content_type="application/json", charset="utf-8"
+    )
 
 
 class ExtenderService:
@@ -68,10 +77,10 @@ class ExtenderService:
             except web.HTTPException:
                 raise
             except ContractError as err:
-                return web.json_response({"Error": str(err)}, status=400)
+                return _reply({"Error": str(err)}, status=400)
             except Exception as err:  # noqa: BLE001 - the scheduler gets an answer, not a 500
                 log.exception("%s failed", verb)
-                return web.json_response({"Error": f"internal error: {err}"}, status=200)
+                return _reply({"Error": f"internal error: {err}"}, status=200)
             finally:
                 metrics.REQUEST_SECONDS.labels(verb).observe(time.perf_counter() - started)
 
@@ -82,28 +91,28 @@ class ExtenderService:
         out = filter_nodes(args.pod, args.node_names, self.view, self.default_policy, self.clock())
         for category, count in Counter(out.categories).items():
             metrics.REJECTIONS.labels(category).inc(count)
-        return web.json_response(filter_result(out.passed, out.failed, out.unresolvable))
+        return _reply(filter_result(out.passed, out.failed, out.unresolvable))
 
     async def prioritize(self, request: web.Request) -> web.Response:
         args = decode_extender_args(await request.read())
         scores = prioritize_nodes(
             args.pod, args.node_names, self.view, self.default_policy, self.clock()
         )
-        return web.json_response(priority_list(scores))
+        return _reply(priority_list(scores))
 
     async def bind(self, request: web.Request) -> web.Response:
         args = decode_binding_args(await request.read())
         if not self.is_leader():
             metrics.BIND_FAILURES.labels("not-leader").inc()
-            return web.json_response(binding_result("this extender replica is not the leader"))
+            return _reply(binding_result("this extender replica is not the leader"))
         try:
             policy = await self.binder.bind(args)
         except BindError as err:
             metrics.BIND_FAILURES.labels(err.cause).inc()
             log.info("bind of %s/%s refused: %s", args.pod_namespace, args.pod_name, err)
-            return web.json_response(binding_result(str(err)))
+            return _reply(binding_result(str(err)))
         metrics.PLACEMENTS.labels(policy).inc()
-        return web.json_response(binding_result())
+        return _reply(binding_result())
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")

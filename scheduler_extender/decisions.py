@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from infergrid.errors import ContractError
 from infergrid.placement import Policy, normalize_scores, resolve_policy
 from infergrid.pod_request import PodGpuRequest, parse_pod_request
@@ -54,7 +57,18 @@ def prioritize_nodes(
         request = parse_pod_request(pod, default_policy)
     except ContractError:
         return dict.fromkeys(names, 0)
-    feasible, raw = view.raw_scores(names, request, _policy(request, view), now)
-    scores = dict.fromkeys(names, 0)
-    scores.update(zip(feasible, normalize_scores(raw), strict=True))
-    return scores
+    raw = view.raw_scores(names, request, _policy(request, view), now)
+    return dict(zip(names, _normalized(raw), strict=True))
+
+
+def _normalized(raw: npt.NDArray[np.float64]) -> list[int]:
+    """``normalize_scores`` of each raw score, NaN (does not fit) giving 0 as any
+    non-finite score does there.
+
+    It is worked out once per distinct score: nodes in the same state score the same,
+    and at thousands of nodes most share their score with others. Each node's result
+    depends only on its score and the lowest and highest finite one, which the distinct
+    scores keep, so the answer is the same as over every node.
+    """
+    distinct, at = np.unique(raw, return_inverse=True)
+    return np.asarray(normalize_scores(distinct.tolist()), dtype=np.int64)[at].tolist()

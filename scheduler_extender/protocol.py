@@ -4,13 +4,16 @@ kube-scheduler marshals its Go structs without JSON tags, so the envelope keys
 are PascalCase (`Pod`, `NodeNames`, `FailedNodes`, `Host`, `Score`) while the
 Pod inside is ordinary camelCase Kubernetes JSON. With `nodeCacheCapable: true`
 the scheduler sends node names only; the extender's cache holds the nodes.
+Bodies are read and written with orjson: at 5,000 nodes the standard library's
+encoder alone took a millisecond or two of a call that must stay under ten.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from infergrid.errors import ContractError
 
@@ -31,8 +34,8 @@ class BindingArgs:
 
 def _object(body: bytes) -> dict[str, Any]:
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as err:
         raise ContractError("body", f"not valid JSON: {err}") from None
     if not isinstance(doc, dict):
         raise ContractError("body", f"expected a JSON object, got {type(doc).__name__}")
@@ -52,7 +55,8 @@ def _node_names(doc: dict[str, Any]) -> list[str]:
     if names is None and isinstance(doc.get("Nodes"), dict):
         items = doc["Nodes"].get("items") or []
         names = [((n or {}).get("metadata") or {}).get("name") for n in items]
-    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+    # Whole-list checks in C: thousands of names arrive per call.
+    if not isinstance(names, list) or not {str}.issuperset(map(type, names)) or "" in names:
         raise ContractError("NodeNames", "must be a list of node names")
     return names
 
@@ -94,3 +98,8 @@ def priority_list(scores: dict[str, int]) -> list[dict[str, Any]]:
 
 def binding_result(error: str = "") -> dict[str, str]:
     return {"Error": error}
+
+
+def encode(doc: dict[str, Any] | list[dict[str, Any]]) -> bytes:
+    """A response body: compact UTF-8 JSON."""
+    return orjson.dumps(doc)

@@ -8,8 +8,9 @@ placement core's `OfferIndex`, whose row answers, for the common pods (one
 container asking for a share or for whole GPUs), fit, binpack and spread raw
 scores and the rejection reason for every node at once. Which rows are current
 is checked with arrays too: the cache's global version says whether anything
-moved since a row was last checked, and each row's heartbeat whether its
-staleness flipped, so a call in which nothing moved costs no Python per node.
+moved since a row was last checked, its change log which nodes did, and each
+row's heartbeat whether its staleness flipped, so a call after one bind looks
+up one node, not thousands, and one in which nothing moved none.
 
 What the index does not answer (MIG, pods with several GPU containers, fgd's
 scores, nodes it cannot hold) goes node by node through `fit` and the policy's
@@ -196,8 +197,9 @@ class PlacementView:
 
     def raw_scores(
         self, names: list[str], request: PodGpuRequest, policy: Policy, now: datetime
-    ) -> tuple[list[str], list[float]]:
-        """The nodes the pod fits, in the order given, and the raw score of each."""
+    ) -> npt.NDArray[np.float64]:
+        """The raw score of the pod on each node, in the order given; NaN where it does not
+        fit or the node has no state."""
         if not self._index.scores(request, policy):
             return self._raw_scores_each(names, request, policy, now)
         rows, unindexed = self._sync(names, now)
@@ -212,8 +214,7 @@ class PlacementView:
                 if not isinstance(node, str):
                     found = self._memoised(names[at], *node, shape, request, policy, True)[1]
                     raw[at] = np.nan if found is None else found
-        feasible = ~np.isnan(raw)
-        return list(compress(names, feasible.tolist())), raw[feasible].tolist()
+        return raw
 
     def _sync(
         self, names: list[str], now: datetime
@@ -221,9 +222,9 @@ class PlacementView:
         """The index row of each name, written from the node's current state; -1, with the
         node (or why there is none) in the returned dict by position, where it has no row.
 
-        Only rows not checked since the cache last changed, or whose staleness
-        flipped since written, are looked up; only those whose version or
-        staleness moved are rebuilt and rewritten.
+        Only rows whose node the cache says moved since they were last checked,
+        or whose staleness flipped since written, are looked up; only those
+        whose version or staleness moved are rebuilt and rewritten.
         """
         version = self.cache.version
         rows, known = self._rows(names)
@@ -233,7 +234,7 @@ class PlacementView:
         at = np.where(held, rows, 0)
         now_us = (now - _EPOCH) // _MICROSECOND
         stale = now_us - stamps.heartbeat[at] > self._stale_us
-        recheck = ~held | (stamps.checked[at] != version) | (stale != stamps.stale[at])
+        recheck = ~held | self._moved(at, held, version) | (stale != stamps.stale[at])
         unindexed: dict[int, Unindexed] = {}
         if not recheck.any():
             if not remembered:
@@ -269,6 +270,30 @@ class PlacementView:
         if not remembered:
             self._asked.append((list(names), rows.copy()))
         return rows, unindexed
+
+    def _moved(
+        self, at: npt.NDArray[np.int64], held: npt.NDArray[np.bool_], version: int
+    ) -> npt.NDArray[np.bool_]:
+        """Which held rows may be out of date: checked before ``version`` and named by the
+        cache's change log since then (all checked before it, when the log does not reach).
+
+        Rows the log clears are stamped checked at ``version`` here, so the next call
+        reads the log only from there; one bind between calls costs a lookup or two, not
+        one per node.
+        """
+        checked = self._stamps.checked
+        behind = held & (checked[at] != version)
+        if not behind.any():
+            return behind
+        changed = self.cache.changed_since(int(checked[at[behind]].min()))
+        if changed is None:
+            return behind
+        flagged = np.zeros(len(checked), dtype=np.bool_)
+        changed_rows = self._index.rows(tuple(changed))
+        flagged[changed_rows[changed_rows >= 0]] = True
+        moved = behind & flagged[at]
+        checked[at[behind & ~moved]] = version
+        return moved
 
     def _rows(self, names: list[str]) -> tuple[npt.NDArray[np.int64], list[str] | None]:
         """The index row of each name (-1 where none), and the equal list remembered, if any.
@@ -341,16 +366,12 @@ class PlacementView:
 
     def _raw_scores_each(
         self, names: list[str], request: PodGpuRequest, policy: Policy, now: datetime
-    ) -> tuple[list[str], list[float]]:
-        feasible: list[str] = []
-        raw: list[float] = []
-        for name, decision in zip(
-            names, self.decide(names, request, policy, now, True), strict=True
-        ):
+    ) -> npt.NDArray[np.float64]:
+        raw = np.full(len(names), np.nan)
+        for at, decision in enumerate(self.decide(names, request, policy, now, True)):
             if not isinstance(decision, str) and decision[1] is not None:
-                feasible.append(name)
-                raw.append(decision[1])
-        return feasible, raw
+                raw[at] = decision[1]
+        return raw
 
     def _memoised(
         self,

@@ -16,6 +16,7 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
@@ -50,6 +51,9 @@ READ_SLACK_S: Final = 30.0
 BACKOFF_FIRST_S: Final = 0.5
 BACKOFF_MAX_S: Final = 30.0
 HTTP_GONE: Final = 410
+CHANGE_LOG: Final = 1024
+"""Commits whose touched nodes ``changed_since`` remembers; a reader further behind rereads all."""
+_UNTOUCHED: Final[frozenset[str]] = frozenset()
 
 T = TypeVar("T")
 
@@ -151,7 +155,9 @@ class ClusterCache:
     One RLock guards all state: watch threads write while HTTP handlers read.
     ``version`` grows with every change; ``node_version(name)`` moves only when
     that node's record or the assignments on it change, so a caller can cache
-    per-node state and rebuild only what moved.
+    per-node state and rebuild only what moved. ``changed_since`` names the
+    nodes that moved after a version, so that caller need not even look the
+    others up.
     """
 
     def __init__(self, resync_s: float = 300.0, watch_timeout_s: int = 10) -> None:
@@ -166,6 +172,7 @@ class ClusterCache:
         self._held: dict[str, PodAssignment] = {}
         self._on_node: dict[str, dict[str, PodAssignment]] = {}
         self._node_versions: dict[str, int] = {}
+        self._changes: deque[tuple[int, frozenset[str]]] = deque(maxlen=CHANGE_LOG)
         self._nodes_listed = threading.Event()
         self._pods_listed = threading.Event()
 
@@ -285,6 +292,21 @@ class ClusterCache:
         with self._lock:
             return self._node_versions.get(name, 0)
 
+    def changed_since(self, version: int) -> frozenset[str] | None:
+        """Every node whose record or assignments changed after ``version``, gone ones
+        included; None when the log no longer reaches back that far: reread them all."""
+        with self._lock:
+            if version >= self.version:
+                return _UNTOUCHED
+            if self._changes[0][0] > version + 1:  # every commit is logged: never empty here
+                return None
+            moved: set[str] = set()
+            for stamp, touched in reversed(self._changes):
+                if stamp <= version:
+                    break
+                moved |= touched
+            return frozenset(moved)
+
     def size(self) -> dict[str, int]:
         with self._lock:
             return {
@@ -334,8 +356,10 @@ class ClusterCache:
             del self._on_node[node]
 
     def _commit(self, touched: set[str]) -> None:
-        """Counts one change and stamps the nodes it touched."""
+        """Counts one change, stamps the nodes it touched and logs them, even none, so the
+        log's first entry tells how far back it is complete."""
         self.version += 1
+        self._changes.append((self.version, frozenset(touched) if touched else _UNTOUCHED))
         for name in touched:
             if name in self._nodes or name in self._on_node:
                 self._node_versions[name] = self.version

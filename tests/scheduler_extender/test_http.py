@@ -117,6 +117,9 @@ def test_prioritize_returns_a_bare_array_on_0_to_10():
         ("/filter", b"[1, 2]", "body"),
         ("/filter", {"NodeNames": ["l4-0"]}, "Pod"),
         ("/prioritize", {"Pod": share_pod(1), "NodeNames": "l4-0"}, "NodeNames"),
+        ("/filter", {"Pod": share_pod(1), "NodeNames": ["l4-0", ""]}, "NodeNames"),
+        ("/filter", {"Pod": share_pod(1), "NodeNames": ["l4-0", 7]}, "NodeNames"),
+        ("/filter", b'{"Pod": {"metadata": {}}, "NodeNames": [], "x": NaN}', "body"),
         ("/bind", {"PodName": "p", "PodNamespace": "default", "PodUID": "u"}, "Node"),
         ("/bind", b"", "body"),
     ],
@@ -125,6 +128,22 @@ def test_malformed_requests_get_400_naming_the_field(path, body, field):
     status, result = call(service(), path, body)
     assert status == 400
     assert result["Error"].startswith(f"{field}:")
+
+
+def test_answers_are_utf8_json_and_every_reason_survives_the_trip():
+    async def go():
+        async with TestClient(TestServer(service().app())) as http:
+            body = {"Pod": share_pod(1024), "NodeNames": ["nœud-ü", "l4-0"]}
+            resp = await http.post("/filter", data=json.dumps(body).encode())
+            return resp.headers["Content-Type"], await resp.json()
+
+    content_type, result = asyncio.run(go())
+    assert content_type == "application/json; charset=utf-8"
+    assert result["NodeNames"] == ["l4-0"]
+    assert (
+        "node nœud-ü is not in the extender's cache"
+        in result["FailedAndUnresolvableNodes"]["nœud-ü"]
+    )
 
 
 def test_a_10_mb_payload_is_refused_with_413():

@@ -5,6 +5,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
@@ -382,6 +383,41 @@ def test_node_version_moves_exactly_when_its_view_changes(history):
         apply(cache, event)
         for name, (view, version) in before.items():
             assert (node_view(cache, name) != view) == (cache.node_version(name) != version)
+
+
+@settings(max_examples=300, deadline=None)
+@given(history=st.lists(EVENTS, max_size=30), log=st.sampled_from((3, watch_cache.CHANGE_LOG)))
+def test_changed_since_names_every_node_whose_view_changed(history, log):
+    """From any earlier version: every node seen to change is named, and no node whose
+    version stayed; or the answer is None as more changes came since than the log holds."""
+    with patch.object(watch_cache, "CHANGE_LOG", log):
+        cache = ClusterCache()
+    names = ("node-a", "node-b", "node-c")
+    seen = [(cache.version, {n: node_view(cache, n) for n in names})]
+    for event in history:
+        apply(cache, event)
+        seen.append((cache.version, {n: node_view(cache, n) for n in names}))
+    for version, views in seen:
+        changed = cache.changed_since(version)
+        if changed is None:
+            assert cache.version - version > log
+            continue
+        assert {n for n in names if node_view(cache, n) != views[n]} <= changed
+        assert all(cache.node_version(n) <= version for n in names if n not in changed)
+
+
+def test_changed_since_names_reserved_released_and_relisted_nodes(cache):
+    cache.replace_all_nodes([gpu_node("node-a"), gpu_node("node-b")])
+    start = cache.version
+    assert cache.changed_since(start) == frozenset()
+    cache.reserve("u1", "ns", "pod-u1", assignment("node-a"))
+    reserved = cache.version
+    assert cache.changed_since(start) == {"node-a"}
+    cache.release("u1")
+    assert cache.changed_since(reserved) == {"node-a"}
+    cache.replace_all_nodes([gpu_node("node-a"), gpu_node("node-b", used=900)])
+    assert cache.changed_since(reserved) == {"node-a", "node-b"}
+    assert cache.changed_since(-1) is None
 
 
 # The list+watch loop, against scripted API responses.
