@@ -14,7 +14,10 @@ It also measures the machine's matmul rate in the same run (a large GEMM in the 
 served, before and after the models run, the best of torch.mm and the linear the engine
 uses) and prints each way's roofline fraction = 2 x matmul parameters x output tokens/s /
 rate, the parameters counted the same for every way (the input embedding is a lookup, not a
-matmul, unless it doubles as the LM head).
+matmul, unless it doubles as the LM head). Beside them it prints a ceiling: the served
+model's matmuls alone at ``--batch`` rows, one decode step's worth with attention and all else
+left out, as a fraction of the same rate; no engine serving ``--batch`` sequences at a time
+with this matmul can reach a higher roofline fraction than that.
 
 Every way serves the same requests (one-at-a-time serves the first ``--sequential-requests``
 of them: batch 1's rate does not depend on how many), in the same process, each warmed up
@@ -52,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from batching_engine.config import EngineConfig
 from batching_engine.engine import LLMEngine
 from batching_engine.model.gguf_import import import_gguf
-from batching_engine.model.layers import linear
+from batching_engine.model.layers import Linear, linear
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams, Sequence
 
@@ -241,6 +244,30 @@ def _best_seconds(run, seconds: float, per_sample: int = 4) -> float:
     return best
 
 
+def decode_matmul_ceiling(runner: ModelRunner, batch: int, seconds: float = 3.0) -> float:
+    """FLOP/s of one decode step's matmuls alone at `batch` rows: every linear layer of the
+    served model (its packed weights, in model order, so they stream from memory as in a real
+    step) and the LM head, with attention, norms and everything else left out. Over the big
+    GEMM's rate it bounds the roofline fraction any engine using this matmul can reach with
+    `batch` sequences in flight."""
+    head = getattr(runner.model, "lm_head", None)
+    linears = [m for m in runner.model.modules() if isinstance(m, Linear) and m is not head]
+    hidden = runner.config.hidden_size
+    inputs = {
+        n: torch.randn(batch, n, dtype=DTYPE) for n in {hidden, *(m.in_features for m in linears)}
+    }
+
+    def step() -> None:
+        for module in linears:
+            module(inputs[module.in_features])
+        runner.model.compute_logits(inputs[hidden])
+
+    flops = 2 * batch * (sum(m.in_features * m.out_features for m in linears)
+                         + runner.config.vocab_size * runner.config.hidden_size)  # fmt: skip
+    with torch.inference_mode():
+        return flops / _best_seconds(step, seconds, per_sample=1)
+
+
 def matmul_params(model: transformers.PreTrainedModel) -> int:
     """Parameters each token multiplies by: all, less the input embedding unless it is also
     the LM head (tied), since looking a row up is no matmul."""
@@ -273,6 +300,8 @@ def run_model(name: str, path: Path, args) -> list[dict]:
                          max_num_seqs=config.max_num_seqs,
                          max_num_batched_tokens=config.max_num_batched_tokens)  # fmt: skip
     engine = LLMEngine(config, runner, eos_token_ids=())
+    ceiling = {"model": name, "way": "decode-matmul-ceiling", "batch": args.batch,
+               "flops": decode_matmul_ceiling(runner, args.batch)}  # fmt: skip
     lengths = tuple(int(x) for x in args.lengths.split(","))
     rows = []
     for rate in (float(x) for x in args.rates.split(",")):
@@ -300,19 +329,24 @@ def run_model(name: str, path: Path, args) -> list[dict]:
         rows.append({"model": name, "rate": rate, "way": "ratios",
                      "vs_static": round(ours / by[(rate, "hf-static")], 2),
                      "vs_sequential": round(ours / by[(rate, "hf-sequential")], 2)})  # fmt: skip
-    return rows
+    return [*rows, ceiling]
 
 
 def _print_table(rows: list[dict]) -> None:
     print(f"{'model':<8} {'rate':>6} {'way':<14} {'reqs':>4} {'tok/s':>9} {'ttft p50':>9}"
           f" {'ttft p99':>9} {'tpot p50':>8} {'tpot p99':>8} {'roofline':>9}   (ms)")  # fmt: skip
     for r in rows:
-        if r["way"] != "ratios":
+        if r["way"] not in ("ratios", "decode-matmul-ceiling"):
             _print_row(r)
     for r in rows:
         if r["way"] == "ratios":
             print(f"{r['model']:<8} rate {r['rate']:>5}: continuous is {r['vs_static']}x static"
                   f" and {r['vs_sequential']}x one-at-a-time")  # fmt: skip
+        if r["way"] == "decode-matmul-ceiling":
+            print(f"{r['model']:<8} the served model's matmuls alone, {r['batch']} rows (one decode"
+                  f" step, nothing else): {r['flops'] / 1e9:.1f} GFLOP/s ="
+                  f" {r['roofline_fraction']} of the GEMM rate, the most any engine with"
+                  f" {r['batch']} in flight can reach")  # fmt: skip
 
 
 def _print_row(r: dict) -> None:
@@ -367,6 +401,8 @@ def main() -> None:
         if "tokens_per_s" in row:
             achieved = 2 * row["parameters"] * row["tokens_per_s"]
             row["roofline_fraction"] = round(achieved / rate_flops, 3)
+        if row["way"] == "decode-matmul-ceiling":
+            row["roofline_fraction"] = round(row["flops"] / rate_flops, 3)
     if args.json:
         out = {"matmul_flops": rate_flops, "matmul_rates": {"before": before, "after": after},
                "dtype": str(DTYPE), "hf_engine_linear": args.hf_engine_linear,
