@@ -10,6 +10,10 @@ achieved requests/s, p50 and p99 latency and failures; then, for the p99 bound, 
 throughput each way sustained with p99 at or under it (no failures, achieved at least 95% of
 offered), and their ratio: the throughput the batcher gives at the same p99.
 
+Before the servers it times the model alone in this process, on the same inputs with the
+server's torch threads: inputs/s at several batch sizes, whose best over batch 1 bounds what
+any batcher can gain on this machine, HTTP and queueing aside.
+
 The bound is `--p99-ms`; by default 8x the unloaded latency of one request to the unbatched
 engine, measured at the start of the run, so it scales with the machine and the model.
 
@@ -225,6 +229,33 @@ def run(args: argparse.Namespace, model: str, tmp: Path) -> dict:
             "ratio": round(ratio, 2) if ratio else None}  # fmt: skip
 
 
+def model_alone(model: str, sizes: list[int], n: int = 128) -> dict[int, float]:
+    """Inputs/s of the runner's `embed` over the same inputs at each batch size, one torch
+    thread fewer than the CPUs as the server runs (torch is imported here only)."""
+    import os
+
+    import torch
+
+    from batching_engine.model_runner import ModelRunner
+    from batching_engine.model_source import resolve_model_dir
+    from batching_engine.tokenizer import Tokenizer
+
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))
+    path = resolve_model_dir(model)
+    runner = ModelRunner(path, max_model_len=512, kv_cache_memory_bytes=1 << 28)
+    tokenizer = Tokenizer(path)
+    inputs = [tokenizer.encode(text) for text in texts(n, 0)]
+    rates = {}
+    for size in sizes:
+        batches = [inputs[i : i + size] for i in range(0, n, size)]
+        runner.embed(batches[0])  # warm-up
+        started = time.perf_counter()
+        for batch in batches:
+            runner.embed(batch).tolist()
+        rates[size] = round(n / (time.perf_counter() - started), 1)
+    return rates
+
+
 def print_table(out: dict) -> None:
     print(f"model {out['model']}; one request alone: {out['unloaded_ms']} ms;"
           f" p99 bound {out['p99_bound_ms']} ms; batch policy {out['batch_policy']}")  # fmt: skip
@@ -235,6 +266,10 @@ def print_table(out: dict) -> None:
         kinds = " ".join(f"{k}x{n}" for k, n in p["failure_kinds"].items())
         print(f"{p['way']:<17} {p['offered']:>9} {p['achieved']:>10} {p['p50_ms']:>8}"
               f" {p['p99_ms']:>8} {p['failures']:>5} {kinds}")  # fmt: skip
+    alone = out["model_alone_inputs_per_s"]
+    print("the model alone, inputs/s by batch size: "
+          + ", ".join(f"{size}: {rate}" for size, rate in alone.items())
+          + f"; best over batch 1: {out['model_alone_ratio']}x")  # fmt: skip
     best = out["best_sustained_rps"]
     print(f"sustained at p99 <= {out['p99_bound_ms']} ms: no batching {best['no-batching']}/s,"
           f" dynamic batching {best['dynamic-batching']}/s: {out['ratio']}x")  # fmt: skip
@@ -266,8 +301,11 @@ def main() -> int:
     args = parser().parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = minilm_model(Path(tmp) / "minilm") if args.model == "minilm" else args.model
+        alone = model_alone(model, [1, 4, 8, 16, 32])
         out = run(args, model, Path(tmp))
         out["model"] = args.model
+        out["model_alone_inputs_per_s"] = alone
+        out["model_alone_ratio"] = round(max(alone.values()) / alone[1], 2)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
