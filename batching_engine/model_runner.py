@@ -93,7 +93,7 @@ class ModelRunner:
         """KV for every chunk; a sampled token for each chunk that completes its sequence."""
         if not batch:
             return []
-        order = sorted(range(len(batch)), key=lambda i: batch[i][1] == 1)  # prefill chunks first
+        order = _batch_order(batch)
         pairs = [batch[i] for i in order]
         input_ids, meta = self._prepare(pairs)
         hidden = self._forward(input_ids, meta)
@@ -234,6 +234,14 @@ class ModelRunner:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
         )
+
+
+def _batch_order(batch: list[tuple[Sequence, int]]) -> list[int]:
+    """Prefill chunks first (attention takes them apart from decodes), then decodes by
+    context length, so the torch path's groups of similar length are adjacent rows."""
+    return sorted(
+        range(len(batch)), key=lambda i: (batch[i][1] == 1, batch[i][0].num_computed_tokens)
+    )
 
 
 def _chunk(seq: Sequence, start: int, n: int) -> list[int]:

@@ -2,7 +2,7 @@
 
 The model calls `dispatch` only:
 
-- `decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale=None)`
+- `decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale=None, plan=None)`
 - `prefill_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q,
   scale=None, max_query_len=None)`
 - `write_kv_cache(key, value, k_cache, v_cache, slot_mapping)`

@@ -15,6 +15,8 @@ A sequence with context length 0 (a padded row of a CUDA-graph batch) gets zeros
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -184,6 +186,48 @@ def _decode_reduce_kernel(
     tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
+@dataclass(frozen=True, slots=True)
+class ContextGroup:
+    """Sequences attended in one call of the torch path: their rows of the batch (a slice
+    when they are adjacent, as the runner orders decodes by context length), the cache slot
+    of each position up to the group's longest context, and which of those are in context."""
+
+    rows: slice | torch.Tensor
+    slots: torch.Tensor  # [num_seqs, longest]
+    visible: torch.Tensor  # [num_seqs, longest]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodePlan:
+    """Where the torch path reads each sequence's context: the same for every layer of a
+    step, so the model builds it once per step (`PagedAttentionMetadata.decode_plan`)."""
+
+    groups: tuple[ContextGroup, ...]
+    covers_all: bool  # every row is in a group (no empty context to zero)
+
+
+def decode_plan(
+    block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int
+) -> DecodePlan:
+    """Sequences of similar context length share one attention call, each context gathered
+    to the longest of its group and masked to its own length.
+
+    Grouping by length bounds the padding (a batch mixing 20- and 600-token contexts would
+    otherwise gather and attend 600 positions for every sequence) at a few calls per batch.
+    """
+    lengths = context_lens.tolist()
+    groups = []
+    for group in length_groups(lengths):
+        start = group[0]
+        adjacent = group == list(range(start, start + len(group)))
+        rows = slice(start, start + len(group)) if adjacent else torch.tensor(group)
+        longest = lengths[group[-1]]
+        slots, visible = context_slots(block_tables[rows], context_lens[rows], longest, block_size)
+        groups.append(ContextGroup(rows, slots, visible))
+    covered = sum(len(g.slots) for g in groups) == len(lengths)
+    return DecodePlan(tuple(groups), covered)
+
+
 def decode_attention_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -191,26 +235,19 @@ def decode_attention_reference(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float | None = None,
+    plan: DecodePlan | None = None,
 ) -> torch.Tensor:
-    """The torch path, batched: sequences of similar context length share one attention call,
-    each context gathered to the longest of its group and masked to its own length.
-
-    Grouping by length bounds the padding (a batch mixing 20- and 600-token contexts would
-    otherwise gather and attend 600 positions for every sequence) at a few calls per batch.
-    Sequences with no context (padded rows of a CUDA-graph batch) get zeros.
-    """
+    """The torch path, batched by `decode_plan` (built here unless the caller kept one for
+    the step). Sequences with no context (padded rows of a CUDA-graph batch) get zeros."""
     scale = default_scale(q) if scale is None else scale
-    lengths = context_lens.tolist()
-    groups = length_groups(lengths)
-    if len(groups) == 1 and len(groups[0]) == len(lengths):  # one call over the whole batch
-        return _attend(q, k_cache, v_cache, block_tables, context_lens, max(lengths), scale)
-    out = torch.zeros_like(q)
+    plan = plan or decode_plan(block_tables, context_lens, k_cache.shape[1])
+    groups = plan.groups
+    if plan.covers_all and len(groups) == 1 and isinstance(groups[0].rows, slice):
+        assert groups[0].rows == slice(0, len(q)), "a group covering every row is all of them"
+        return _attend(q, k_cache, v_cache, groups[0], scale)
+    out = torch.empty_like(q) if plan.covers_all else torch.zeros_like(q)
     for group in groups:
-        rows = torch.tensor(group, device=q.device)
-        out[rows] = _attend(
-            q[rows], k_cache, v_cache, block_tables[rows], context_lens[rows],
-            lengths[group[-1]], scale,
-        )  # fmt: skip
+        out[group.rows] = _attend(q[group.rows], k_cache, v_cache, group, scale)
     return out
 
 
@@ -218,15 +255,12 @@ def _attend(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    longest: int,
+    group: ContextGroup,
     scale: float,
 ) -> torch.Tensor:
-    """One call: every context gathered to `longest` positions and masked to its own length."""
-    slots, visible = context_slots(block_tables, context_lens, longest, k_cache.shape[1])
-    k, v = gather_slots(k_cache, slots), gather_slots(v_cache, slots)
-    return attention(q[:, None], k, v, visible[:, None, :], scale)[:, 0]
+    """One call: every context of the group gathered to its longest and masked."""
+    k, v = gather_slots(k_cache, group.slots), gather_slots(v_cache, group.slots)
+    return attention(q[:, None], k, v, group.visible[:, None, :], scale)[:, 0]
 
 
 def length_groups(lengths: list[int]) -> list[list[int]]:

@@ -61,16 +61,18 @@ def decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float | None = None,
+    plan: _decode.DecodePlan | None = None,
 ) -> torch.Tensor:
     """q `[num_seqs, num_heads, head_dim]`, one token per sequence at position
     `context_lens[s] - 1` (its K/V already written) -> attention output, same shape.
-    Graph-safe: no host sync; rows with context length 0 give zeros."""
+    Graph-safe on the Triton path: no host sync; rows with context length 0 give zeros.
+    `plan` (`decode_plan`, the torch path's only) spares rebuilding it at every layer."""
     if uses_triton(q):
         return _decode.decode_attention_triton(
             q, k_cache, v_cache, block_tables, context_lens, scale
         )
     return _decode.decode_attention_reference(
-        q, k_cache, v_cache, block_tables, context_lens, scale
+        q, k_cache, v_cache, block_tables, context_lens, scale, plan
     )
 
 

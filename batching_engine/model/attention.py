@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from batching_engine.kernels import dispatch
+from batching_engine.kernels.decode_attention import DecodePlan, decode_plan
 
 
 @dataclass(slots=True)
@@ -39,6 +40,7 @@ class PagedAttentionMetadata:
     max_query_len: int
     num_prefill_seqs: int  # sequences [0, num_prefill_seqs) have more than one query token
     num_prefill_tokens: int  # their tokens come first in the flat batch
+    decode_plan: DecodePlan | None = None  # the torch path's, built at the step's first layer
 
 
 @dataclass(slots=True)
@@ -137,9 +139,10 @@ def _decode(
     scale: float,
 ) -> torch.Tensor:
     seqs = slice(meta.num_prefill_seqs, None)
-    return dispatch.decode_attention(
-        q, k_cache, v_cache, meta.block_tables[seqs], meta.context_lens[seqs], scale
-    )
+    tables, lens = meta.block_tables[seqs], meta.context_lens[seqs]
+    if meta.decode_plan is None and not dispatch.uses_triton(q):
+        meta.decode_plan = decode_plan(tables, lens, k_cache.shape[1])
+    return dispatch.decode_attention(q, k_cache, v_cache, tables, lens, scale, meta.decode_plan)
 
 
 def dense_causal_attention(

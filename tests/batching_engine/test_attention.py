@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from batching_engine.kernels.decode_attention import length_groups
@@ -81,12 +82,15 @@ def test_slots_are_block_table_entry_times_block_size_plus_offset():
     assert meta.context_lens.tolist() == [9, 2] and meta.cu_seqlens_q.tolist() == [0, 3, 5]
 
 
-def test_a_decode_batch_of_far_apart_contexts_attends_each_over_its_own():
+@pytest.mark.parametrize("by_length", [False, True], ids=["as-given", "by-length"])
+def test_a_decode_batch_of_far_apart_contexts_attends_each_over_its_own(by_length):
     """Contexts of 1 to 300 tokens: the torch path attends them in several groups of similar
     length, each padded to its longest; every slot outside a context holds NaN, which must not
-    leak into any sequence's answer."""
+    leak into any sequence's answer. The runner orders decodes by length, which makes each
+    group a run of adjacent rows; any order gives the same answers."""
     generator = torch.Generator().manual_seed(1)
     lengths = [1, 300, 7, 150, 64, 33, 290, 2, 120, 16, 250, 90] * 2
+    lengths = sorted(lengths) if by_length else lengths
     assert len(length_groups(lengths)) > 1
     tables, free = [], torch.randperm(2000, generator=generator).tolist()
     for n in lengths:
@@ -102,6 +106,12 @@ def test_a_decode_batch_of_far_apart_contexts_attends_each_over_its_own():
     q = torch.randn(len(lengths), HEADS, DIM, generator=generator)
     decode = paged_metadata([n - 1 for n in lengths], [1] * len(lengths), tables, BLOCK, "cpu")
     out = paged_attention(q, k_cache, v_cache, decode, DIM**-0.5)
+    # The plan is kept for the step's other layers; sorted rows make slices of every group.
+    assert decode.decode_plan is not None
+    adjacent = [isinstance(g.rows, slice) for g in decode.decode_plan.groups]
+    assert all(adjacent) if by_length else not all(adjacent)
+    again = paged_attention(q, k_cache, v_cache, decode, DIM**-0.5)
+    assert torch.equal(again, out)
 
     group = HEADS // KV_HEADS
     for s in range(len(lengths)):
