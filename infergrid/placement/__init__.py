@@ -15,7 +15,7 @@ pods (one share or whole-GPU container) on thousands of nodes at once, in numpy.
 
 from infergrid.placement.assignments import reservation_from_assignment, to_pod_assignment
 from infergrid.placement.build import build_node_state, idle_usage
-from infergrid.placement.fgd_plus import model_contention, with_contention
+from infergrid.placement.fgd_plus import model_contention, with_cluster
 from infergrid.placement.fit import FitResult, fit
 from infergrid.placement.fragmentation import (
     DEFAULT_WORKLOAD,
@@ -99,5 +99,5 @@ __all__ = [
     "score_nodes",
     "task_fragmentation",
     "to_pod_assignment",
-    "with_contention",
+    "with_cluster",
 ]

@@ -6,9 +6,19 @@ The score of a placement, higher is better, in whole GPUs:
 
 * ΔF is FGD's: the decrease of node fragmentation over the typical pods.
 * Stranded GPUs are free GPU capacity that the node's free CPU cannot feed:
-  max(0, free GPUs − free CPU ÷ c), c the CPU the workload's typical GPU pod
-  brings per GPU. FGD sees CPU only where a typical pod stops fitting, so it
-  will spend the CPU of a node with idle GPUs on a CPU-only pod; this prices it.
+  max(0, free GPUs − free CPU ÷ c), c the CPU to keep beside each free GPU
+  (``cpu_to_keep``): what the workload's typical GPU pod brings per GPU. FGD
+  sees CPU only where a typical pod stops fitting, so it will spend the CPU of
+  a node with idle GPUs on a CPU-only pod; this prices it.
+* Where CPU is short (``cpu_short``: the typical pods, CPU-only ones included,
+  ask for more CPU per GPU than the cluster has, ``Workload.cluster_cpu_per_gpu``
+  from ``with_cluster``), CPU, not GPUs, decides how much gets placed, and a GPU
+  is only as usable as the CPU left beside it for the whole workload: c also
+  counts what the CPU-only pods bring per GPU. GPU pods then go first to nodes
+  short of CPU, whose GPUs would be stranded anyway, and CPU-rich nodes keep
+  their CPU for the CPU-only pods. (On the openb trace only cpu250, where a
+  quarter of the pods are CPU-only, is short. Counting the CPU-only pods also
+  where CPU is not short, even in part, cost up to 1.6 pp on gpuspec33.)
 * Contested is the GPUs the pod takes times how contested their model is
   (``Workload.contention``, from ``model_contention``): pods that run anywhere
   keep off the models that pods restricted by ``gpu_spec`` need. FGD sees a
@@ -18,9 +28,10 @@ The score of a placement, higher is better, in whole GPUs:
   first-fit. FGD's exact scores spread pods over nodes that differ by noise.
 
 Ties among placements that take no GPU (CPU-only pods) go to the node left with
-the most CPU to spare beyond what its free GPUs need. Nodes without ``host``
-(the extender's) and workloads without CPU or contention reduce it to a
-quantised fgd.
+the most CPU to spare beyond what its free GPUs need; where CPU is short, first,
+as binpack's do, to the node with the fewest free GPUs (CPU beside taken GPUs is
+of no use to GPU pods). Nodes without ``host`` (the extender's) and workloads
+without CPU or contention reduce it to a quantised fgd.
 """
 
 import math
@@ -48,16 +59,47 @@ _TIE_WEIGHT: Final = 1e-5
 _TIE_CAP: Final = 1000.0
 """Spare CPU counts up to this many GPUs' worth, so the tie-break stays under 0.01."""
 
+_FREE_GPU_WEIGHT: Final = 1e-2
+"""Where CPU is short, the CPU-only tie-break's first key, per free GPU left on the node: a
+node would need 100 free GPUs to lose a whole score step."""
+
+_SHORT_TIE_WEIGHT: Final = 1e-7
+"""Where CPU is short, scales the second key (spare CPU) so it stays under 1e-4, below the
+first's."""
+
+
+def cpu_asked_per_gpu(workload: Workload) -> tuple[float, float]:
+    """Millicores the workload's GPU pods and its CPU-only pods bring per GPU it asks for,
+    weighted by popularity (a share counts its SM fraction of a GPU); (0, 0) without GPU
+    tasks."""
+    gpu_pods = cpu_only = gpus = 0.0
+    for demand, p in workload.tasks:
+        if demand.wants_gpu:
+            gpu_pods += p * demand.cpu_milli
+            gpus += p * (demand.whole_gpus or demand.cores / ALL_CORES)
+        else:
+            cpu_only += p * demand.cpu_milli
+    return (gpu_pods / gpus, cpu_only / gpus) if gpus > 0 else (0.0, 0.0)
+
 
 def cpu_per_gpu(workload: Workload) -> float:
     """Millicores the workload's typical GPU pod brings per GPU (a share counts its SM
     fraction); 0 when its tasks carry no CPU."""
-    cpu = gpus = 0.0
-    for demand, p in workload.tasks:
-        if demand.wants_gpu:
-            cpu += p * demand.cpu_milli
-            gpus += p * (demand.whole_gpus or demand.cores / ALL_CORES)
-    return cpu / gpus if gpus > 0 else 0.0
+    return cpu_asked_per_gpu(workload)[0]
+
+
+def cpu_short(workload: Workload) -> bool:
+    """Whether the workload asks for more CPU per GPU, its CPU-only pods' included, than the
+    cluster it runs on has (``Workload.cluster_cpu_per_gpu``); False where that is not known."""
+    cluster = workload.cluster_cpu_per_gpu
+    return cluster > 0 and sum(cpu_asked_per_gpu(workload)) > cluster
+
+
+def cpu_to_keep(workload: Workload) -> float:
+    """Millicores to keep beside each free GPU: what the GPU pods bring per GPU, and, where
+    CPU is short (``cpu_short``), what the CPU-only pods bring per GPU as well."""
+    own, cpu_only = cpu_asked_per_gpu(workload)
+    return own + cpu_only if cpu_short(workload) else own
 
 
 def free_gpus(node: NodeState) -> float:
@@ -104,15 +146,22 @@ def model_contention(workload: Workload, gpus_per_model: Mapping[str, int]) -> d
     return {m: load[m] / capacity[m] / mean - 1.0 for m in capacity}
 
 
-def with_contention(workload: Workload, gpus_per_model: Mapping[str, int]) -> Workload:
-    """``workload`` carrying the contention of each model of a cluster with these GPUs."""
+def with_cluster(
+    workload: Workload, gpus_per_model: Mapping[str, int], cpu_milli: int = 0
+) -> Workload:
+    """``workload`` carrying what fgd-plus reads of the cluster it runs on: how contested
+    each model is, given the GPUs of each, and the cluster's CPU per GPU (``cpu_milli`` in
+    all; 0: not known)."""
     contention = model_contention(workload, gpus_per_model)
-    return replace(workload, contention=MappingProxyType(contention))
+    gpus = sum(n for n in gpus_per_model.values() if n > 0)
+    per_gpu = cpu_milli / gpus if gpus > 0 else 0.0
+    return replace(workload, contention=MappingProxyType(contention), cluster_cpu_per_gpu=per_gpu)
 
 
 def fgd_plus_score(before: NodeState, after: NodeState, workload: Workload) -> float:
     """fgd-plus (see the module): quantised FGD, less stranded GPUs and contested models."""
-    per_gpu = cpu_per_gpu(workload)
+    short = cpu_short(workload)
+    per_gpu = cpu_to_keep(workload)
     decrease = node_fragmentation(before, workload) - node_fragmentation(after, workload)
     stranded = stranded_gpus(after, per_gpu) - stranded_gpus(before, per_gpu)
     taken = free_gpus(before) - free_gpus(after)
@@ -120,5 +169,9 @@ def fgd_plus_score(before: NodeState, after: NodeState, workload: Workload) -> f
     value = decrease - STRAND_WEIGHT * stranded - CONTENTION_WEIGHT * contested
     score = float(math.floor(value / RESOLUTION + 1e-9))
     if taken <= 0:
-        score += _TIE_WEIGHT * min(spare_cpu(after, per_gpu), _TIE_CAP)
+        spare = min(spare_cpu(after, per_gpu), _TIE_CAP)
+        if short:
+            score += _SHORT_TIE_WEIGHT * spare - _FREE_GPU_WEIGHT * free_gpus(after)
+        else:
+            score += _TIE_WEIGHT * spare
     return score

@@ -119,12 +119,14 @@ class Workload:
     """Task types and their popularity, which sum to 1.
 
     ``contention`` says how contested each GPU model is in the cluster the
-    workload runs on (0 is average; see ``fgd_plus.model_contention``). Only
-    fgd-plus reads it; it takes no part in equality.
+    workload runs on (0 is average; see ``fgd_plus.model_contention``), and
+    ``cluster_cpu_per_gpu`` how many CPU millicores that cluster has per GPU
+    (0: not known). Only fgd-plus reads them; they take no part in equality.
     """
 
     tasks: tuple[tuple[Demand, float], ...]
     contention: Mapping[str, float] = field(default_factory=lambda: _NO_CONTENTION, compare=False)
+    cluster_cpu_per_gpu: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -133,6 +135,8 @@ class Workload:
             raise ContractError("workload", "every popularity must be a positive number")
         if abs(sum(p for _, p in self.tasks) - 1.0) > _POPULARITY_SLACK:
             raise ContractError("workload", "popularities must sum to 1")
+        if not (math.isfinite(self.cluster_cpu_per_gpu) and self.cluster_cpu_per_gpu >= 0):
+            raise ContractError("workload", "cluster CPU per GPU must be a number, 0 or more")
 
     @staticmethod
     def of(weights: Iterable[tuple[Demand, float]]) -> "Workload":

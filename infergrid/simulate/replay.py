@@ -32,7 +32,7 @@ from infergrid.placement import (
     free_capacity,
     node_fragmentation,
     resolve_policy,
-    with_contention,
+    with_cluster,
 )
 from infergrid.pod_request import PodGpuRequest
 from infergrid.simulate.cluster import node_state, pod_request
@@ -55,7 +55,8 @@ class Scenario:
 
     ``requests`` holds each pod shape's request as the core sees it, and
     ``workload`` the trace's typical pods (fgd's workload and the metric's M),
-    with how contested each GPU model of these nodes is (fgd-plus reads it).
+    with how contested each GPU model of these nodes is and their CPU per GPU
+    (fgd-plus reads both).
     """
 
     nodes: tuple[TraceNode, ...]
@@ -87,7 +88,9 @@ class Scenario:
             node_shapes=node_shapes,
             pod_shapes=pod_shapes,
             requests=tuple(pod_request(first[s]) for s in range(len(pod_kinds))),
-            workload=with_contention(typical_workload(pods), gpus_per_model),
+            workload=with_cluster(
+                typical_workload(pods), gpus_per_model, sum(n.cpu_milli for n in nodes)
+            ),
             capacity_milli=sum(n.gpus for n in nodes) * MILLI_GPU,
         )
 

@@ -2,6 +2,7 @@
 simulation-only policies in its tables, each scorer checked on a hand-computed case."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -19,9 +20,16 @@ from infergrid.placement import (
     model_contention,
     node_fragmentation,
     resolve_policy,
-    with_contention,
+    with_cluster,
 )
-from infergrid.placement.fgd_plus import cpu_per_gpu, fgd_plus_score, stranded_gpus
+from infergrid.placement.fgd_plus import (
+    cpu_asked_per_gpu,
+    cpu_per_gpu,
+    cpu_short,
+    cpu_to_keep,
+    fgd_plus_score,
+    stranded_gpus,
+)
 from infergrid.simulate.cluster import node_state, pod_request
 from infergrid.simulate.trace import TraceNode, TracePod
 
@@ -195,7 +203,7 @@ def test_fgd_plus_keeps_pods_that_run_anywhere_off_contested_models():
             (Demand(whole_gpus=1, cpu_milli=8000, gpu_models=frozenset({"T4"})), 0.5),
         )
     )
-    workload = with_contention(base, {"T4": 2, "G2": 8})
+    workload = with_cluster(base, {"T4": 2, "G2": 8})
     t4, g2 = a_node(model="T4"), a_node(model="G2")
     on_t4 = fgd_plus_score(t4, place(t4, 1000), workload)
     on_g2 = fgd_plus_score(g2, place(g2, 1000), workload)
@@ -213,3 +221,52 @@ def test_fgd_plus_prices_stranding_the_cpu_of_idle_gpus():
     assert math.floor(on_lean) == -25  # one stranded GPU, in steps of 0.04
     assert math.floor(on_rich) == 0
     assert on_rich > 0  # ties among CPU-only placements go to the most spare CPU
+
+
+GPU_POD, CPU_POD = Demand(whole_gpus=1, cpu_milli=8000), Demand(cpu_milli=4000)
+"""Half the pods take a GPU and 8 cores, half 4 cores and no GPU: 12 cores asked per GPU."""
+
+
+def test_cpu_is_short_where_the_workload_asks_more_per_gpu_than_the_cluster_has():
+    workload = Workload(((GPU_POD, 0.5), (CPU_POD, 0.5)))
+    assert cpu_asked_per_gpu(workload) == (8000, 4000)
+    assert cpu_per_gpu(workload) == 8000
+    assert not cpu_short(workload)  # the cluster is not known
+    assert cpu_to_keep(workload) == 8000
+    roomy = replace(workload, cluster_cpu_per_gpu=12000)  # exactly enough: not short
+    assert not cpu_short(roomy)
+    assert cpu_to_keep(roomy) == 8000
+    tight = with_cluster(workload, {"T4": 2, "G2": 8}, cpu_milli=100000)  # 10 cores per GPU
+    assert tight.cluster_cpu_per_gpu == 10000
+    assert cpu_short(tight)
+    assert cpu_to_keep(tight) == 12000  # the CPU-only pods' 4 cores per GPU kept as well
+
+
+def test_fgd_plus_keeps_cpu_for_cpu_only_pods_where_cpu_is_short():
+    tight = Workload(((GPU_POD, 0.5), (CPU_POD, 0.5)), cluster_cpu_per_gpu=10000)
+    node = a_node(gpus=2, cpu=24000)
+    after = place(node, 0, num_gpu=0, cpu=4000)
+    # c = 12 cores: the 20 left feed 5/3 of the 2 free GPUs, 1/3 stranded, 8.33 steps
+    # down; the tie-break takes 0.01 per free GPU and has no spare CPU to add.
+    assert fgd_plus_score(node, after, tight) == pytest.approx(-9 - 0.02)
+    # Not short (c = 8 cores): nothing stranded, and 0.5 GPU of spare CPU.
+    roomy = replace(tight, cluster_cpu_per_gpu=12000)
+    assert fgd_plus_score(node, after, roomy) == pytest.approx(1e-5 * 0.5)
+
+
+def test_fgd_plus_sends_cpu_only_pods_to_taken_gpus_where_cpu_is_short():
+    tight = Workload(((GPU_POD, 0.5), (CPU_POD, 0.5)), cluster_cpu_per_gpu=10000)
+    idle = a_node(gpus=2, cpu=96000)
+    taken = place(a_node(gpus=2, cpu=64000), 1000, num_gpu=2, cpu=8000)  # 56 cores left
+    on_idle = fgd_plus_score(idle, place(idle, 0, num_gpu=0, cpu=4000), tight)
+    on_taken = fgd_plus_score(taken, place(taken, 0, num_gpu=0, cpu=4000), tight)
+    # Both score step 0. Spare CPU at 12 cores per GPU: 92 cores feed 7.67 GPUs, 5.67
+    # beyond the 2 free; 52 cores 4.33, all spare. Free GPUs come first: 2 cost 0.02.
+    assert on_idle == pytest.approx(1e-7 * (92 / 12 - 2) - 0.02)
+    assert on_taken == pytest.approx(1e-7 * (52 / 12))
+    assert on_taken > on_idle
+    # Where CPU is not short, the most spare CPU wins: 92 / 8 − 2 = 9.5 against 6.5.
+    roomy = replace(tight, cluster_cpu_per_gpu=0.0)
+    assert fgd_plus_score(idle, place(idle, 0, num_gpu=0, cpu=4000), roomy) > fgd_plus_score(
+        taken, place(taken, 0, num_gpu=0, cpu=4000), roomy
+    )
