@@ -174,6 +174,21 @@ def run(coro) -> object:
     return asyncio.run(coro)
 
 
+async def held_batcher(
+    policy: BatchPolicy, first: list[int]
+) -> tuple[FakeModel, DynamicBatcher, asyncio.Task]:
+    """A started batcher whose model is held (its gate closed) by `first`, already running:
+    whatever is submitted next waits in the queue."""
+    model = FakeModel()
+    model.gate.clear()
+    batcher = DynamicBatcher(policy, model.run)
+    batcher.start()
+    running = asyncio.create_task(batcher.submit(first))
+    while not model.batches:
+        await asyncio.sleep(0)
+    return model, batcher, running
+
+
 def test_concurrent_requests_share_a_batch_and_get_their_own_results() -> None:
     async def scenario() -> tuple[list, list]:
         model = FakeModel()
@@ -201,13 +216,8 @@ def test_a_lone_request_goes_out_after_the_delay() -> None:
 
 def test_a_full_queue_rejects_at_once() -> None:
     async def scenario() -> None:
-        model = FakeModel()
-        model.gate.clear()
-        batcher = DynamicBatcher(BatchPolicy(max_batch_size=1, max_queue_size=2), model.run)
-        batcher.start()
-        first = asyncio.create_task(batcher.submit([1]))
-        while not model.batches:  # the first is running, holding the model
-            await asyncio.sleep(0)
+        policy = BatchPolicy(max_batch_size=1, max_queue_size=2)
+        model, batcher, first = await held_batcher(policy, [1])
         queued = asyncio.create_task(batcher.submit([2, 3]))
         await asyncio.sleep(0)
         with pytest.raises(QueueFullError):
@@ -221,13 +231,7 @@ def test_a_full_queue_rejects_at_once() -> None:
 
 def test_a_request_that_waits_past_its_timeout_is_dropped() -> None:
     async def scenario() -> list:
-        model = FakeModel()
-        model.gate.clear()
-        batcher = DynamicBatcher(BatchPolicy(max_batch_size=1), model.run)
-        batcher.start()
-        first = asyncio.create_task(batcher.submit([1]))
-        while not model.batches:  # the first is running, holding the model
-            await asyncio.sleep(0)
+        model, batcher, first = await held_batcher(BatchPolicy(max_batch_size=1), [1])
         with pytest.raises(QueueTimeoutError):
             await batcher.submit([2], timeout_s=0.01)
         model.gate.set()
@@ -240,18 +244,12 @@ def test_a_request_that_waits_past_its_timeout_is_dropped() -> None:
 
 def test_higher_priority_waiting_requests_run_first() -> None:
     async def scenario() -> list:
-        model = FakeModel()
-        model.gate.clear()
-        batcher = DynamicBatcher(BatchPolicy(max_batch_size=1), model.run)
-        batcher.start()
-        tasks = [asyncio.create_task(batcher.submit([0]))]
-        while not model.batches:
-            await asyncio.sleep(0)
-        tasks.append(asyncio.create_task(batcher.submit([1], priority=5)))
-        tasks.append(asyncio.create_task(batcher.submit([2], priority=0)))
+        model, batcher, first = await held_batcher(BatchPolicy(max_batch_size=1), [0])
+        low = asyncio.create_task(batcher.submit([1], priority=5))
+        high = asyncio.create_task(batcher.submit([2], priority=0))
         await asyncio.sleep(0)
         model.gate.set()
-        await asyncio.gather(*tasks)
+        await asyncio.gather(first, low, high)
         await batcher.close()
         return model.batches
 
@@ -260,14 +258,9 @@ def test_higher_priority_waiting_requests_run_first() -> None:
 
 def test_a_cancelled_request_leaves_the_queue_without_running() -> None:
     async def scenario() -> list:
-        model = FakeModel()
-        model.gate.clear()
-        batcher = DynamicBatcher(BatchPolicy(max_batch_size=1), model.run)
-        batcher.start()
-        first = asyncio.create_task(batcher.submit([1]))
+        model, batcher, first = await held_batcher(BatchPolicy(max_batch_size=1), [1])
         gone = asyncio.create_task(batcher.submit([2]))
-        while not model.batches:
-            await asyncio.sleep(0)
+        await asyncio.sleep(0)  # queued behind the first
         gone.cancel()
         await asyncio.sleep(0)
         model.gate.set()
