@@ -10,13 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from batching_engine.tokenizer import ChatMessageLike, Tokenizer
 from infergrid.errors import ContractError
+from tests.batching_engine.tiny_model_dir import write_bpe_tokenizer
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CORPUS = ["hello world, the quick brown fox jumps over the lazy dog"] * 20 + ["café naïve 123"] * 5
 TEMPLATE = (
     "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
@@ -25,18 +23,7 @@ TEMPLATE = (
 
 
 def write_model_dir(path: Path, tokenizer_config: dict | None = None, **files: dict) -> Path:
-    tokenizer = HFTokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(CORPUS, trainer)
-    tokenizer.save(str(path / "tokenizer.json"))
-    config = {"eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}
-    (path / "tokenizer_config.json").write_text(json.dumps(config | (tokenizer_config or {})))
+    write_bpe_tokenizer(path, CORPUS, vocab_size=300, tokenizer_config=tokenizer_config)
     for name, document in files.items():
         (path / f"{name}.json").write_text(json.dumps(document))
     return path
