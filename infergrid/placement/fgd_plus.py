@@ -82,24 +82,25 @@ def cpu_asked_per_gpu(workload: Workload) -> tuple[float, float]:
     return (gpu_pods / gpus, cpu_only / gpus) if gpus > 0 else (0.0, 0.0)
 
 
-def cpu_per_gpu(workload: Workload) -> float:
-    """Millicores the workload's typical GPU pod brings per GPU (a share counts its SM
-    fraction); 0 when its tasks carry no CPU."""
-    return cpu_asked_per_gpu(workload)[0]
-
-
 def cpu_short(workload: Workload) -> bool:
     """Whether the workload asks for more CPU per GPU, its CPU-only pods' included, than the
     cluster it runs on has (``Workload.cluster_cpu_per_gpu``); False where that is not known."""
-    cluster = workload.cluster_cpu_per_gpu
-    return cluster > 0 and sum(cpu_asked_per_gpu(workload)) > cluster
+    return _cpu_plan(workload)[0]
 
 
 def cpu_to_keep(workload: Workload) -> float:
     """Millicores to keep beside each free GPU: what the GPU pods bring per GPU, and, where
     CPU is short (``cpu_short``), what the CPU-only pods bring per GPU as well."""
+    return _cpu_plan(workload)[1]
+
+
+def _cpu_plan(workload: Workload) -> tuple[bool, float]:
+    """``cpu_short`` and ``cpu_to_keep`` from one pass over the tasks, as every score needs
+    both."""
     own, cpu_only = cpu_asked_per_gpu(workload)
-    return own + cpu_only if cpu_short(workload) else own
+    cluster = workload.cluster_cpu_per_gpu
+    short = cluster > 0 and own + cpu_only > cluster
+    return short, own + cpu_only if short else own
 
 
 def free_gpus(node: NodeState) -> float:
@@ -160,8 +161,7 @@ def with_cluster(
 
 def fgd_plus_score(before: NodeState, after: NodeState, workload: Workload) -> float:
     """fgd-plus (see the module): quantised FGD, less stranded GPUs and contested models."""
-    short = cpu_short(workload)
-    per_gpu = cpu_to_keep(workload)
+    short, per_gpu = _cpu_plan(workload)
     decrease = node_fragmentation(before, workload) - node_fragmentation(after, workload)
     stranded = stranded_gpus(after, per_gpu) - stranded_gpus(before, per_gpu)
     taken = free_gpus(before) - free_gpus(after)

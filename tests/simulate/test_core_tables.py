@@ -24,7 +24,6 @@ from infergrid.placement import (
 )
 from infergrid.placement.fgd_plus import (
     cpu_asked_per_gpu,
-    cpu_per_gpu,
     cpu_short,
     cpu_to_keep,
     fgd_plus_score,
@@ -165,13 +164,13 @@ def test_fgd_paper_is_the_sigmoid_of_fgds_decrease():
 # --- fgd-plus ------------------------------------------------------------------------------
 
 
-def test_cpu_per_gpu_weighs_tasks_by_popularity_and_gpus():
+def test_gpu_pods_cpu_per_gpu_weighs_tasks_by_popularity_and_gpus():
     workload = Workload(
         ((Demand(whole_gpus=2, cpu_milli=20000), 0.5), (Demand(cpu_milli=99000), 0.5))
     )
-    assert cpu_per_gpu(workload) == 10000
+    assert cpu_asked_per_gpu(workload)[0] == 10000
     share = Workload(((Demand(memory_mib=8000, cores=50, cpu_milli=4000), 1.0),))
-    assert cpu_per_gpu(share) == 8000
+    assert cpu_asked_per_gpu(share)[0] == 8000
 
 
 def test_stranded_gpus_are_those_free_cpu_cannot_feed():
@@ -230,7 +229,6 @@ GPU_POD, CPU_POD = Demand(whole_gpus=1, cpu_milli=8000), Demand(cpu_milli=4000)
 def test_cpu_is_short_where_the_workload_asks_more_per_gpu_than_the_cluster_has():
     workload = Workload(((GPU_POD, 0.5), (CPU_POD, 0.5)))
     assert cpu_asked_per_gpu(workload) == (8000, 4000)
-    assert cpu_per_gpu(workload) == 8000
     assert not cpu_short(workload)  # the cluster is not known
     assert cpu_to_keep(workload) == 8000
     roomy = replace(workload, cluster_cpu_per_gpu=12000)  # exactly enough: not short
