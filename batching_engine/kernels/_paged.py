@@ -52,6 +52,37 @@ def paged_kv_tile(
     return rows[:, None] + dims[None, :], n_mask[:, None] & d_mask[None, :]
 
 
+@triton.jit
+def attend_kv_tile(
+    q,
+    m_i,
+    l_i,
+    acc,
+    k_cache_ptr,
+    v_cache_ptr,
+    kv_offsets,
+    kv_mask,
+    visible,
+    scale_log2,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One online-softmax step of both attention kernels: fold a tile of K/V into the running
+    max `m_i` (log2 units), denominator `l_i` and output `acc` of each query row. A row that sees
+    nothing yet keeps m = -inf and adds nothing (exp2 of -inf is 0, never NaN)."""
+    k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+    scores = tl.where(visible, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(scores - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
 def default_scale(q: torch.Tensor) -> float:
     return 1.0 / math.sqrt(q.shape[-1])
 

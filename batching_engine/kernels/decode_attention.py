@@ -32,6 +32,7 @@ from ._launch import (
 )
 from ._paged import (
     LOG2_E,
+    attend_kv_tile,
     attention,
     check_paged_cache,
     context_slots,
@@ -116,17 +117,20 @@ def _decode_attention_kernel(
             stride_cache_head,
             BLOCK_SIZE,
         )
-        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-        scores = tl.where(n_mask[None, :], scores, float("-inf"))
-        # Every tile holds at least one real token, so m_new is finite.
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = attend_kv_tile(
+            q,
+            m_i,
+            l_i,
+            acc,
+            k_cache_ptr,
+            v_cache_ptr,
+            kv_offsets,
+            kv_mask,
+            n_mask[None, :],
+            scale_log2,
+            DOT_DTYPE,
+            DOT_PRECISION,
+        )
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]

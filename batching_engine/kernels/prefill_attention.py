@@ -30,6 +30,7 @@ from ._launch import (
 )
 from ._paged import (
     LOG2_E,
+    attend_kv_tile,
     attention,
     check_paged_cache,
     context_slots,
@@ -105,19 +106,21 @@ def _prefill_attention_kernel(
                 stride_cache_head,
                 BLOCK_SIZE,
             )
-            k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-            scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
             visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
-            scores = tl.where(visible, scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_use)
-            p = tl.exp2(scores - m_use[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-            pv = tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+            m_i, l_i, acc = attend_kv_tile(
+                q,
+                m_i,
+                l_i,
+                acc,
+                k_cache_ptr,
+                v_cache_ptr,
+                kv_offsets,
+                kv_mask,
+                visible,
+                scale_log2,
+                DOT_DTYPE,
+                DOT_PRECISION,
+            )
 
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         out = acc / l_safe[:, None]
