@@ -7,19 +7,23 @@ mixed lengths go through `LLMEngine` with a small token budget, so prompts are s
 beside other requests' decodes.
 
 Decode steps replayed through the runner's CUDA-graph path are checked the same way, with a
-stand-in for the capture (replay recomputes from the captured buffers), as no GPU is here.
+stand-in for the capture (replay recomputes from the captured buffers), as no GPU is here; and
+a decode step on the Triton path is checked to read no value back to the host, which a real
+capture would refuse.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from batching_engine.config import EngineConfig
 from batching_engine.engine import LLMEngine
 from batching_engine.kernels import dispatch
 from batching_engine.kernels._launch import is_interpreted
 from batching_engine.kernels.rmsnorm import _fused_add_rmsnorm_kernel
+from batching_engine.model.attention import decode_buffers
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams
 from tests.batching_engine.tiny_llama import LLAMA3_ROPE, hf_greedy, save_tiny_llama
@@ -105,3 +109,67 @@ def test_decode_steps_replayed_through_graphs_give_the_eager_tokens(
     # Decode steps of 4, then of 3 or fewer as requests finish, ran on the rungs 4, 2 and 1
     # with padded rows; prefill steps ran eagerly.
     assert set(replays) <= {1, 2, 4} and 4 in replays
+
+
+class HostReads(TorchDispatchMode):
+    """Records every read of a tensor's values back to the host during a step: what breaks a
+    CUDA-graph capture (and stalls the GPU) there. Ops reading a value (`item`, `bool(t)`,
+    ops whose output size depends on values) come through torch's dispatcher; `tolist`,
+    `numpy` and `cpu` do not, so they are wrapped while the mode is on."""
+
+    VALUE_OPS = frozenset({"item", "_local_scalar_dense", "nonzero", "masked_select", "_unique2"})
+    METHODS = ("tolist", "numpy", "cpu")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+        self._saved = {name: getattr(torch.Tensor, name) for name in self.METHODS}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in self.VALUE_OPS:
+            self.reads.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        for name, method in self._saved.items():
+            setattr(torch.Tensor, name, self._recording(name, method))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, method in self._saved.items():
+            setattr(torch.Tensor, name, method)
+        return super().__exit__(*exc)
+
+    def _recording(self, name, method):
+        def wrapper(tensor, *args, **kwargs):
+            self.reads.append(f"Tensor.{name}")
+            return method(tensor, *args, **kwargs)
+
+        return wrapper
+
+
+def decode_step_inputs(runner: ModelRunner) -> dict[str, torch.Tensor]:
+    """Two sequences (5 and 9 tokens of context) in buffers for four, two rows padded."""
+    inputs = decode_buffers(4, runner.kv_layout.blocks_needed(64), runner.device)
+    inputs["input_ids"][:2] = torch.tensor([3, 7])
+    inputs["positions"][:2] = torch.tensor([4, 8])
+    inputs["context_lens"][:2] = torch.tensor([5, 9], dtype=torch.int32)
+    inputs["block_tables"][:2, 0] = torch.tensor([0, 1], dtype=torch.int32)
+    inputs["slot_mapping"][:2] = torch.tensor([4, runner.block_size + 8])
+    return inputs
+
+
+@pytest.mark.parametrize("kernels, reads_back", [("triton", False), ("torch", True)])
+def test_a_decode_step_on_the_triton_path_reads_nothing_back_to_the_host(
+    tiny, backend, kernels, reads_back
+):
+    """What CUDA-graph capture on a GPU needs; the torch path reads the context lengths back
+    (which is why graphs are only captured on the Triton path), showing the check can fail."""
+    path, _ = tiny
+    backend(kernels)
+    runner = new_runner(path)
+    inputs = decode_step_inputs(runner)
+    with torch.inference_mode(), HostReads() as probe:
+        logits = runner.decode_forward(**inputs)
+    assert logits.shape[0] == 4 and bool(torch.isfinite(logits).all())
+    assert bool(probe.reads) == reads_back, probe.reads
