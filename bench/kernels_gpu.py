@@ -9,6 +9,8 @@ Sections, each guarded (an error is printed and recorded, and the next section r
   matmul (FLOP/s), measured in this run;
 - correctness: every Triton kernel against its torch reference on fresh random inputs, in bf16,
   fp16 and fp32, with outputs poisoned (NaN) beforehand, ragged lengths and block edges;
+- parity: the engine's greedy tokens on the Triton path (decode through CUDA graphs on a GPU)
+  against its torch path and transformers, for a small random Llama in fp32 and bf16;
 - kernels: each kernel timed with CUDA events after warm-up (median, L2 flushed between runs),
   achieved GB/s or TFLOP/s and the fraction of the ceiling; decode attention over batch x
   context, with the target line: batch 64, 4k context, at least 70% of the copy bandwidth;
@@ -43,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-SECTIONS = ("ceilings", "correctness", "kernels", "tuning", "decode_step", "engine")
+SECTIONS = ("ceilings", "correctness", "parity", "kernels", "tuning", "decode_step", "engine")
 DECODE_TARGET = {"batch": 64, "context": 4096, "fraction": 0.70}
 TOLERANCE = {  # (elementwise, attention): fp16 and fp32 as usual, bf16 a few ulps
     torch.float32: (1e-5, 1e-4),
@@ -358,6 +360,63 @@ def correctness(report: Report, clock: Clock, s: Sizes) -> None:
             row = {"kernel": name, "dtype": DTYPE_NAMES[dtype], "max_abs_err": max_err,
                    "tol": tol, "verdict": verdict}  # fmt: skip
             report.row("correctness", row, fmt)
+
+
+# ----------------------------------------------------------------------------- parity
+
+PARITY_PROMPT_LENGTHS = (3, 21, 9, 30)
+PARITY_TOKENS = 8
+
+
+def parity(report: Report, clock: Clock, s: Sizes) -> None:
+    """Greedy tokens of the engine's ModelRunner, all prompts decoded together with prompts cut
+    into 16-token chunks, on each kernel path; transformers on the CPU in fp32 is the reference.
+    The model is the tests' tiny Llama (peaked logits, llama3 rope scaling)."""
+    from batching_engine.kernels import dispatch
+    from batching_engine.model_runner import ModelRunner
+    from tests.batching_engine.tiny_llama import (
+        LLAMA3_ROPE,
+        hf_greedy,
+        runner_greedy,
+        save_tiny_llama,
+    )
+
+    fmt = "{dtype:<5} {path:<7} graphs {graphs!s:<5} tokens {tokens}  {verdict}"
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 256, (n,), generator=generator).tolist()
+               for n in PARITY_PROMPT_LENGTHS]  # fmt: skip
+    before = dispatch.kernel_backend()
+    with tempfile.TemporaryDirectory() as folder:
+        reference = save_tiny_llama(Path(folder), rope_scaling=LLAMA3_ROPE)
+        expected = [hf_greedy(reference, prompt, PARITY_TOKENS) for prompt in prompts]
+        try:
+            for dtype in (torch.float32, torch.bfloat16):
+                paths = {}
+                for path in ("torch", "triton"):
+                    dispatch.set_kernel_backend(path)
+                    runner = ModelRunner(
+                        folder, device=str(clock.device), dtype=dtype, max_model_len=64,
+                        kv_cache_memory_bytes=64 * 8192, max_num_seqs=len(prompts),
+                    )  # fmt: skip
+                    if path == "triton" and not clock.cuda:  # a GPU runner captured its own
+                        runner.capture_decode_graphs(replay_stand_in)
+                    tokens = runner_greedy(runner, prompts, PARITY_TOKENS, chunk_size=16)
+                    paths[path] = tokens
+                    against = "transformers" if path == "torch" else "torch path"
+                    want = expected if path == "torch" else paths["torch"]
+                    matching = sum(a == b for got, ref in zip(tokens, want, strict=True)
+                                   for a, b in zip(got, ref, strict=True))  # fmt: skip
+                    total = len(prompts) * PARITY_TOKENS
+                    same = tokens == want
+                    row = {"dtype": DTYPE_NAMES[dtype], "path": path,
+                           "graphs": runner.decode_graphs is not None, "tokens": total,
+                           "against": against, "matching": matching, "same": same,
+                           "verdict": f"{'same as' if same else 'DIFFERS from'} the {against}"
+                                      f" ({matching}/{total})"}  # fmt: skip
+                    report.row("parity", row, fmt)
+                    del runner
+        finally:
+            dispatch.set_kernel_backend(before)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -773,6 +832,7 @@ def engine_forward(runner, s: Sizes, per_seq: int):
 SECTION_RUNS = {
     "ceilings": ("ceilings: what this GPU moves and multiplies", ceilings),
     "correctness": ("correctness: Triton vs torch reference, poisoned outputs", correctness),
+    "parity": ("parity: the engine's greedy tokens, Triton path vs torch path", parity),
     "kernels": ("kernels: median of CUDA-event timings after warm-up", kernel_timings),
     "tuning": ("tuning: launch variants of the attention kernels (bf16)", tuning),
     "decode_step": ("decode step: eager vs CUDA graphs", decode_step),

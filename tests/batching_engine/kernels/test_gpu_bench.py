@@ -39,7 +39,7 @@ def dry_run() -> dict:
 
 def test_every_section_runs_without_error(dry_run):
     assert dry_run["errors"] == {}
-    for section in ("correctness", "kernels", "tuning", "decode_step", "engine"):
+    for section in ("correctness", "parity", "kernels", "tuning", "decode_step", "engine"):
         assert dry_run[section], section
     assert set(dry_run["ceilings"]) == {"copy_GBps", "bf16_matmul_TFLOPs"}
 
@@ -56,6 +56,14 @@ def test_every_kernel_matches_its_reference_in_every_dtype(dry_run):
     }
     assert len(verdicts) == 3 * len(kernels)
     assert set(verdicts.values()) == {"ok"}, verdicts
+
+
+def test_the_engine_decodes_the_same_greedy_tokens_on_both_kernel_paths(dry_run):
+    rows = {(row["dtype"], row["path"]): row for row in dry_run["parity"]}
+    assert set(rows) == {(d, p) for d in ("fp32", "bf16") for p in ("torch", "triton")}
+    for (_, path), row in rows.items():
+        assert row["same"] and row["matching"] == row["tokens"], row
+        assert row["graphs"] == (path == "triton"), row
 
 
 def test_every_launch_variant_runs_and_agrees_with_the_reference(dry_run):
