@@ -3,6 +3,8 @@
 Handlers only decode, ask `decisions` or the `Binder`, and encode. Bad input
 gets a 400 (or 413 past the body limit) with an `Error` naming the field,
 never a 500: an unexpected exception is logged and answered in `Error`.
+A filter first waits for the binds of pods that passed filter before it
+(`pending_binds`), so it decides on a cache that holds them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from infergrid.errors import ContractError
 from scheduler_extender import metrics
 from scheduler_extender.binder import Binder, BindError
 from scheduler_extender.decisions import filter_nodes, prioritize_nodes
+from scheduler_extender.pending_binds import BindBarrier
 from scheduler_extender.protocol import (
     binding_result,
     decode_binding_args,
@@ -35,6 +38,12 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """Thousands of node names fit easily; a larger body is refused with 413."""
+
+
+def pod_uid(pod: dict[str, Any]) -> str:
+    """The pod's uid, which bind names it by; namespace/name if a caller sent none."""
+    meta = pod.get("metadata") or {}
+    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
 
 
 def _reply(doc: dict[str, Any] | list[dict[str, Any]], status: int = 200) -> web.Response:
@@ -52,12 +61,14 @@ class ExtenderService:
         default_policy: str,
         is_leader: Callable[[], bool],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        barrier: BindBarrier | None = None,
     ):
         self.view = view
         self.binder = binder
         self.default_policy = default_policy
         self.is_leader = is_leader
         self.clock = clock
+        self.barrier = barrier or BindBarrier(wait_s=0)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -88,9 +99,16 @@ class ExtenderService:
 
     async def filter(self, request: web.Request) -> web.Response:
         args = decode_extender_args(await request.read())
+        uid = pod_uid(args.pod)
+        waited, ran_out = await self.barrier.wait_for_others(uid)
+        metrics.BIND_WAIT_SECONDS.observe(waited)
+        if ran_out:
+            metrics.BIND_WAIT_RAN_OUT.inc()
         out = filter_nodes(args.pod, args.node_names, self.view, self.default_policy, self.clock())
         for category, count in Counter(out.categories).items():
             metrics.REJECTIONS.labels(category).inc(count)
+        if out.passed:
+            self.barrier.passed_filter(uid)
         return _reply(filter_result(out.passed, out.failed, out.unresolvable))
 
     async def prioritize(self, request: web.Request) -> web.Response:
@@ -103,6 +121,7 @@ class ExtenderService:
     async def bind(self, request: web.Request) -> web.Response:
         args = decode_binding_args(await request.read())
         if not self.is_leader():
+            self.barrier.decided(args.pod_uid)
             metrics.BIND_FAILURES.labels("not-leader").inc()
             return _reply(binding_result("this extender replica is not the leader"))
         try:

@@ -4,7 +4,9 @@ The assignment annotation is written with the pod's resourceVersion as a
 precondition, so a pod changed since it was read is not bound on stale
 facts. The reservation goes into the cache before the write, so filters of
 other pods already see the GPUs taken; on any failure it is released, and an
-annotation already written is removed again.
+annotation already written is removed again. `decided` is told as soon as the
+reservation is in the cache (and again, on every path, when bind ends): the
+filters waiting for this pod's bind (`pending_binds`) go on from there.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Binder:
     view: PlacementView
     default_policy: str
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    decided: Callable[[str], None] = lambda uid: None
 
     def __post_init__(self) -> None:
         self._locks: dict[str, asyncio.Lock] = {}
@@ -52,9 +55,12 @@ class Binder:
     async def bind(self, args: BindingArgs) -> str:
         """Binds and returns the policy used; raises BindError with the reason otherwise."""
         lock = self._locks.setdefault(args.node, asyncio.Lock())
-        async with lock:
-            pod = await self._call(self._read_pod, args)
-            return await self._bind_locked(args, pod)
+        try:
+            async with lock:
+                pod = await self._call(self._read_pod, args)
+                return await self._bind_locked(args, pod)
+        finally:
+            self.decided(args.pod_uid)
 
     async def _bind_locked(self, args: BindingArgs, pod: dict[str, Any]) -> str:
         meta = pod["metadata"]
@@ -72,6 +78,7 @@ class Binder:
             return request.policy
         assignment = self._place(args, request)
         self.view.cache.reserve(args.pod_uid, args.pod_namespace, args.pod_name, assignment)
+        self.decided(args.pod_uid)
         try:
             await self._call(self._annotate, args, meta["resourceVersion"], assignment)
         except ApiException as err:

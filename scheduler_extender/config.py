@@ -25,6 +25,7 @@ class ExtenderConfig:
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     resync_s: float = 300.0
+    bind_wait_s: float = 2.0
 
     def replica_identity(self) -> str:
         return (
@@ -47,4 +48,6 @@ SETTINGS: Final = (
     s.Setting("tlsCertFile", "tls_cert_file", s.path, "serve HTTPS with this certificate"),
     s.Setting("tlsKeyFile", "tls_key_file", s.path, "and this key"),
     s.Setting("resyncSeconds", "resync_s", s.number(10, 86400), "full relist period of the cache"),
+    s.Setting("bindWaitSeconds", "bind_wait_s", s.number(0, 10),
+              "longest a filter waits for pods that passed filter to be bound (0: never)"),
 )  # fmt: skip

@@ -25,6 +25,7 @@ from scheduler_extender.app import ExtenderService
 from scheduler_extender.binder import Binder
 from scheduler_extender.config import SETTINGS, ExtenderConfig
 from scheduler_extender.leader import LeaseElector
+from scheduler_extender.pending_binds import BindBarrier
 from scheduler_extender.view import PlacementView
 from scheduler_extender.watch_cache import ClusterCache
 
@@ -61,8 +62,9 @@ async def serve(cfg: ExtenderConfig, api: client.ApiClient, stop: threading.Even
         elector = LeaseElector(api, cfg.lease_namespace, cfg.lease_name, cfg.replica_identity())
         threading.Thread(target=elector.run, args=(stop,), name="leader", daemon=True).start()
     is_leader = elector.is_leader if elector else (lambda: True)
-    binder = Binder(client.CoreV1Api(api), view, cfg.default_policy)
-    service = ExtenderService(view, binder, cfg.default_policy, is_leader)
+    barrier = BindBarrier(cfg.bind_wait_s)
+    binder = Binder(client.CoreV1Api(api), view, cfg.default_policy, decided=barrier.decided)
+    service = ExtenderService(view, binder, cfg.default_policy, is_leader, barrier=barrier)
     runner = web.AppRunner(service.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=tls_context(cfg))

@@ -23,6 +23,16 @@ BIND_FAILURES = Counter(
     "Binds that returned an error, by cause.",
     ["cause"],
 )
+BIND_WAIT_SECONDS = Histogram(
+    "infergrid_scheduler_extender_bind_wait_seconds",
+    "Time a filter waited for other pods' binds to reach the extender (kube-scheduler binds "
+    "asynchronously).",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+BIND_WAIT_RAN_OUT = Counter(
+    "infergrid_scheduler_extender_bind_wait_ran_out_total",
+    "Filters that stopped waiting because a pod that passed filter was not bound in time.",
+)
 CACHE_OBJECTS = Gauge(
     "infergrid_scheduler_extender_cache_objects",
     "Objects in the watch-fed cache, by kind.",
