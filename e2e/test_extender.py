@@ -55,6 +55,67 @@ def lone_gpu_node(cluster):
     core.delete_node(name)
 
 
+@pytest.fixture()
+def two_fresh_nodes(cluster):
+    """Two KWOK nodes with two idle 24 GiB GPUs each, that only this test's pods may use."""
+    core = client.CoreV1Api(cluster.api)
+    suffix = uuid.uuid4().hex[:6]
+    gpus = {"model": "NVIDIA A10", "count": 2, "memoryMiB": 24576, "smCount": 72,
+            "computeCapability": "8.6"}  # fmt: skip
+    names = [f"pair{i}-{suffix}" for i in range(2)]
+    fleet = parse_fleet({"version": "v1", "nodes": [{"name": n, "gpus": gpus} for n in names]},
+                        "test")  # fmt: skip
+    fake_nodes.create(cluster.api, fleet)
+    for node in fleet.nodes:
+        samples = tuple(GpuUsageSample(g.uuid, 0, 0) for g in node.inventory.gpus)
+        annotations = {
+            constants.ANNOTATION_GPU_INVENTORY: encode_inventory(node.inventory),
+            constants.ANNOTATION_GPU_USAGE: encode_usage(GpuUsage(node.name, now_utc(), samples)),
+        }
+        core.patch_node(node.name, {"metadata": {"annotations": annotations}})
+    for n in names:
+        wait_until(lambda n=n: fake_nodes._schedulable(core.read_node(n)), 60, f"{n} Ready")
+    yield names
+    for n in names:
+        core.delete_node(n)
+
+
+def burst_on(core, namespace: str, nodes: list[str], policy: str, count: int) -> list[str]:
+    """`count` 4 GiB shares with `policy`, created back to back, allowed on `nodes` only;
+    returns the GPU each one got."""
+    names = [f"{policy}-{i}" for i in range(count)]
+    for name in names:
+        pod = share_pod(name, 4096, annotations={constants.ANNOTATION_PLACEMENT_POLICY: policy})
+        only_these = {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}
+        pod["spec"]["affinity"] = {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [only_these]}]}}}  # fmt: skip
+        core.create_namespaced_pod(namespace, pod)
+    wait_until(lambda: bound(core, namespace, names), 120, f"the {policy} burst bound")
+    gpus = []
+    for name in names:
+        text = core.read_namespaced_pod(name, namespace).metadata.annotations[
+            constants.ANNOTATION_GPU_ASSIGNMENT
+        ]
+        (container,) = decode_assignment(text).containers
+        gpus.extend(g.uuid for g in container.gpus)
+    return gpus
+
+
+def test_a_burst_of_spread_shares_takes_a_gpu_each_and_a_binpack_burst_fills_one(
+    cluster, namespace, extender, two_fresh_nodes
+):
+    """kube-scheduler binds asynchronously: each pod of a burst is placed while the bind of the
+    one before may still be on its way. The extender's filter waits for it, so every pod is
+    placed knowing where the earlier ones went."""
+    core = client.CoreV1Api(cluster.api)
+    spread = burst_on(core, namespace, two_fresh_nodes, constants.POLICY_SPREAD, 4)
+    assert len(set(spread)) == 4, spread  # the emptiest node each time, then its emptiest GPU
+    binpack = burst_on(core, namespace, two_fresh_nodes, constants.POLICY_BINPACK, 4)
+    assert len(set(binpack)) == 1, binpack  # 4 + 16 GiB of one 24 GiB GPU
+    audit(core)
+
+
 def test_three_8gib_shares_fit_one_24gib_gpu_and_a_fourth_waits_with_the_reason(
     cluster, namespace, extender, lone_gpu_node
 ):

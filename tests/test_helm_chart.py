@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from e2e.cluster import binaries
-from e2e.cluster.components import extender_resources
+from e2e.cluster.components import extender_resources, infergrid_profile
 from infergrid import constants
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,7 +221,7 @@ def test_scheduler_configuration_matches_the_local_cluster(default):
     data = one(default, "ConfigMap", "-scheduler")["data"]
     config = yaml.safe_load(data["scheduler-config.yaml"])
     assert config["kind"] == "KubeSchedulerConfiguration"
-    assert config["profiles"] == [{"schedulerName": constants.SCHEDULER_NAME}]
+    assert config["profiles"] == [infergrid_profile(constants.SCHEDULER_NAME)]
     assert config["percentageOfNodesToScore"] == 100
     assert config["leaderElection"] == {
         "leaderElect": True,

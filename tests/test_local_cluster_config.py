@@ -24,6 +24,13 @@ def test_infergrid_scheduler_is_its_own_profile_bound_to_the_extender(tmp_path):
     config = yaml.safe_load(components.infergrid_scheduler_config(layout(tmp_path)))
     assert [p["schedulerName"] for p in config["profiles"]] == [constants.SCHEDULER_NAME]
     assert config["percentageOfNodesToScore"] == 100
+    # The pod's placement policy decides: no stock scorer with a placement policy of its own.
+    (profile,) = config["profiles"]
+    disabled = {p["name"] for p in profile["plugins"]["score"]["disabled"]}
+    assert disabled == {"NodeResourcesFit", "NodeResourcesBalancedAllocation"}
+    (spread,) = profile["pluginConfig"]
+    assert spread == {"name": "PodTopologySpread",
+                      "args": {"defaultingType": "List", "defaultConstraints": []}}  # fmt: skip
     (extender,) = config["extenders"]
     assert extender["nodeCacheCapable"] is True
     assert extender["bindVerb"] == "bind"

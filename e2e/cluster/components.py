@@ -95,12 +95,33 @@ def extender_resources() -> list[str]:
     ]
 
 
-def infergrid_scheduler_config(layout: Layout) -> str:
+# Score plugins that place by a policy of their own (emptiest node, balanced use, replicas of
+# one owner spread over nodes): for InferGrid pods the InferenceService's policy, carried out by
+# the extender, decides, and these would pull a binpack burst across the fleet.
+PLACEMENT_SCORERS_OFF = ("NodeResourcesFit", "NodeResourcesBalancedAllocation")
+
+
+def infergrid_profile(scheduler_name: str) -> dict:
+    """The one profile of infergrid-scheduler: the extender's score decides among the nodes
+    that pass; taints, affinity and a pod's own topology spread constraints still count, but
+    not the system-default spreading of a Deployment's replicas."""
+    return {
+        "schedulerName": scheduler_name,
+        "plugins": {"score": {"disabled": [{"name": name} for name in PLACEMENT_SCORERS_OFF]}},
+        "pluginConfig": [
+            {"name": "PodTopologySpread",
+             "args": {"defaultingType": "List", "defaultConstraints": []}},
+        ],
+    }  # fmt: skip
+
+
+def infergrid_scheduler_config(layout: Layout, profile: dict | None = None) -> str:
     """KubeSchedulerConfiguration of the second scheduler, bound to the extender.
 
     Extenders apply to every profile of a scheduler process, so this runs as
     its own process with one profile. `gpu-memory` and `gpu-cores` are never
-    advertised by a node, so kube-scheduler must ignore them.
+    advertised by a node, so kube-scheduler must ignore them. `profile` replaces
+    InferGrid's own (a benchmark's stock-scoring scheduler).
     """
     ignored = {constants.RESOURCE_GPU_MEMORY, constants.RESOURCE_GPU_CORES}
     return yaml.safe_dump(
@@ -110,7 +131,7 @@ def infergrid_scheduler_config(layout: Layout) -> str:
             "clientConnection": {"kubeconfig": str(layout.kubeconfig)},
             "leaderElection": {"leaderElect": False},
             "percentageOfNodesToScore": 100,
-            "profiles": [{"schedulerName": constants.SCHEDULER_NAME}],
+            "profiles": [profile or infergrid_profile(constants.SCHEDULER_NAME)],
             "extenders": [
                 {
                     "urlPrefix": layout.extender_url,
@@ -145,6 +166,11 @@ def device_plugin_command(fleet_file: Path, node: FleetNode, state: Path) -> lis
         "--metrics-port=0",
         "--usage-interval=2",
     ]
+
+
+def scheduler_command(layout: Layout, config: Path, port: int) -> list[str]:
+    """A kube-scheduler run from a KubeSchedulerConfiguration file."""
+    return [str(layout.bins["kube-scheduler"]), f"--config={config}", *_serving(port, layout)]
 
 
 def _serving(port: int, layout: Layout) -> list[str]:
@@ -211,11 +237,9 @@ def commands(layout: Layout) -> dict[str, list[str]]:
             *_serving(layout.scheduler_port, layout),
             "--leader-elect=false",
         ],
-        "infergrid-scheduler": [
-            str(b["kube-scheduler"]),
-            f"--config={s / 'infergrid-scheduler.yaml'}",
-            *_serving(layout.infergrid_scheduler_port, layout),
-        ],
+        "infergrid-scheduler": scheduler_command(
+            layout, s / "infergrid-scheduler.yaml", layout.infergrid_scheduler_port
+        ),
         "kwok": [
             str(b["kwok"]),
             f"--kubeconfig={layout.kubeconfig}",

@@ -126,6 +126,21 @@ class LocalCluster:
             )
         fake_nodes.wait_published(self.api(), fleet, self.processes)
 
+    def start_scheduler(self, name: str, profile: dict) -> None:
+        """One more kube-scheduler, bound to the same extender, with its own profile: how a
+        benchmark compares scheduling settings on one cluster. Stopped with the cluster."""
+        layout = self._load_layout()
+        path = self.state / f"{name}.yaml"
+        path.write_text(components.infergrid_scheduler_config(layout, profile))
+        port = _free_ports(1)[0]
+        self.processes.start(name, components.scheduler_command(layout, path, port))
+        wait_until(
+            lambda: url_ok(f"https://127.0.0.1:{port}/healthz", _insecure()),
+            60,
+            f"{name} to be ready",
+            lambda: self.processes.check_alive(name),
+        )
+
     def extender_url(self) -> str:
         return self._load_layout().extender_url
 

@@ -13,7 +13,19 @@ leaderElection:
   resourceName: {{ include "infergrid.scheduler.lease" . }}
 percentageOfNodesToScore: {{ .Values.scheduler.kubeScheduler.percentageOfNodesToScore }}
 profiles:
+  # The extender's score decides for InferGrid pods: the score plugins with a placement
+  # policy of their own are off, and so is the default spreading of a Deployment's replicas.
   - schedulerName: {{ .Values.schedulerName }}
+    plugins:
+      score:
+        disabled:
+          - name: NodeResourcesFit
+          - name: NodeResourcesBalancedAllocation
+    pluginConfig:
+      - name: PodTopologySpread
+        args:
+          defaultingType: List
+          defaultConstraints: []
 extenders:
   - urlPrefix: http://127.0.0.1:{{ .Values.scheduler.extender.port }}
     filterVerb: filter
@@ -39,6 +51,7 @@ port: {{ .Values.scheduler.extender.port }}
 defaultPolicy: {{ .Values.scheduler.extender.defaultPolicy }}
 staleAfterSeconds: {{ .Values.scheduler.extender.staleAfterSeconds }}
 resyncSeconds: {{ .Values.scheduler.extender.resyncSeconds }}
+bindWaitSeconds: {{ .Values.scheduler.extender.bindWaitSeconds }}
 leaderElection: true
 leaseNamespace: {{ .Release.Namespace }}
 leaseName: {{ include "infergrid.extender.lease" . }}
