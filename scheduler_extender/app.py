@@ -108,7 +108,7 @@ class ExtenderService:
         for category, count in Counter(out.categories).items():
             metrics.REJECTIONS.labels(category).inc(count)
         if out.passed:
-            self.barrier.passed_filter(uid)
+            self.barrier.passed_filter(uid, args.pod)
         return _reply(filter_result(out.passed, out.failed, out.unresolvable))
 
     async def prioritize(self, request: web.Request) -> web.Response:
@@ -125,7 +125,7 @@ class ExtenderService:
             metrics.BIND_FAILURES.labels("not-leader").inc()
             return _reply(binding_result("this extender replica is not the leader"))
         try:
-            policy = await self.binder.bind(args)
+            policy = await self.binder.bind(args, self.barrier.pending.filtered_pod(args.pod_uid))
         except BindError as err:
             metrics.BIND_FAILURES.labels(err.cause).inc()
             log.info("bind of %s/%s refused: %s", args.pod_namespace, args.pod_name, err)

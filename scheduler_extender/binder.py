@@ -52,17 +52,43 @@ class Binder:
     def __post_init__(self) -> None:
         self._locks: dict[str, asyncio.Lock] = {}
 
-    async def bind(self, args: BindingArgs) -> str:
-        """Binds and returns the policy used; raises BindError with the reason otherwise."""
+    async def bind(self, args: BindingArgs, filtered: dict[str, Any] | None = None) -> str:
+        """Binds and returns the policy used; raises BindError with the reason otherwise.
+
+        `filtered` is the pod as kube-scheduler sent it to filter: its GPU request cannot have
+        changed since, so the placement is reserved from it at once, before the pod is read
+        back (which only confirms it), and the filters waiting for this bind go on sooner.
+        """
         lock = self._locks.setdefault(args.node, asyncio.Lock())
         try:
             async with lock:
-                pod = await self._call(self._read_pod, args)
-                return await self._bind_locked(args, pod)
+                early = self._reserve_early(args, filtered)
+                try:
+                    pod = await self._call(self._read_pod, args)
+                    return await self._bind_locked(args, pod, early)
+                except BaseException:
+                    self.view.cache.release(args.pod_uid)
+                    raise
         finally:
             self.decided(args.pod_uid)
 
-    async def _bind_locked(self, args: BindingArgs, pod: dict[str, Any]) -> str:
+    def _reserve_early(self, args: BindingArgs, filtered: dict[str, Any] | None):
+        """The placement from the filtered pod, reserved; None where the read-back pod must
+        decide (none kept, another uid, nothing to place, already assigned, no longer fits)."""
+        if filtered is None or (filtered.get("metadata") or {}).get("uid") != args.pod_uid:
+            return None
+        try:
+            request = parse_pod_request(filtered, self.default_policy)
+            if not request.gpu_containers or _existing_assignment(filtered["metadata"]):
+                return None
+            assignment = self._place(args, request)
+        except (ContractError, BindError):
+            return None
+        self.view.cache.reserve(args.pod_uid, args.pod_namespace, args.pod_name, assignment)
+        self.decided(args.pod_uid)
+        return assignment
+
+    async def _bind_locked(self, args: BindingArgs, pod: dict[str, Any], early) -> str:
         meta = pod["metadata"]
         if meta.get("uid") != args.pod_uid:
             raise BindError(
@@ -74,11 +100,14 @@ class Binder:
             raise BindError("invalid-request", f"invalid GPU request: {err}") from None
         existing = _existing_assignment(meta)
         if not request.gpu_containers or (existing and existing.node == args.node):
+            self.view.cache.release(args.pod_uid)  # an early reservation, if any, is not needed
             await self._call(self._create_binding, args)  # nothing to place, or already recorded
             return request.policy
-        assignment = self._place(args, request)
-        self.view.cache.reserve(args.pod_uid, args.pod_namespace, args.pod_name, assignment)
-        self.decided(args.pod_uid)
+        assignment = early
+        if assignment is None:
+            assignment = self._place(args, request)
+            self.view.cache.reserve(args.pod_uid, args.pod_namespace, args.pod_name, assignment)
+            self.decided(args.pod_uid)
         try:
             await self._call(self._annotate, args, meta["resourceVersion"], assignment)
         except ApiException as err:

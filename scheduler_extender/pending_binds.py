@@ -18,30 +18,39 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
 class PendingBinds:
-    """Each pod that passed filter, with the moment its wait for a bind runs out."""
+    """Each pod that passed filter, with the moment its wait for a bind runs out, and the pod
+    as filter saw it (bind reserves its placement from that before reading the pod back)."""
 
     wait_s: float
     deadlines: dict[str, float] = field(default_factory=dict)
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def passed_filter(self, uid: str, now: float) -> None:
+    def passed_filter(self, uid: str, now: float, pod: dict[str, Any] | None = None) -> None:
         """The pod may be bound any moment; others wait for it until `now + wait_s`."""
         if self.wait_s > 0:
             self.deadlines[uid] = now + self.wait_s
+            if pod is not None:
+                self.pods[uid] = pod
+
+    def filtered_pod(self, uid: str) -> dict[str, Any] | None:
+        return self.pods.get(uid)
 
     def decided(self, uid: str) -> None:
         """Its bind reached the extender: its placement is in the cache, or it was refused."""
         self.deadlines.pop(uid, None)
+        self.pods.pop(uid, None)
 
     def time_left(self, uid: str, now: float) -> float:
         """How long `uid`'s filter must still wait: until the last other pending pod is decided
         or runs out; 0 when none is pending. Pods past their deadline are dropped here."""
         expired = [other for other, deadline in self.deadlines.items() if deadline <= now]
         for other in expired:
-            del self.deadlines[other]
+            self.decided(other)
         others = [deadline for other, deadline in self.deadlines.items() if other != uid]
         return max(others, default=now) - now
 
@@ -80,8 +89,8 @@ class BindBarrier:
         """Filters waiting right now."""
         return len(self._waiters)
 
-    def passed_filter(self, uid: str) -> None:
-        self.pending.passed_filter(uid, self.clock())
+    def passed_filter(self, uid: str, pod: dict[str, Any] | None = None) -> None:
+        self.pending.passed_filter(uid, self.clock(), pod)
 
     def decided(self, uid: str) -> None:
         """Called by bind, on every path; wakes every waiting filter to look again."""

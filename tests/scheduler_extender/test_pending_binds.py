@@ -16,7 +16,7 @@ from infergrid.constants import RESOURCE_GPU
 from scheduler_extender.app import ExtenderService
 from scheduler_extender.binder import Binder
 from scheduler_extender.pending_binds import BindBarrier, PendingBinds
-from tests.scheduler_extender.test_http import NOW, service
+from tests.scheduler_extender.test_http import NOW, call, service
 
 # --- the bookkeeping --------------------------------------------------------------------------
 
@@ -226,7 +226,7 @@ def test_a_refused_bind_releases_the_waiting_filter_too():
     b = gpu_pod("b", 1)
     core = RecordingCore(b)  # pod a is gone from the API server
     svc = with_barrier(60, core)
-    svc.barrier.passed_filter("uid-a")
+    svc.barrier.passed_filter("uid-a", gpu_pod("a", 2))  # bind reserves both GPUs early
 
     async def go():
         from aiohttp.test_utils import TestClient, TestServer
@@ -240,8 +240,48 @@ def test_a_refused_bind_releases_the_waiting_filter_too():
             assert not second.done(), "the filter must wait for pod a's bind"
             bind = {"PodName": "a", "PodNamespace": "default", "PodUID": "uid-a", "Node": "h100"}
             refused = await (await http.post("/bind", data=json.dumps(bind).encode())).json()
-            return refused, await (await asyncio.wait_for(second, 30)).json()
+            await asyncio.wait_for(second, 30)  # released by the bind, whatever its outcome
+            again = json.dumps({"Pod": b, "NodeNames": ["h100"]}).encode()
+            return refused, await (await http.post("/filter", data=again)).json()
 
-    refused, second = asyncio.run(go())
+    refused, retried = asyncio.run(go())
     assert "cannot read the pod" in refused["Error"]
-    assert second["NodeNames"] == ["h100"]
+    assert retried["NodeNames"] == ["h100"]  # the early reservation was released
+
+
+class ReadBackWatcher(RecordingCore):
+    """Records, when bind reads the pod back, whether filters still wait for that pod."""
+
+    def __init__(self, barrier: BindBarrier, *pods: dict) -> None:
+        super().__init__(*pods)
+        self.barrier = barrier
+        self.pending_at_read: list[bool] = []
+
+    def read_namespaced_pod(self, name, namespace, **kw):
+        self.pending_at_read.append(f"uid-{name}" in self.barrier.pending.deadlines)
+        return super().read_namespaced_pod(name, namespace, **kw)
+
+
+def bind_after_filter(keep_filtered_pod: bool) -> tuple[list[bool], dict]:
+    a = gpu_pod("a", 2)
+    barrier = BindBarrier(60)
+    core = ReadBackWatcher(barrier, a)
+    svc = with_barrier(60, core)
+    svc.barrier = barrier
+    svc.binder.decided = barrier.decided
+    barrier.passed_filter("uid-a", a if keep_filtered_pod else None)
+    bind = {"PodName": "a", "PodNamespace": "default", "PodUID": "uid-a", "Node": "h100"}
+    _, result = call(svc, "/bind", bind)
+    return core.pending_at_read, result
+
+
+def test_bind_reserves_from_the_filtered_pod_before_reading_it_back():
+    pending_at_read, result = bind_after_filter(keep_filtered_pod=True)
+    assert result == {"Error": ""}
+    assert pending_at_read == [False]  # the waiting filters went on before the read
+
+
+def test_without_the_filtered_pod_bind_reserves_after_reading_it_back():
+    pending_at_read, result = bind_after_filter(keep_filtered_pod=False)
+    assert result == {"Error": ""}
+    assert pending_at_read == [True]
