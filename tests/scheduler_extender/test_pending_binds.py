@@ -138,7 +138,7 @@ class RecordingCore:
             raise ApiException(status=404, reason="Not Found")
         return SimpleNamespace(data=json.dumps(self.pods[name]).encode())
 
-    def patch_namespaced_pod(self, name, namespace, body):
+    def patch_namespaced_pod(self, name, namespace, body, **_):
         self.pods[name]["metadata"].setdefault("annotations", {}).update(
             body["metadata"]["annotations"]
         )
