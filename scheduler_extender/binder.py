@@ -26,7 +26,7 @@ from infergrid.assignment import decode_assignment, encode_assignment
 from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT
 from infergrid.errors import ContractError
 from infergrid.placement import fit, resolve_policy, to_pod_assignment
-from infergrid.pod_request import parse_pod_request
+from infergrid.pod_request import PodGpuRequest, parse_pod_request
 from scheduler_extender.protocol import BindingArgs
 from scheduler_extender.view import PlacementView
 
@@ -74,21 +74,38 @@ class Binder:
 
     def _reserve_early(self, args: BindingArgs, filtered: dict[str, Any] | None):
         """The placement from the filtered pod, reserved; None where the read-back pod must
-        decide (none kept, another uid, nothing to place, already assigned, no longer fits)."""
-        if filtered is None or (filtered.get("metadata") or {}).get("uid") != args.pod_uid:
+        decide (none kept, another uid, nothing to place, an invalid request, no longer fits)."""
+        if filtered is None:
             return None
         try:
-            request = parse_pod_request(filtered, self.default_policy)
-            if not request.gpu_containers or _existing_assignment(filtered["metadata"]):
-                return None
-            assignment = self._place(args, request)
-        except (ContractError, BindError):
+            request, to_place = self._request(args, filtered)
+            return self._reserve(args, request) if to_place else None
+        except BindError:
             return None
-        self.view.cache.reserve(args.pod_uid, args.pod_namespace, args.pod_name, assignment)
-        self.decided(args.pod_uid)
-        return assignment
 
     async def _bind_locked(self, args: BindingArgs, pod: dict[str, Any], early) -> str:
+        """Bind's API work; on any failure `bind` releases the reservation."""
+        request, to_place = self._request(args, pod)
+        if not to_place:
+            self.view.cache.release(args.pod_uid)  # an early reservation, if any, is not needed
+            await self._call(self._create_binding, args)
+            return request.policy
+        assignment = early if early is not None else self._reserve(args, request)
+        try:
+            await self._call(self._annotate, args, pod["metadata"]["resourceVersion"], assignment)
+        except ApiException as err:
+            cause = "conflict" if err.status == 409 else "api"
+            raise BindError(cause, f"could not record the assignment: {_api_reason(err)}") from None
+        try:
+            await self._call(self._create_binding, args)
+        except ApiException as err:
+            await self._call(self._unannotate, args)
+            raise BindError("binding", f"could not bind: {_api_reason(err)}") from None
+        return request.policy
+
+    def _request(self, args: BindingArgs, pod: dict[str, Any]) -> tuple[PodGpuRequest, bool]:
+        """The pod's GPU request, and whether bind must place it: not when it has no GPU
+        container, or when its assignment on this node is already recorded (a retried bind)."""
         meta = pod["metadata"]
         if meta.get("uid") != args.pod_uid:
             raise BindError(
@@ -99,28 +116,15 @@ class Binder:
         except ContractError as err:
             raise BindError("invalid-request", f"invalid GPU request: {err}") from None
         existing = _existing_assignment(meta)
-        if not request.gpu_containers or (existing and existing.node == args.node):
-            self.view.cache.release(args.pod_uid)  # an early reservation, if any, is not needed
-            await self._call(self._create_binding, args)  # nothing to place, or already recorded
-            return request.policy
-        assignment = early
-        if assignment is None:
-            assignment = self._place(args, request)
-            self.view.cache.reserve(args.pod_uid, args.pod_namespace, args.pod_name, assignment)
-            self.decided(args.pod_uid)
-        try:
-            await self._call(self._annotate, args, meta["resourceVersion"], assignment)
-        except ApiException as err:
-            self.view.cache.release(args.pod_uid)
-            cause = "conflict" if err.status == 409 else "api"
-            raise BindError(cause, f"could not record the assignment: {_api_reason(err)}") from None
-        try:
-            await self._call(self._create_binding, args)
-        except ApiException as err:
-            self.view.cache.release(args.pod_uid)
-            await self._call(self._unannotate, args)
-            raise BindError("binding", f"could not bind: {_api_reason(err)}") from None
-        return request.policy
+        recorded = existing is not None and existing.node == args.node
+        return request, bool(request.gpu_containers) and not recorded
+
+    def _reserve(self, args: BindingArgs, request: PodGpuRequest):
+        """Places the pod on the node and holds it in the cache: other filters see it now."""
+        assignment = self._place(args, request)
+        self.view.cache.reserve(args.pod_uid, args.pod_namespace, args.pod_name, assignment)
+        self.decided(args.pod_uid)
+        return assignment
 
     def _place(self, args: BindingArgs, request):
         now = self.clock()
