@@ -18,6 +18,7 @@ import socket
 import ssl
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -59,6 +60,11 @@ def _insecure() -> ssl.SSLContext:
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
     return ctx
+
+
+def _healthz(port: int) -> Callable[[], bool]:
+    """Readiness of a component serving /healthz over HTTPS on `port`."""
+    return lambda: url_ok(f"https://127.0.0.1:{port}/healthz", _insecure())
 
 
 class LocalCluster:
@@ -133,13 +139,7 @@ class LocalCluster:
         path = self.state / f"{name}.yaml"
         path.write_text(components.infergrid_scheduler_config(layout, profile))
         port = _free_ports(1)[0]
-        self.processes.start(name, components.scheduler_command(layout, path, port))
-        wait_until(
-            lambda: url_ok(f"https://127.0.0.1:{port}/healthz", _insecure()),
-            60,
-            f"{name} to be ready",
-            lambda: self.processes.check_alive(name),
-        )
+        self._start_ready(name, components.scheduler_command(layout, path, port), _healthz(port))
 
     def extender_url(self) -> str:
         return self._load_layout().extender_url
@@ -155,22 +155,13 @@ class LocalCluster:
         ready = {
             "etcd": lambda: url_ok(f"http://127.0.0.1:{layout.etcd_port}/health"),
             "kube-apiserver": lambda: self._apiserver_ready(layout),
-            "kube-controller-manager": lambda: url_ok(
-                f"https://127.0.0.1:{layout.controller_manager_port}/healthz", _insecure()
-            ),
-            "kube-scheduler": lambda: url_ok(
-                f"https://127.0.0.1:{layout.scheduler_port}/healthz", _insecure()
-            ),
-            "infergrid-scheduler": lambda: url_ok(
-                f"https://127.0.0.1:{layout.infergrid_scheduler_port}/healthz", _insecure()
-            ),
+            "kube-controller-manager": _healthz(layout.controller_manager_port),
+            "kube-scheduler": _healthz(layout.scheduler_port),
+            "infergrid-scheduler": _healthz(layout.infergrid_scheduler_port),
             "kwok": lambda: url_ok(f"http://127.0.0.1:{layout.kwok_port}/healthz"),
         }
         for name, args in argv.items():
-            self.processes.start(name, args)
-            wait_until(
-                ready[name], 60, f"{name} to be ready", lambda n=name: self.processes.check_alive(n)
-            )
+            self._start_ready(name, args, ready[name])
         wait_until(
             lambda: client.CoreV1Api(self.api()).read_namespaced_service_account(
                 "default", "default"
@@ -178,6 +169,11 @@ class LocalCluster:
             60,
             "the default ServiceAccount",
         )
+
+    def _start_ready(self, name: str, argv: list[str], ready: Callable[[], bool]) -> None:
+        """Starts a process and waits until it answers ready; fails at once if it exits."""
+        self.processes.start(name, argv)
+        wait_until(ready, 60, f"{name} to be ready", lambda: self.processes.check_alive(name))
 
     def _apiserver_ready(self, layout: components.Layout) -> bool:
         ctx = ssl.create_default_context(cafile=str(layout.certs.ca_cert))
