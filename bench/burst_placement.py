@@ -30,7 +30,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the e2e package, when run as a file
 
 from infergrid import constants  # noqa: E402
-from infergrid.assignment import decode_assignment  # noqa: E402
 
 FLEET = """version: v1
 nodes:
@@ -53,7 +52,7 @@ def burst(api, namespace: str, scheduler: str, policy: str, pods: int) -> dict:
     from kubernetes import client
 
     from e2e.cluster.processes import wait_until
-    from e2e.extender_support import bound, share_pod
+    from e2e.extender_support import assigned_gpus, bound, share_pod
 
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     core.create_namespace({"metadata": {"name": namespace}})
@@ -73,14 +72,9 @@ def burst(api, namespace: str, scheduler: str, policy: str, pods: int) -> dict:
 
     wait_until(lambda: len(names()) == pods and bound(core, namespace, names()), 120,
                f"{namespace} bound")  # fmt: skip
-    gpus: Counter[str] = Counter()
-    nodes = set()
-    for pod in core.list_namespaced_pod(namespace).items:
-        assignment = decode_assignment(
-            pod.metadata.annotations[constants.ANNOTATION_GPU_ASSIGNMENT]
-        )
-        gpus.update(g.uuid for c in assignment.containers for g in c.gpus)
-        nodes.add(pod.spec.node_name)
+    placed = assigned_gpus(core, namespace)
+    gpus = Counter(uuid for _, uuid in placed)
+    nodes = {node for node, _ in placed}
     core.delete_namespace(namespace)
     wait_until(lambda: not names(), 120, f"{namespace} gone")
     return {"gpus": len(gpus), "nodes": len(nodes), "most_on_one_gpu": max(gpus.values())}

@@ -58,6 +58,19 @@ def bound(core: client.CoreV1Api, namespace: str, names: list[str]) -> bool:
     return all(n in pods and pods[n].spec.node_name for n in names)
 
 
+def assigned_gpus(
+    core: client.CoreV1Api, namespace: str, names: list[str] | None = None
+) -> list[tuple[str, str]]:
+    """(node, GPU uuid) for each GPU assigned to the namespace's pods, or to those named."""
+    placed = []
+    for pod in core.list_namespaced_pod(namespace).items:
+        if names is None or pod.metadata.name in names:
+            text = pod.metadata.annotations[constants.ANNOTATION_GPU_ASSIGNMENT]
+            assignment = decode_assignment(text)
+            placed += [(assignment.node, g.uuid) for c in assignment.containers for g in c.gpus]
+    return placed
+
+
 def scheduling_failures(core: client.CoreV1Api, namespace: str, name: str) -> list[str]:
     events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
     return [e.message for e in events.items if e.reason == "FailedScheduling"]

@@ -11,6 +11,7 @@ from kubernetes import client
 from e2e.cluster import fake_nodes
 from e2e.cluster.processes import wait_until
 from e2e.extender_support import (
+    assigned_gpus,
     audit,
     bound,
     gpu_pod,
@@ -92,13 +93,8 @@ def burst_on(core, namespace: str, nodes: list[str], policy: str, count: int) ->
                 "nodeSelectorTerms": [{"matchExpressions": [only_these]}]}}}  # fmt: skip
         core.create_namespaced_pod(namespace, pod)
     wait_until(lambda: bound(core, namespace, names), 120, f"the {policy} burst bound")
-    gpus = []
-    for name in names:
-        text = core.read_namespaced_pod(name, namespace).metadata.annotations[
-            constants.ANNOTATION_GPU_ASSIGNMENT
-        ]
-        (container,) = decode_assignment(text).containers
-        gpus.extend(g.uuid for g in container.gpus)
+    gpus = [uuid for _, uuid in assigned_gpus(core, namespace, names)]
+    assert len(gpus) == count, gpus  # one GPU share each
     return gpus
 
 

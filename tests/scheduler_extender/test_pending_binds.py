@@ -156,11 +156,11 @@ def gpu_pod(name: str, gpus: int) -> dict:
     }  # fmt: skip
 
 
-def with_barrier(wait_s: float, core: RecordingCore) -> ExtenderService:
-    """The test_http service (the sample fleet, idle) with a recording API and a barrier."""
+def with_barrier(barrier: BindBarrier, core: RecordingCore) -> ExtenderService:
+    """The test_http service (the sample fleet, idle) with a recording API and `barrier`."""
     svc = service()
-    svc.barrier = BindBarrier(wait_s)
-    svc.binder = Binder(core, svc.view, "binpack", clock=lambda: NOW, decided=svc.barrier.decided)
+    svc.barrier = barrier
+    svc.binder = Binder(core, svc.view, "binpack", clock=lambda: NOW, decided=barrier.decided)
     return svc
 
 
@@ -175,7 +175,7 @@ def burst(wait_s: float, bind_first_pod: bool):
 
     a, b = gpu_pod("a", 2), gpu_pod("b", 1)
     core = RecordingCore(a, b)
-    svc = with_barrier(wait_s, core)
+    svc = with_barrier(BindBarrier(wait_s), core)
 
     async def go():
         async with TestClient(TestServer(svc.app())) as http:
@@ -225,7 +225,7 @@ def test_a_refused_bind_releases_the_waiting_filter_too():
     # Pod a's bind is refused (it was deleted); the next filter goes on at once, and h100 is free.
     b = gpu_pod("b", 1)
     core = RecordingCore(b)  # pod a is gone from the API server
-    svc = with_barrier(60, core)
+    svc = with_barrier(BindBarrier(60), core)
     svc.barrier.passed_filter("uid-a", gpu_pod("a", 2))  # bind reserves both GPUs early
 
     async def go():
@@ -266,9 +266,7 @@ def bind_after_filter(keep_filtered_pod: bool) -> tuple[list[bool], dict]:
     a = gpu_pod("a", 2)
     barrier = BindBarrier(60)
     core = ReadBackWatcher(barrier, a)
-    svc = with_barrier(60, core)
-    svc.barrier = barrier
-    svc.binder.decided = barrier.decided
+    svc = with_barrier(barrier, core)
     barrier.passed_filter("uid-a", a if keep_filtered_pod else None)
     bind = {"PodName": "a", "PodNamespace": "default", "PodUID": "uid-a", "Node": "h100"}
     _, result = call(svc, "/bind", bind)
