@@ -45,10 +45,14 @@ _NODE_KEYS: Final = (
     "topology",
     "mig",
     "unhealthy",
+    "kubelet",
 )
 _GPU_KEYS: Final = ("model", "count", "memoryMiB", "smCount", "computeCapability")
 _TOPOLOGY_KEYS: Final = ("nvlink", "nvlinkCount", "gpusPerSwitch", "numaNodes")
 _NVLINK_MODES: Final = ("all", "pairs", "none")
+KUBELET_KWOK: Final = "kwok"
+KUBELET_REAL: Final = "real"
+_KUBELETS: Final = (KUBELET_KWOK, KUBELET_REAL)
 _NODE_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _QUANTITY: Final = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _GPU_INDEX: Final = re.compile(r"[0-9]+")
@@ -57,12 +61,17 @@ _UUID_NAMESPACE: Final = uuid.uuid5(uuid.NAMESPACE_DNS, "infergrid.io")
 
 @dataclass(frozen=True, slots=True)
 class FleetNode:
-    """One fake node: its Kubernetes capacity and the GPUs its fake NVML reports."""
+    """One node: its Kubernetes capacity and the GPUs its fake NVML reports.
+
+    A KWOK node only pretends to run pods; a real node runs a kubelet with containerd on this
+    machine, whose CPU and memory are the machine's own (`cpu` and `memory` do not apply).
+    """
 
     name: str
     cpu: str
     memory: str
     inventory: GpuInventory
+    real: bool = False
 
     @property
     def vgpu_slots_per_gpu(self) -> int:
@@ -139,6 +148,7 @@ def _nodes(obj: dict[str, Any], path: str) -> list[FleetNode]:
     if not _NODE_NAME.fullmatch(name):
         raise ContractError(join(path, "name"), f"{name!r} is not a valid node name")
     count = integer(obj, "count", path, low=1, default=1)
+    real = _kubelet(obj, path) == KUBELET_REAL
     cpu = _quantity(obj, "cpu", path, "32")
     memory = _quantity(obj, "memory", path, "256Gi")
     slots = integer(
@@ -152,9 +162,25 @@ def _nodes(obj: dict[str, Any], path: str) -> list[FleetNode]:
     }
     names = [name] if count == 1 else [f"{name}-{i}" for i in range(count)]
     return [
-        FleetNode(n, cpu, memory, _inventory(n, gpus, topology, mig, unhealthy, slots))
+        FleetNode(n, cpu, memory, _inventory(n, gpus, topology, mig, unhealthy, slots), real)
         for n in names
     ]
+
+
+def _kubelet(obj: dict[str, Any], path: str) -> str:
+    """Which kubelet runs the node; a real one reports the machine's own CPU and memory."""
+    kubelet = field(obj, "kubelet", str, path, default=KUBELET_KWOK)
+    if kubelet not in _KUBELETS:
+        raise ContractError(
+            join(path, "kubelet"), f"{kubelet!r} is not one of {', '.join(_KUBELETS)}"
+        )
+    if kubelet == KUBELET_REAL:
+        for key in ("cpu", "memory"):
+            if key in obj:
+                raise ContractError(
+                    join(path, key), "a real node reports the machine's own; leave it out"
+                )
+    return kubelet
 
 
 def _quantity(obj: dict[str, Any], key: str, path: str, default: str) -> str:

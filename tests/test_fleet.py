@@ -38,7 +38,9 @@ def links(node: dict) -> dict[tuple[int, int], tuple[str, int]]:
 
 def test_the_sample_fleet_loads():
     fleet = load_fleet(SAMPLE)
-    assert [n.name for n in fleet.nodes] == ["a100-0", "a100-1", "l4-0", "l4-1", "h100"]
+    names = ["a100-0", "a100-1", "l4-0", "l4-1", "h100", "local-a100"]
+    assert [n.name for n in fleet.nodes] == names
+    assert [n.name for n in fleet.nodes if n.real] == ["local-a100"]
     capacity = {n.name: node_capacity(n.inventory) for n in fleet.nodes}
     assert capacity["a100-1"] == {
         "nvidia.com/gpu": "7",
@@ -211,7 +213,20 @@ BAD_FLEETS = [
     ("unhealthy out of range", set_in((*NODE, "unhealthy"), [1, 8]), "nodes[0].unhealthy[1]"),
     ("unhealthy negative", set_in((*NODE, "unhealthy"), [-1]), "nodes[0].unhealthy[0]"),
     ("unhealthy as boolean", set_in((*NODE, "unhealthy"), [True]), "nodes[0].unhealthy[0]"),
+    ("unknown kubelet", set_in((*NODE, "kubelet"), "kind"), "nodes[0].kubelet"),
+    ("kubelet as boolean", set_in((*NODE, "kubelet"), True), "nodes[0].kubelet"),
 ]
+
+
+def test_a_real_node_takes_the_machines_cpu_and_memory():
+    node = a100_node(kubelet="real")
+    (parsed,) = parse_fleet(fleet_of(node), "f.yaml").nodes
+    assert parsed.real
+    for key in ("cpu", "memory"):
+        with pytest.raises(ContractError) as raised:
+            parse_fleet(fleet_of({**node, key: "8"}), "f.yaml")
+        assert raised.value.field == f"nodes[0].{key}"
+        assert "machine's own" in raised.value.reason
 
 
 @pytest.mark.parametrize(
