@@ -206,6 +206,8 @@ def _pod_spec(spec: ServiceSpec, name: str, track: str) -> dict[str, Any]:
     }
     if spec.scheduling.priority_class_name:
         pod["priorityClassName"] = spec.scheduling.priority_class_name
+    if spec.scheduling.tolerations:
+        pod["tolerations"] = [dict(t) for t in spec.scheduling.tolerations]
     return pod
 
 

@@ -62,6 +62,8 @@ class Scheduling:
     policy: str
     scheduler_name: str
     priority_class_name: str = ""
+    # As in a PodSpec (key, operator, value, effect, tolerationSeconds), checked field by field.
+    tolerations: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +172,35 @@ def _scheduling(doc: dict[str, Any], default_scheduler: str) -> Scheduling:
         policy=_one_of(doc, "policy", PLACEMENT_POLICIES, path, DEFAULT_POLICY),
         scheduler_name=field(doc, "schedulerName", str, path, default_scheduler),
         priority_class_name=_priority_class(doc, path),
+        tolerations=tuple(
+            _toleration(item, f"{path}.tolerations[{i}]")
+            for i, item in enumerate(field(doc, "tolerations", list, path, []))
+        ),
     )
+
+
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _toleration(item: object, path: str) -> dict[str, Any]:
+    """One toleration, with only the fields a PodSpec knows; Exists takes no value."""
+    doc = expect(item, dict, path)
+    unknown = sorted(set(doc) - {"key", "operator", "value", "effect", "tolerationSeconds"})
+    if unknown:
+        raise ContractError(join(path, str(unknown[0])), "is not a field of a toleration")
+    toleration: dict[str, Any] = {}
+    for key in ("key", "value"):
+        if doc.get(key):
+            toleration[key] = field(doc, key, str, path)
+    toleration["operator"] = _one_of(doc, "operator", TOLERATION_OPERATORS, path, "Equal")
+    if effect := _one_of(doc, "effect", TAINT_EFFECTS, path, None):
+        toleration["effect"] = effect
+    if doc.get("tolerationSeconds") is not None:
+        toleration["tolerationSeconds"] = integer(doc, "tolerationSeconds", path, low=0)
+    if toleration["operator"] == "Exists" and "value" in toleration:
+        raise ContractError(join(path, "value"), "must be empty when operator is Exists")
+    return toleration
 
 
 def _priority_class(doc: dict[str, Any], path: str) -> str:

@@ -185,3 +185,9 @@ def test_without_a_canary_its_deployment_is_stale():
 def test_a_priority_class_is_passed_to_the_pods():
     rendered = render_deployment(spec(scheduling={"priorityClassName": "high"}), "m", "ns")
     assert rendered["spec"]["template"]["spec"]["priorityClassName"] == "high"
+
+
+def test_tolerations_are_passed_to_the_pods():
+    toleration = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
+    rendered = render_deployment(spec(scheduling={"tolerations": [toleration]}), "m", "ns")
+    assert rendered["spec"]["template"]["spec"]["tolerations"] == [toleration]

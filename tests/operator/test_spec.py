@@ -72,3 +72,26 @@ def test_bad_fields_elsewhere_are_named():
 def test_an_empty_priority_class_means_none():
     spec = parse({**MINIMAL, "scheduling": {"priorityClassName": ""}})
     assert spec.scheduling.priority_class_name == ""
+
+
+def test_tolerations_pass_through_with_the_pod_spec_defaults():
+    taint = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
+    spec = parse({**MINIMAL, "scheduling": {"tolerations": [taint, {"operator": "Exists"}]}})
+    assert spec.scheduling.tolerations == ({**taint, "operator": "Equal"}, {"operator": "Exists"})
+
+
+@pytest.mark.parametrize(
+    ("toleration", "field"),
+    [
+        ("fake", "spec.scheduling.tolerations[0]"),
+        ({"key": "a", "operator": "Maybe"}, "spec.scheduling.tolerations[0].operator"),
+        ({"key": "a", "effect": "NoRun"}, "spec.scheduling.tolerations[0].effect"),
+        ({"key": "a", "tolerationSeconds": -1}, "spec.scheduling.tolerations[0].tolerationSeconds"),
+        ({"key": "a", "operator": "Exists", "value": "x"}, "spec.scheduling.tolerations[0].value"),
+        ({"key": "a", "nodeName": "n"}, "spec.scheduling.tolerations[0].nodeName"),
+    ],
+)
+def test_a_bad_toleration_is_named(toleration, field):
+    with pytest.raises(ContractError) as raised:
+        parse({**MINIMAL, "scheduling": {"tolerations": [toleration]}})
+    assert raised.value.field == field
