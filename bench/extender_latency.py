@@ -277,13 +277,14 @@ def throughput(nodes: int, pods: int) -> dict:
 
 
 def release_and_time(core, namespace: str, pods: int, extender: bool | None) -> float:
+    from e2e.cluster.fake_nodes import KWOK_TOLERATION
     from e2e.cluster.processes import wait_until
 
     core.create_namespace({"metadata": {"name": namespace}})
     wait_until(lambda: core.read_namespaced_service_account("default", namespace), 60, "the SA")
     names = [f"p-{i:04d}" for i in range(pods)]
     for name in names:
-        spec = {"schedulingGates": [{"name": "bench"}],
+        spec = {"schedulingGates": [{"name": "bench"}], "tolerations": [KWOK_TOLERATION],
                 "containers": [{"name": "c", "image": "x",
                                 "resources": {"limits": {RESOURCE_GPU: "1"}}}]}  # fmt: skip
         if extender:

@@ -10,6 +10,7 @@ from urllib.parse import urlparse
 
 from kubernetes import client
 
+from e2e.cluster.fake_nodes import KWOK_TOLERATION
 from e2e.part_process import PartProcess
 from infergrid import constants
 from infergrid.assignment import decode_assignment
@@ -45,6 +46,7 @@ def gpu_pod(
 ) -> dict:
     spec: dict = {
         "schedulerName": constants.SCHEDULER_NAME,
+        "tolerations": [KWOK_TOLERATION],
         "containers": [{"name": "engine", "image": "infergrid/engine",
                         "resources": {"limits": limits}}],
     }  # fmt: skip

@@ -10,6 +10,7 @@ from pathlib import Path
 from kubernetes import client
 
 from e2e.cluster import binaries
+from e2e.cluster.fake_nodes import KWOK_TOLERATION
 from e2e.part_process import PartProcess
 from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
 
@@ -39,6 +40,14 @@ class OperatorProcess(PartProcess):
             "--liveness-endpoint", self.ready_url,
             *self.args,
         ]  # fmt: skip
+
+
+def on_kwok(body: dict) -> dict:
+    """The InferenceService with its pods tolerating KWOK's taint: placed on the fake fleet,
+    where only the placement is real."""
+    scheduling = body["spec"].setdefault("scheduling", {})
+    scheduling["tolerations"] = [*scheduling.get("tolerations", []), KWOK_TOLERATION]
+    return body
 
 
 def custom(api: client.ApiClient) -> client.CustomObjectsApi:
@@ -105,13 +114,13 @@ def owned(api: client.ApiClient, namespace: str, name: str) -> dict[str, list]:
     }
 
 
-def kubectl(kubeconfig: Path, *args: str) -> str:
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
     """The pinned kubectl of the local cluster, else one on PATH."""
     binary = binaries.paths()["kubectl"]
     command = str(binary) if binary.exists() else "kubectl"
     done = subprocess.run(
         [command, "--kubeconfig", str(kubeconfig), *args],
-        capture_output=True, text=True, timeout=60, check=False,
+        input=stdin, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr}")

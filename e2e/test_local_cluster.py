@@ -9,6 +9,7 @@ import pytest
 from kubernetes import client
 
 from e2e.cluster import binaries
+from e2e.cluster.fake_nodes import KWOK_TOLERATION
 from e2e.cluster.local_cluster import DEFAULT_FLEET, LocalCluster
 from e2e.cluster.processes import is_ours, wait_until
 from infergrid import constants
@@ -24,7 +25,11 @@ def gpu_capacity(node: client.V1Node) -> int:
 
 def gpu_pod(name: str, gpus: int, scheduler: str | None = None) -> dict:
     resources = {"limits": {constants.RESOURCE_GPU: str(gpus)}} if gpus else {}
-    spec = {"containers": [{"name": "main", "image": "infergrid/engine", "resources": resources}]}
+    spec = {
+        "tolerations": [KWOK_TOLERATION],
+        "nodeSelector": {"type": "kwok"},
+        "containers": [{"name": "main", "image": "infergrid/engine", "resources": resources}],
+    }
     if scheduler:
         spec["schedulerName"] = scheduler
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}

@@ -29,6 +29,7 @@ from e2e.operator_support import (
     delete_service,
     events,
     kubectl,
+    on_kwok,
     owned,
     read_service,
     turned_ready,
@@ -85,12 +86,12 @@ def manifest(name: str, **spec) -> dict:
         "resources": {"gpuMemoryMiB": 2048},
         **spec,
     }
-    return {"apiVersion": f"{CRD_GROUP}/{CRD_VERSION}", "kind": "InferenceService",
-            "metadata": {"name": name}, "spec": body}  # fmt: skip
+    return on_kwok({"apiVersion": f"{CRD_GROUP}/{CRD_VERSION}", "kind": "InferenceService",
+                    "metadata": {"name": name}, "spec": body})  # fmt: skip
 
 
 def sample(path: Path) -> dict:
-    return yaml.safe_load(path.read_text())
+    return on_kwok(yaml.safe_load(path.read_text()))
 
 
 def expected_replicas(body: dict) -> dict[str, int]:
@@ -121,7 +122,7 @@ def test_each_sample_gets_its_children_and_turns_ready(cluster, namespace, start
     start_operator()
     body = sample(path)
     name = body["metadata"]["name"]
-    kubectl(cluster.kubeconfig, "apply", "-n", namespace, "-f", str(path))
+    kubectl(cluster.kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(body))
     uid = read_service(cluster.api, namespace, name)["metadata"]["uid"]
     wait_until(lambda: children_owned_by(cluster.api, namespace, name, uid), 30, "children")
     assert deployment_replicas(cluster.api, namespace, name) == expected_replicas(body)

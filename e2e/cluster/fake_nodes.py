@@ -17,6 +17,10 @@ from infergrid.inventory import node_capacity, node_labels
 from .processes import ProcessTable, wait_until
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+# KWOK nodes never start a container: the taint keeps every pod off them but those that say
+# they only need a placement (benchmarks, placement tests, the demo's fleet table).
+KWOK_TAINT = {"key": KWOK_ANNOTATION, "value": "fake", "effect": "NoSchedule"}
+KWOK_TOLERATION = {**KWOK_TAINT, "operator": "Equal"}
 
 
 def node_manifest(node: FleetNode) -> dict:
@@ -40,14 +44,18 @@ def node_manifest(node: FleetNode) -> dict:
                 **node_labels(node.inventory),
             },
         },
+        "spec": {"taints": [KWOK_TAINT]},
         "status": {"capacity": capacity, "allocatable": capacity},
     }
 
 
 def create(api: client.ApiClient, fleet: Fleet) -> None:
-    """Creates every node of the fleet; one that already exists is left as it is."""
+    """Creates every KWOK node of the fleet (a real node registers itself through its kubelet);
+    one that already exists is left as it is."""
     core = client.CoreV1Api(api)
     for node in fleet.nodes:
+        if node.real:
+            continue
         try:
             core.create_node(node_manifest(node))
         except ApiException as err:
