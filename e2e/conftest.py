@@ -49,6 +49,8 @@ def cluster() -> Iterator[Cluster]:
     finally:
         if not reused:
             local.down()
+            # The real node changed machine-wide state; down must have put all of it back.
+            assert local.leftovers == [], "make cluster-down left: " + "; ".join(local.leftovers)
 
 
 @pytest.fixture()

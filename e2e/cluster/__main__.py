@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "down":
             stopped = cluster.down()
             print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+            if cluster.leftovers:
+                print("left on the machine:\n  " + "\n  ".join(cluster.leftovers), file=sys.stderr)
+                return 1
         elif args.command == "status":
             running = cluster.is_running()
             print(f"local cluster {'running' if running else 'not running'} ({cluster.state})")

@@ -35,6 +35,7 @@ def paths() -> dict[str, Path]:
         "kube-controller-manager": k8s / "kube-controller-manager",
         "kube-scheduler": k8s / "kube-scheduler",
         "kubectl": k8s / "kubectl",
+        "kubelet": k8s / "kubelet",
         "kwok": kwok / "kwok",
         "kwok-stages": kwok / "stages-lease.yaml",
         "helm": bin_dir / f"helm-{v['HELM_VERSION']}" / "helm",

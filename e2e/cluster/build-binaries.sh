@@ -37,7 +37,7 @@ scratch_module() {
 
 build_kubernetes() {
   local out="$BIN/kubernetes-$K8S_VERSION" dir="$CACHE/src/kubernetes-$K8S_VERSION"
-  local want=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  local want=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
   local missing=0
   for b in "${want[@]}"; do [[ -x "$out/$b" ]] || missing=1; done
   [[ $missing == 0 ]] && { log "kubernetes $K8S_VERSION cached"; return; }

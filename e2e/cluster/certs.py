@@ -80,6 +80,27 @@ def _write(path: Path, data: bytes) -> Path:
     return path
 
 
+def client_cert(paths: CertPaths, directory: Path, name: str, user: str, group: str) -> tuple[Path, Path]:
+    """A client certificate for `user` in `group`, signed by the cluster CA: how a kubelet
+    proves it is `system:node:<name>`. Returns the certificate and key paths."""
+    ca = x509.load_pem_x509_certificate(paths.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(paths.ca_key.read_bytes(), None)
+    key = _key()
+    cert = _sign(
+        _name(user, group),
+        key,
+        ca.subject,
+        ca_key,
+        [(x509.ExtendedKeyUsage([x509.ExtendedKeyUsageOID.CLIENT_AUTH]), False)],
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    pem = serialization.Encoding.PEM
+    return (
+        _write(directory / f"{name}.crt", cert.public_bytes(pem)),
+        _write(directory / f"{name}.key", _pem_key(key)),
+    )
+
+
 def generate(directory: Path) -> CertPaths:
     """Writes a fresh CA, serving, admin and service-account key pair."""
     directory.mkdir(parents=True, exist_ok=True)

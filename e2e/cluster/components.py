@@ -17,6 +17,7 @@ from infergrid import constants, mig
 from infergrid.fleet import FleetNode
 
 from .certs import SERVICE_CIDR, CertPaths
+from .node_configs import DEVICE_PLUGIN_DIR
 
 POD_CIDR = "10.244.0.0/16"
 
@@ -46,11 +47,16 @@ class Layout:
 
 def kubeconfig(layout: Layout) -> str:
     """An admin kubeconfig with the certificates inlined, so it can be copied."""
+    c = layout.certs
+    return client_kubeconfig(layout.server, c.ca_cert, c.admin_cert, c.admin_key)
+
+
+def client_kubeconfig(server: str, ca_cert: Path, cert: Path, key: Path) -> str:
+    """A kubeconfig that authenticates by a client certificate, inlined."""
 
     def b64(path: Path) -> str:
         return base64.b64encode(path.read_bytes()).decode()
 
-    c = layout.certs
     return yaml.safe_dump(
         {
             "apiVersion": "v1",
@@ -59,8 +65,8 @@ def kubeconfig(layout: Layout) -> str:
                 {
                     "name": "infergrid-local",
                     "cluster": {
-                        "server": layout.server,
-                        "certificate-authority-data": b64(c.ca_cert),
+                        "server": server,
+                        "certificate-authority-data": b64(ca_cert),
                     },
                 }
             ],
@@ -68,8 +74,8 @@ def kubeconfig(layout: Layout) -> str:
                 {
                     "name": "infergrid-admin",
                     "user": {
-                        "client-certificate-data": b64(c.admin_cert),
-                        "client-key-data": b64(c.admin_key),
+                        "client-certificate-data": b64(cert),
+                        "client-key-data": b64(key),
                     },
                 }
             ],
@@ -154,14 +160,16 @@ def infergrid_scheduler_config(layout: Layout, profile: dict | None = None) -> s
 
 
 def device_plugin_command(fleet_file: Path, node: FleetNode, state: Path) -> list[str]:
-    """InferGrid's device plugin for one fake node: it publishes; no kubelet will dial it."""
+    """InferGrid's device plugin for one node on fake NVML: on a real node it serves in the
+    kubelet's own device-plugin folder; on a KWOK node, in a folder no kubelet reads."""
+    plugin_dir = DEVICE_PLUGIN_DIR if node.real else state / "kubelet" / node.name
     return [
         sys.executable,
         "-m",
         "device_plugin.main",
         f"--fake-fleet={fleet_file}",
         f"--node={node.name}",
-        f"--plugin-dir={state / 'kubelet' / node.name}",
+        f"--plugin-dir={plugin_dir}",
         f"--vgpu-slots-per-gpu={node.vgpu_slots_per_gpu}",
         "--metrics-port=0",
         "--usage-interval=2",
@@ -218,6 +226,11 @@ def commands(layout: Layout) -> dict[str, list[str]]:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=RBAC",
             "--allow-privileged=true",
+            # A real node is dialled at its InternalIP (there is no DNS for node names), as
+            # an admin for logs, exec and port-forward.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--kubelet-client-certificate={c.admin_cert}",
+            f"--kubelet-client-key={c.admin_key}",
         ],
         "kube-controller-manager": [
             str(b["kube-controller-manager"]),

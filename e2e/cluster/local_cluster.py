@@ -28,6 +28,8 @@ from infergrid.fleet import Fleet, load_fleet
 
 from . import binaries, certs, components, fake_nodes
 from .processes import ClusterError, ProcessTable, wait_until
+from .node_images import node_images
+from .real_node import RealNodes, capacity_advertised
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_FLEET = REPO / "e2e" / "fleets" / "sample.yaml"
@@ -71,6 +73,9 @@ class LocalCluster:
     def __init__(self, state: Path | None = None):
         self.state = state or state_dir()
         self.processes = ProcessTable(self.state)
+        self.real_nodes = RealNodes(self.state, self.processes, binaries.cache_dir())
+        # What `down` could not put back on the machine; empty after a clean stop.
+        self.leftovers: list[str] = []
 
     @property
     def kubeconfig(self) -> Path:
@@ -117,6 +122,8 @@ class LocalCluster:
             self._start(layout)
             fake_nodes.create(self.api(), fleet)
             fake_nodes.wait_schedulable(self.api(), self.processes)
+            real = [node for node in fleet.nodes if node.real]
+            self.real_nodes.up(layout, self.api(), real, *node_images())
             self._start_device_plugins(fleet, fleet_file)
         except BaseException:
             self.down()
@@ -124,6 +131,8 @@ class LocalCluster:
         return time.monotonic() - started
 
     def _start_device_plugins(self, fleet: Fleet, fleet_file: Path) -> None:
+        """One device plugin per node on fake NVML. A KWOK node's only publishes (no kubelet
+        dials it); a real node's registers with the kubelet, which then advertises its GPUs."""
         for node in fleet.nodes:
             self.processes.start(
                 f"device-plugin-{node.name}",
@@ -131,6 +140,15 @@ class LocalCluster:
                 env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
             )
         fake_nodes.wait_published(self.api(), fleet, self.processes)
+        core = client.CoreV1Api(self.api())
+        for node in fleet.nodes:
+            if node.real:
+                wait_until(
+                    lambda n=node: capacity_advertised(core, n),
+                    30,
+                    f"the kubelet of {node.name} to advertise its GPUs",
+                    lambda n=node: self.processes.check_alive(f"device-plugin-{n.name}"),
+                )
 
     def start_scheduler(self, name: str, profile: dict) -> None:
         """One more kube-scheduler, bound to the same extender, with its own profile: how a
@@ -145,6 +163,9 @@ class LocalCluster:
         return self._load_layout().extender_url
 
     def down(self) -> list[str]:
+        """Stops every process, real nodes first (while the API server still answers), and
+        puts the machine back; what could not be put back is in `leftovers`."""
+        self.leftovers = self.real_nodes.down()
         return self.processes.stop_all()
 
     def api(self) -> client.ApiClient:

@@ -90,15 +90,25 @@ class ProcessTable:
         return [f.stem for f in files]
 
     def stop_all(self, grace: float = 10.0) -> list[str]:
-        stopped = []
-        for name in self.names():
-            record = self._record(name)
-            if record and is_ours(record["pid"], record["argv"][0]):
-                _terminate(record["pid"], grace)
-                stopped.append(name)
-            (self.pids / f"{name}.json").unlink(missing_ok=True)
-            self._children.pop(name, None)
-        return stopped
+        return [name for name in self.names() if self.stop(name, grace)]
+
+    def restart(self, name: str) -> int:
+        """Stops a recorded process and starts it again with the same argv."""
+        record = self._record(name)
+        if record is None:
+            raise ClusterError(f"{name} is not a process of this cluster")
+        self.stop(name)
+        return self.start(name, record["argv"])
+
+    def stop(self, name: str, grace: float = 10.0) -> bool:
+        """Stops one recorded process; True when it was running."""
+        record = self._record(name)
+        running = bool(record and is_ours(record["pid"], record["argv"][0]))
+        if running:
+            _terminate(record["pid"], grace)
+        (self.pids / f"{name}.json").unlink(missing_ok=True)
+        self._children.pop(name, None)
+        return running
 
     def _record(self, name: str) -> dict | None:
         try:

@@ -1,0 +1,151 @@
+"""The real node: a kubelet with containerd where pods really run, and InferGrid's device
+plugin registered with that kubelet over its unix socket (on fake NVML without a GPU)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from kubernetes import client
+
+from e2e.cluster import binaries
+from e2e.cluster.local_cluster import DEFAULT_FLEET, LocalCluster
+from e2e.cluster.node_configs import DEVICE_PLUGIN_DIR
+from e2e.cluster.processes import wait_until
+from e2e.real_pods import REAL_NODE_LABEL, logs_of, shell_pod, wait_phase
+from infergrid import constants
+from infergrid.assignment import decode_assignment
+from infergrid.fleet import FleetNode, load_fleet
+from infergrid.inventory import node_capacity
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def real(cluster) -> FleetNode:
+    if not cluster.local:
+        pytest.skip("starts and restarts the local cluster's own kubelet")
+    return next(n for n in load_fleet(DEFAULT_FLEET).nodes if n.real)
+
+
+def test_the_kubelet_registers_the_node_and_advertises_the_plugins_gpus(cluster, real):
+    node = client.CoreV1Api(cluster.api).read_node(real.name)
+    assert node.metadata.labels[REAL_NODE_LABEL] == "true"
+    info = node.status.node_info
+    assert info.kubelet_version == binaries.versions()["K8S_VERSION"]
+    assert info.container_runtime_version.startswith("containerd://")
+    (internal,) = [a.address for a in node.status.addresses if a.type == "InternalIP"]
+    assert internal.startswith("10.85.")
+    # What the kubelet reports comes from the device plugin's ListAndWatch, nowhere else.
+    wanted = node_capacity(real.inventory)
+    assert {k: node.status.capacity[k] for k in wanted} == wanted
+    assert (DEVICE_PLUGIN_DIR / "kubelet.sock").is_socket()
+
+
+def test_a_pod_runs_in_a_container_and_its_logs_come_back(cluster, namespace, real):
+    core = client.CoreV1Api(cluster.api)
+    core.create_namespaced_pod(namespace, shell_pod("hello", "echo hello from $(hostname)"))
+    pod = wait_phase(core, namespace, "hello", "Succeeded")
+    assert pod.spec.node_name == real.name
+    assert logs_of(core, namespace, "hello").strip() == "hello from hello"
+
+
+def allocated_env(core: client.CoreV1Api, namespace: str, name: str) -> dict[str, str]:
+    wait_phase(core, namespace, name, "Running")
+    wait_until(lambda: "ready" in logs_of(core, namespace, name), 60, f"{name} to print its env")
+    lines = logs_of(core, namespace, name).splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def assigned(core: client.CoreV1Api, namespace: str, name: str):
+    pod = core.read_namespaced_pod(name, namespace)
+    return decode_assignment(pod.metadata.annotations[constants.ANNOTATION_GPU_ASSIGNMENT])
+
+
+ENV_SCRIPT = "env | grep -E '^(NVIDIA|INFERGRID|CUDA)_' | sort; echo ready; sleep 3600"
+
+
+@pytest.mark.parametrize(
+    ("kind", "limits"),
+    [
+        ("whole", {constants.RESOURCE_GPU: "1"}),
+        ("share", {constants.RESOURCE_VGPU: "1", constants.RESOURCE_GPU_MEMORY: "20000",
+                   constants.RESOURCE_GPU_CORES: "30"}),
+        ("mig", {constants.mig_resource("3g.40gb"): "1"}),
+    ],
+)  # fmt: skip
+def test_allocate_gives_the_container_the_gpu_the_extender_assigned(
+    cluster, namespace, extender, real, kind, limits
+):
+    core = client.CoreV1Api(cluster.api)
+    name = f"{kind}-{uuid.uuid4().hex[:6]}"
+    pod = shell_pod(name, ENV_SCRIPT, limits=limits, scheduler=constants.SCHEDULER_NAME)
+    core.create_namespaced_pod(namespace, pod)
+    env = allocated_env(core, namespace, name)
+    (container,) = assigned(core, namespace, name).containers
+    inventory = {g.uuid: g for g in real.inventory.gpus}
+    if kind == "mig":
+        (mig,) = [m for g in real.inventory.gpus for m in g.mig_instances
+                  if m.uuid == container.mig_uuid]  # fmt: skip
+        assert env["NVIDIA_VISIBLE_DEVICES"] == mig.uuid
+    else:
+        (gpu,) = container.gpus
+        assert gpu.uuid in inventory
+        assert env["NVIDIA_VISIBLE_DEVICES"] == gpu.uuid
+    if kind == "share":
+        # Asked as 20000, stored by the API server as 20k: the same 20000 MiB.
+        asked = core.read_namespaced_pod(name, namespace).spec.containers[0].resources.limits
+        assert asked[constants.RESOURCE_GPU_MEMORY] == "20k"
+        assert env["INFERGRID_GPU_MEMORY_MIB"] == "20000"
+    wait_until(lambda: assigned(core, namespace, name).containers[0].allocated, 30,
+               "the container marked allocated")  # fmt: skip
+
+
+def test_a_gpu_pod_without_an_assignment_fails_admission_with_the_plugins_reason(
+    cluster, namespace, real
+):
+    """Placed by nodeName, past every scheduler: the kubelet asks the plugin to Allocate, the
+    plugin refuses, and the kubelet fails the pod with the plugin's own message."""
+    core = client.CoreV1Api(cluster.api)
+    pod = shell_pod("sneaky", "sleep 3600", limits={constants.RESOURCE_GPU: "1"})
+    pod["spec"]["nodeName"] = real.name
+    core.create_namespaced_pod(namespace, pod)
+    failed = wait_phase(core, namespace, "sneaky", "Failed")
+    assert failed.status.reason == "UnexpectedAdmissionError"
+    assert "assignment" in failed.status.message
+    assert constants.RESOURCE_GPU in failed.status.message
+
+
+def test_a_kubelet_restart_keeps_pods_running_and_the_plugin_registers_again(
+    cluster, namespace, real, record_property
+):
+    core = client.CoreV1Api(cluster.api)
+    core.create_namespaced_pod(namespace, shell_pod("survivor", "sleep 3600"))
+    before = wait_phase(core, namespace, "survivor", "Running").status.container_statuses[0]
+    local = LocalCluster()
+    plugin_log = local.processes.logs / f"device-plugin-{real.name}.log"
+    registrations = plugin_log.read_text().count("registered ")
+    socket = DEVICE_PLUGIN_DIR / "kubelet.sock"
+    old = socket.stat().st_ino
+    local.real_nodes.restart_kubelet(real.name)
+    wait_until(lambda: socket.exists() and socket.stat().st_ino != old, 60, "a new kubelet.sock")
+    started = time.monotonic()
+    resources = len(node_capacity(real.inventory))
+    wait_until(
+        lambda: plugin_log.read_text().count("registered ") >= registrations + resources,
+        30,
+        "the device plugin to register every resource again",
+    )
+    record_property("reregistered_after_s", round(time.monotonic() - started, 2))
+    wait_until(lambda: _advertises(core, real), 60, "the GPUs advertised again")
+    after = core.read_namespaced_pod("survivor", namespace).status
+    assert after.phase == "Running"
+    assert after.container_statuses[0].container_id == before.container_id
+    assert after.container_statuses[0].restart_count == 0
+
+
+def _advertises(core: client.CoreV1Api, real: FleetNode) -> bool:
+    capacity = core.read_node(real.name).status.allocatable or {}
+    return all(capacity.get(k) == v for k, v in node_capacity(real.inventory).items())
+

@@ -1,0 +1,142 @@
+"""An InferenceService served from a pod on the real node, as a user reaches it: `kubectl
+apply` of the sample, `kubectl port-forward` to its Service and the `openai` client,
+`kubectl scale`, and deletion that leaves nothing behind."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import openai
+import pytest
+from kubernetes import client
+
+from e2e.cluster import binaries
+from e2e.cluster.node_configs import REAL_NODE_LABEL
+from e2e.cluster.node_images import image_ref
+from e2e.cluster.processes import wait_until
+from e2e.operator_support import (
+    SAMPLES,
+    OperatorProcess,
+    free_port,
+    kubectl,
+    owned,
+)
+from infergrid import constants
+
+pytestmark = pytest.mark.e2e
+
+SAMPLE = SAMPLES / "smollm2-shared.yaml"
+NAME = "smollm2"
+# The first start on a node unpacks the engine image (torch) from containerd's store.
+READY_TIMEOUT = 600
+
+
+@pytest.fixture(scope="module")
+def served(cluster, infsvc_crd, extender, tmp_path_factory) -> Iterator[str]:
+    """A namespace with the operator serving it and the sample applied, unmodified."""
+    if not cluster.local:
+        pytest.skip("serves on the local cluster's real node")
+    core = client.CoreV1Api(cluster.api)
+    namespace = f"serve-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    log = tmp_path_factory.mktemp("serving") / "operator.log"
+    operator = OperatorProcess(
+        cluster.kubeconfig, [namespace], log, "--engine-image", image_ref("engine")
+    )
+    operator.start()
+    try:
+        kubectl(cluster.kubeconfig, "apply", "-n", namespace, "-f", str(SAMPLE))
+        yield namespace
+    finally:
+        kubectl(cluster.kubeconfig, "delete", "--ignore-not-found", "--wait=false",
+                "-n", namespace, "-f", str(SAMPLE))  # fmt: skip
+        wait_until(lambda: not _engine_pods(core, namespace), 120, "the engine pods gone")
+        operator.stop()
+        core.delete_namespace(namespace)
+
+
+def _engine_pods(core: client.CoreV1Api, namespace: str) -> list[client.V1Pod]:
+    selector = f"infergrid.io/inferenceservice={NAME}"
+    return core.list_namespaced_pod(namespace, label_selector=selector).items
+
+
+def _ready(pod: client.V1Pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def wait_serving(core: client.CoreV1Api, namespace: str, count: int) -> list[client.V1Pod]:
+    def enough() -> bool:
+        pods = _engine_pods(core, namespace)
+        return len(pods) == count and all(_ready(p) for p in pods)
+
+    wait_until(enough, READY_TIMEOUT, f"{count} engine pod(s) of {NAME} Ready")
+    return _engine_pods(core, namespace)
+
+
+def test_the_sample_gets_an_engine_pod_on_the_real_node_with_its_allocation(cluster, served):
+    core = client.CoreV1Api(cluster.api)
+    (pod,) = wait_serving(core, served, 1)
+    node = core.read_node(pod.spec.node_name)
+    assert node.metadata.labels.get(REAL_NODE_LABEL) == "true"
+    status = pod.status.container_statuses[0]
+    assert status.ready and status.restart_count == 0
+    env = kubectl(cluster.kubeconfig, "exec", "-n", served, pod.metadata.name, "--", "env")
+    lines = dict(line.split("=", 1) for line in env.splitlines() if "=" in line)
+    assert lines["INFERGRID_GPU_MEMORY_MIB"] == "4096"
+    assert lines["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+    text = pod.metadata.annotations[constants.ANNOTATION_GPU_ASSIGNMENT]
+    assert pod.spec.node_name in text
+
+
+@contextmanager
+def port_forward(kubeconfig, namespace: str, target: str, remote: int) -> Iterator[str]:
+    """`kubectl port-forward` in the background; yields the local base URL."""
+    port = free_port()
+    argv = [str(binaries.paths()["kubectl"]), "--kubeconfig", str(kubeconfig), "port-forward",
+            "-n", namespace, target, f"{port}:{remote}"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("Forwarding from"), line + proc.stdout.read()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_chat_completion_streams_through_the_service(cluster, served):
+    wait_serving(client.CoreV1Api(cluster.api), served, 1)
+    with port_forward(cluster.kubeconfig, served, f"svc/{NAME}", 80) as url:
+        ai = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120)
+        stream = ai.chat.completions.create(
+            model=NAME,
+            messages=[{"role": "user", "content": "What is a GPU? Answer in one sentence."}],
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+        )
+        pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert len([p for p in pieces if p]) >= 2  # more than one chunk: it streamed
+    assert "".join(pieces).strip()
+
+
+def test_kubectl_scale_gives_a_second_serving_pod(cluster, served):
+    core = client.CoreV1Api(cluster.api)
+    wait_serving(core, served, 1)
+    kubectl(cluster.kubeconfig, "scale", "-n", served, "infsvc", NAME, "--replicas", "2")
+    pods = wait_serving(core, served, 2)
+    assert len({p.metadata.name for p in pods}) == 2
+
+
+def test_deleting_the_service_removes_everything(cluster, served):
+    core = client.CoreV1Api(cluster.api)
+    kubectl(cluster.kubeconfig, "delete", "-n", served, "-f", str(SAMPLE))
+
+    def gone() -> bool:
+        children = owned(cluster.api, served, NAME)
+        return not any(children.values()) and not _engine_pods(core, served)
+
+    wait_until(gone, 120, f"every child of {NAME} deleted")
