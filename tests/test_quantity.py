@@ -143,7 +143,18 @@ def spellings(n: int) -> list[str]:
     return out
 
 
-whole_numbers = st.integers(min_value=0, max_value=LARGEST)
+def multiples_of(base: int, powers: range) -> st.SearchStrategy[int]:
+    """Whole numbers up to LARGEST that ``base**p`` divides, so suffixed spellings exist."""
+    return st.sampled_from(powers).flatmap(
+        lambda p: st.integers(0, LARGEST // base**p).map(lambda m: m * base**p)
+    )
+
+
+whole_numbers = st.one_of(
+    st.integers(min_value=0, max_value=LARGEST),
+    multiples_of(10, _POWERS_OF_TEN),
+    multiples_of(2, range(10, 61, 10)),
+)
 
 
 @given(whole_numbers)
