@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
 from kubernetes import client
 
+from e2e.cluster import fake_nodes
 from e2e.cluster.fake_nodes import KWOK_TOLERATION
+from e2e.cluster.processes import wait_until
 from e2e.part_process import PartProcess
 from infergrid import constants
 from infergrid.assignment import decode_assignment
-from infergrid.inventory import decode_inventory
+from infergrid.fleet import parse_fleet
+from infergrid.inventory import decode_inventory, encode_inventory
+from infergrid.usage import GpuUsage, GpuUsageSample, encode_usage
 
 
 class ExtenderProcess(PartProcess):
@@ -31,6 +37,29 @@ class ExtenderProcess(PartProcess):
             "--host", "127.0.0.1", "--port", str(self.port),
             "--identity", "e2e-extender", "--lease-namespace", "kube-system", *self.args,
         ]  # fmt: skip
+
+
+@contextmanager
+def idle_nodes(api: client.ApiClient, entries: list[dict]) -> Iterator[list[str]]:
+    """KWOK nodes for fleet ``entries``, their idle GPUs published, Ready; deleted afterwards."""
+    core = client.CoreV1Api(api)
+    fleet = parse_fleet({"version": "v1", "nodes": entries}, "test")
+    fake_nodes.create(api, fleet)
+    for node in fleet.nodes:
+        samples = tuple(GpuUsageSample(g.uuid, 0, 0) for g in node.inventory.gpus)
+        annotations = {
+            constants.ANNOTATION_GPU_INVENTORY: encode_inventory(node.inventory),
+            constants.ANNOTATION_GPU_USAGE: encode_usage(GpuUsage(node.name, now_utc(), samples)),
+        }
+        core.patch_node(node.name, {"metadata": {"annotations": annotations}})
+    names = [node.name for node in fleet.nodes]
+    for n in names:
+        wait_until(lambda n=n: fake_nodes._schedulable(core.read_node(n)), 60, f"{n} Ready")
+    try:
+        yield names
+    finally:
+        for n in names:
+            core.delete_node(n)
 
 
 def share_pod(name: str, mib: int, **extra) -> dict:

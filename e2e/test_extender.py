@@ -15,6 +15,7 @@ from e2e.extender_support import (
     audit,
     bound,
     gpu_pod,
+    idle_nodes,
     now_utc,
     scheduling_failures,
     share_pod,
@@ -59,26 +60,12 @@ def lone_gpu_node(cluster):
 @pytest.fixture()
 def two_fresh_nodes(cluster):
     """Two KWOK nodes with two idle 24 GiB GPUs each, that only this test's pods may use."""
-    core = client.CoreV1Api(cluster.api)
     suffix = uuid.uuid4().hex[:6]
     gpus = {"model": "NVIDIA A10", "count": 2, "memoryMiB": 24576, "smCount": 72,
             "computeCapability": "8.6"}  # fmt: skip
-    names = [f"pair{i}-{suffix}" for i in range(2)]
-    fleet = parse_fleet({"version": "v1", "nodes": [{"name": n, "gpus": gpus} for n in names]},
-                        "test")  # fmt: skip
-    fake_nodes.create(cluster.api, fleet)
-    for node in fleet.nodes:
-        samples = tuple(GpuUsageSample(g.uuid, 0, 0) for g in node.inventory.gpus)
-        annotations = {
-            constants.ANNOTATION_GPU_INVENTORY: encode_inventory(node.inventory),
-            constants.ANNOTATION_GPU_USAGE: encode_usage(GpuUsage(node.name, now_utc(), samples)),
-        }
-        core.patch_node(node.name, {"metadata": {"annotations": annotations}})
-    for n in names:
-        wait_until(lambda n=n: fake_nodes._schedulable(core.read_node(n)), 60, f"{n} Ready")
-    yield names
-    for n in names:
-        core.delete_node(n)
+    entries = [{"name": f"pair{i}-{suffix}", "gpus": gpus} for i in range(2)]
+    with idle_nodes(cluster.api, entries) as names:
+        yield names
 
 
 def burst_on(core, namespace: str, nodes: list[str], policy: str, count: int) -> list[str]:

@@ -15,12 +15,15 @@ from e2e.cluster.processes import is_ours, wait_until
 from infergrid import constants
 from infergrid.fleet import load_fleet
 from infergrid.inventory import node_capacity
+from infergrid.quantity import parse_whole_quantity
 
 pytestmark = pytest.mark.e2e
 
 
 def gpu_capacity(node: client.V1Node) -> int:
-    return int((node.status.capacity or {}).get(constants.RESOURCE_GPU, "0"))
+    """Whole GPUs the node reports; the API server may write 1000 as 1k."""
+    where = f"node {node.metadata.name} status.capacity[{constants.RESOURCE_GPU}]"
+    return parse_whole_quantity((node.status.capacity or {}).get(constants.RESOURCE_GPU, 0), where)
 
 
 def gpu_pod(name: str, gpus: int, scheduler: str | None = None) -> dict:
@@ -84,7 +87,8 @@ def test_fleet_nodes_carry_their_gpu_capacity(cluster):
     for node in load_fleet(DEFAULT_FLEET).nodes:
         capacity = core.read_node(node.name).status.capacity
         for resource, value in node_capacity(node.inventory).items():
-            assert capacity[resource] == value, (node.name, resource)
+            stored = parse_whole_quantity(capacity[resource], f"{node.name} {resource}")
+            assert stored == int(value), (node.name, resource, capacity[resource])
 
 
 def test_kubectl_lists_gpu_nodes_wide(cluster):

@@ -5,7 +5,6 @@ so they agree on every rule; a request that breaks one fails with the container
 and resource named, before any node is looked at.
 """
 
-import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -25,12 +24,12 @@ from infergrid.constants import (
 )
 from infergrid.errors import ContractError
 from infergrid.mig import MIG_PROFILE_NAME
+from infergrid.quantity import parse_whole_quantity
 
 Kind = Literal["none", "whole", "share", "mig"]
 
 _OWN_RESOURCES: Final = (RESOURCE_VGPU, RESOURCE_GPU_MEMORY, RESOURCE_GPU_CORES)
 _SHARE_SETTINGS: Final = (RESOURCE_GPU_MEMORY, RESOURCE_GPU_CORES)
-_WHOLE_NUMBER: Final = re.compile(r"[0-9]+")
 _ALL_CORES: Final = 100
 
 
@@ -158,12 +157,11 @@ def _is_gpu_resource(resource: object, path: str, name: str) -> bool:
 
 
 def _whole_number(raw: object, path: str, name: str) -> int:
-    """A quantity that counts units: a non-negative integer, or a string of digits."""
-    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
-        return raw
-    if isinstance(raw, str) and _WHOLE_NUMBER.fullmatch(raw):
-        return int(raw)
-    raise ContractError(path, f"container {name!r}: {raw!r} is not a whole number")
+    """A quantity that counts units, in any form Kubernetes writes it (``20k`` is 20000)."""
+    try:
+        return parse_whole_quantity(raw, path)
+    except ContractError as err:
+        raise ContractError(err.field, f"container {name!r}: {err.reason}") from None
 
 
 def _classify(asked: _Asked) -> ContainerGpuRequest:

@@ -160,14 +160,42 @@ def test_a_share_missing_memory_is_reported_where_the_vgpu_was_asked():
     assert raised.value.field == f"{REQUESTS}[{MEMORY}]"
 
 
+def test_quantities_in_the_api_servers_canonical_form_are_read():
+    """The API server stores 20000 as 20k; every whole-number spelling means the same."""
+    assert only({VGPU: "1", MEMORY: "20k", CORES: "5e1"}) == ContainerGpuRequest(
+        "engine", "share", gpus=1, memory_mib=20000, cores=50
+    )
+    assert only({GPU: "+2", "cpu": "1500m"}).gpus == 2
+    assert only({VGPU: "1000m", MEMORY: "8Ki"}).memory_mib == 8192
+    (request,) = parse_pod_request(
+        pod(container(limits={VGPU: 1, MEMORY: "20k"}, requests={VGPU: 1, MEMORY: "20000"}))
+    ).containers
+    assert request.memory_mib == 20000
+
+
 @pytest.mark.parametrize(
-    "quantity", ["1.5", "1Gi", "500m", -1, "-1", "+1", "", True, 1.0, None, "²", [1]]
+    ("quantity", "says"),
+    [
+        ("1.5", "not a whole number"),
+        ("500m", "not a whole number"),
+        ("1500m", "not a whole number"),
+        (-1, "negative"),
+        ("-1", "negative"),
+        ("1e999999999", "above 9223372036854775807"),
+        ("9" * 10_000, "characters long"),
+        ("", "not a Kubernetes quantity"),
+        ("²", "not a Kubernetes quantity"),
+        (True, "expected a quantity"),
+        (1.0, "expected a quantity"),
+        (None, "expected a quantity"),
+        ([1], "expected a quantity"),
+    ],
 )
-def test_gpu_quantities_are_whole_numbers(quantity):
-    with pytest.raises(ContractError, match="not a whole number") as raised:
+def test_gpu_quantities_are_whole_numbers(quantity, says):
+    with pytest.raises(ContractError, match=says) as raised:
         parse_pod_request(pod(container("engine-7", {GPU: quantity})))
     assert raised.value.field == f"{LIMITS}[{GPU}]"
-    assert "'engine-7'" in raised.value.reason
+    assert raised.value.reason.startswith("container 'engine-7': ")
 
 
 def test_errors_name_the_right_container():
