@@ -41,6 +41,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from e2e.cluster import binaries
+from e2e.cluster.fake_nodes import KWOK_TAINT
+from e2e.cluster.node_configs import REAL_NODE_LABEL
 from e2e.cluster.processes import wait_until
 from e2e.part_process import PartProcess
 from infergrid.assignment import (
@@ -151,6 +153,7 @@ def cpu_node(cluster) -> Iterator[str]:
     body = {
         "metadata": {"name": CPU_NODE, "labels": labels,
                      "annotations": {"kwok.x-k8s.io/node": "fake"}},
+        "spec": {"taints": [KWOK_TAINT]},
         "status": {"capacity": capacity, "allocatable": capacity},
     }  # fmt: skip
     try:
@@ -162,7 +165,7 @@ def cpu_node(cluster) -> Iterator[str]:
     def schedulable() -> bool:
         node = core.read_node(CPU_NODE)
         ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
-        return ready and not node.spec.taints
+        return ready and [t.key for t in node.spec.taints or []] == [KWOK_TAINT["key"]]
 
     wait_until(schedulable, 90, f"KWOK to make {CPU_NODE} Ready")
     yield CPU_NODE
@@ -170,7 +173,9 @@ def cpu_node(cluster) -> Iterator[str]:
 
 
 def gpu_nodes(cluster) -> set[str]:
-    nodes = client.CoreV1Api(cluster.api).list_node(label_selector="infergrid.io/gpu.count")
+    """The KWOK GPU nodes, where the e2e values put the device plugin."""
+    selector = f"infergrid.io/gpu.count,!{REAL_NODE_LABEL}"
+    nodes = client.CoreV1Api(cluster.api).list_node(label_selector=selector)
     return {n.metadata.name for n in nodes.items}
 
 

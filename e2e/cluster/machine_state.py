@@ -41,7 +41,11 @@ WELL_KNOWN_DIRS = (
 )
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-IPTABLES = ("iptables", "ip6tables")
+# Both backends: a kubelet writes through whichever its iptables binary picks.
+IPTABLES = ("iptables", "ip6tables", "iptables-legacy", "ip6tables-legacy")
+# Built-in chains: a table that did not exist shows them too once something creates it, so
+# an empty built-in chain with the default policy counts as absent.
+BUILTIN_CHAINS = ("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING")
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +172,11 @@ def _rule_set(dump: str) -> set[tuple[str, str]]:
         elif line.startswith("-A "):
             rules.add((table, line))
         elif line.startswith(":"):
-            rules.add((table, "chain " + line[1:].split()[0]))
+            chain, policy = line[1:].split()[:2]
+            if chain not in BUILTIN_CHAINS:
+                rules.add((table, "chain " + chain))
+            elif policy != "ACCEPT":
+                rules.add((table, f"policy {chain} {policy}"))
     return rules
 
 

@@ -96,6 +96,12 @@ class RealNodes:
                 "/var/lib/kubelet/device-plugins; mark one fleet entry `kubelet: real`"
             )
         node_runtime.check_machine()
+        if RUN_ROOT.exists() and any(RUN_ROOT.iterdir()):
+            raise ClusterError(
+                f"a real node of another local cluster is running ({RUN_ROOT} is in use): one "
+                "real node per machine; stop that cluster first (make cluster-down or "
+                "make demo-down)"
+            )
         node_runtime.ensure()
         machine_state.save(machine_state.snapshot(), self._before_path)
         _bind_nodes(api)
@@ -155,23 +161,28 @@ class RealNodes:
         self.processes.restart(f"kubelet-{name}")
 
     def down(self) -> list[str]:
-        """Stops every real node and puts the machine back; returns what still differs."""
-        names = [n[len("kubelet-") :] for n in self.processes.names() if n.startswith("kubelet-")]
+        """Stops this cluster's real nodes and puts the machine back; returns what still
+        differs. Another cluster's real node is never touched."""
+        names = sorted(p.name for p in (self.state / "nodes").glob("*")) if self._ran else []
         for name in names:
             self.processes.stop(f"kubelet-{name}")
-        for run_dir in sorted(RUN_ROOT.glob("*")) if RUN_ROOT.exists() else []:
-            _remove_containers(run_dir / "containerd.sock")
-        for name in self.processes.names():
-            if name.startswith("containerd-"):
-                self.processes.stop(name)
-        _kill_leftovers(RUN_ROOT)
+        for name in names:
+            _remove_containers(RUN_ROOT / name / "containerd.sock")
+            self.processes.stop(f"containerd-{name}")
+        if names:
+            _kill_leftovers([RUN_ROOT / name for name in names])
         before = machine_state.load(self._before_path)
         if before is None:
             return []
         left = machine_state.restore(before)
         if not left:
             self._before_path.unlink()
+            shutil.rmtree(self.state / "nodes", ignore_errors=True)
         return left
+
+    @property
+    def _ran(self) -> bool:
+        return self._before_path.exists()
 
 
 def _bind_nodes(api: client.ApiClient) -> None:
@@ -240,11 +251,11 @@ def _remove_containers(socket_path: Path) -> None:
         subprocess.run([*ctr, "containers", "rm", container], capture_output=True)
 
 
-def _kill_leftovers(run_root: Path) -> None:
+def _kill_leftovers(run_dirs: list[Path]) -> None:
     """Whatever outlived containerd: processes in the kubelet's pod cgroups, and shims that
-    serve one of our containerds."""
+    serve one of these nodes' containerds."""
     pids = set(_pod_cgroup_pids())
-    pids |= {pid for pid, argv in _processes() if _is_our_shim(argv, run_root)}
+    pids |= {pid for pid, argv in _processes() if _is_our_shim(argv, run_dirs)}
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -271,9 +282,9 @@ def _processes() -> Iterable[tuple[int, list[str]]]:
             yield int(proc.name), [a.decode(errors="replace") for a in argv]
 
 
-def _is_our_shim(argv: list[str], run_root: Path) -> bool:
+def _is_our_shim(argv: list[str], run_dirs: list[Path]) -> bool:
     return bool(argv) and argv[0].endswith("containerd-shim-runc-v2") and any(
-        a.startswith(str(run_root)) for a in argv
+        a.startswith(str(d)) for a in argv for d in run_dirs
     )
 
 
