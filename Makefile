@@ -57,12 +57,18 @@ clean: cluster-down demo-down
 	rm -rf $(VENV) .cluster .demo
 
 # The Helm chart and images (deploy/helm/infergrid, images/).
-.PHONY: images helm-lint
+.PHONY: images images-docker helm-lint
 HELM = $(shell $(PY) -c 'from e2e.cluster.binaries import paths; print(paths()["helm"])')
 KUBE_VERSION = $(shell sed -n 's/^K8S_VERSION=//p' e2e/cluster/versions.env)
 
-# Every component image; REGISTRY=, TAG=, PUSH=1 (images/README.md). Needs docker.
-images:
+# Every component image, built on this machine with no registry (Debian packages, umoci)
+# into an OCI layout in the cache; a warm run builds nothing (images/README.md). As root.
+images: install
+	$(PY) -m images.build
+
+# The same components from their Dockerfiles, for those with docker and a registry;
+# REGISTRY=, TAG=, PUSH=1.
+images-docker:
 	bash images/build.sh
 
 # helm lint --strict with the default values and each set in deploy/helm/values/.
