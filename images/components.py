@@ -153,6 +153,7 @@ def images(pyproject: dict) -> dict[str, Image]:
                 ("HOME", "/home/infergrid"),
                 ("HF_HOME", "/tmp/hf"),
                 ("TRITON_CACHE_DIR", "/tmp/triton"),
+                ("INFERGRID_CACHE_DIR", "/tmp/infergrid"),  # models converted from GGUF
                 ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
             ),
             port=8000,

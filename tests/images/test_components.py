@@ -52,6 +52,7 @@ def test_dependency_groups_are_the_pins_of_pyproject(pyproject):
 def test_engine_env_keeps_caches_in_tmp_and_leaves_gpu_choice_to_the_plugin(pyproject):
     env = dict(components.images(pyproject)["engine"].run.env)
     assert env["HF_HOME"] == "/tmp/hf" and env["TRITON_CACHE_DIR"] == "/tmp/triton"
+    assert env["INFERGRID_CACHE_DIR"] == "/tmp/infergrid"  # GGUF conversions
     assert env["HOME"] == "/home/infergrid"
     assert "NVIDIA_VISIBLE_DEVICES" not in env
 
