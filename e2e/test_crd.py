@@ -83,8 +83,8 @@ def test_defaults_are_filled_in(cluster, namespace, infsvc_crd):
     )["spec"]
     assert spec["model"]["format"] == "huggingface"
     assert spec["model"]["task"] == "text-generation"
+    # No image default: the operator's engineImage setting applies to a spec that names none.
     assert spec["engine"] == {
-        "image": "infergrid/engine:0.1.0",
         "maxNumSeqs": 64,
         "maxNumBatchedTokens": 4096,
         "maxModelLen": 2048,

@@ -9,6 +9,7 @@ import uuid
 import pytest
 from kubernetes import client
 
+from device_plugin.endpoint import socket_identity
 from e2e.cluster import binaries
 from e2e.cluster.local_cluster import DEFAULT_FLEET, LocalCluster
 from e2e.cluster.node_configs import DEVICE_PLUGIN_DIR
@@ -127,9 +128,9 @@ def test_a_kubelet_restart_keeps_pods_running_and_the_plugin_registers_again(
     plugin_log = local.processes.logs / f"device-plugin-{real.name}.log"
     registrations = plugin_log.read_text().count("registered ")
     socket = DEVICE_PLUGIN_DIR / "kubelet.sock"
-    old = socket.stat().st_ino
+    old = socket_identity(socket)
     local.real_nodes.restart_kubelet(real.name)
-    wait_until(lambda: socket.exists() and socket.stat().st_ino != old, 60, "a new kubelet.sock")
+    wait_until(lambda: socket_identity(socket) not in (None, old), 60, "a new kubelet.sock")
     started = time.monotonic()
     resources = len(node_capacity(real.inventory))
     wait_until(
@@ -150,4 +151,3 @@ def test_a_kubelet_restart_keeps_pods_running_and_the_plugin_registers_again(
 def _advertises(core: client.CoreV1Api, real: FleetNode) -> bool:
     capacity = core.read_node(real.name).status.allocatable or {}
     return all(capacity.get(k) == v for k, v in node_capacity(real.inventory).items())
-

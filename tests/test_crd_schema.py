@@ -105,7 +105,6 @@ def test_schema_is_structural_and_described(schema):
 CONTRACT_DEFAULTS = {
     "spec.model.format": "huggingface",
     "spec.model.task": "text-generation",
-    "spec.engine.image": "infergrid/engine:0.1.0",
     "spec.engine.maxNumSeqs": 64,
     "spec.engine.maxNumBatchedTokens": 4096,
     "spec.engine.maxModelLen": 2048,

@@ -80,7 +80,9 @@ def _write(path: Path, data: bytes) -> Path:
     return path
 
 
-def client_cert(paths: CertPaths, directory: Path, name: str, user: str, group: str) -> tuple[Path, Path]:
+def client_cert(
+    paths: CertPaths, directory: Path, name: str, user: str, group: str
+) -> tuple[Path, Path]:
     """A client certificate for `user` in `group`, signed by the cluster CA: how a kubelet
     proves it is `system:node:<name>`. Returns the certificate and key paths."""
     ca = x509.load_pem_x509_certificate(paths.ca_cert.read_bytes())

@@ -27,8 +27,8 @@ from kubernetes import client, config
 from infergrid.fleet import Fleet, load_fleet
 
 from . import binaries, certs, components, fake_nodes
-from .processes import ClusterError, ProcessTable, wait_until
 from .node_images import node_images
+from .processes import ClusterError, ProcessTable, wait_until
 from .real_node import RealNodes, capacity_advertised
 
 REPO = Path(__file__).resolve().parents[2]

@@ -30,14 +30,15 @@ class Requirement:
         return shutil.which(self.path) is not None
 
 
+CNI_PACKAGE = "containernetworking-plugins"
 REQUIREMENTS = (
     Requirement("containerd", "containerd", "containerd"),
     Requirement("containerd's runc shim", "containerd-shim-runc-v2", "containerd"),
     Requirement("ctr", "ctr", "containerd"),
     Requirement("runc", "runc", "runc"),
-    Requirement("the CNI bridge plugin", str(CNI_BIN_DIR / "bridge"), "containernetworking-plugins"),
-    Requirement("the CNI host-local IPAM", str(CNI_BIN_DIR / "host-local"), "containernetworking-plugins"),
-    Requirement("the CNI loopback plugin", str(CNI_BIN_DIR / "loopback"), "containernetworking-plugins"),
+    Requirement("the CNI bridge plugin", str(CNI_BIN_DIR / "bridge"), CNI_PACKAGE),
+    Requirement("the CNI host-local IPAM", str(CNI_BIN_DIR / "host-local"), CNI_PACKAGE),
+    Requirement("the CNI loopback plugin", str(CNI_BIN_DIR / "loopback"), CNI_PACKAGE),
     Requirement("iptables", "iptables", "iptables"),
     Requirement("ip", "ip", "iproute2"),
     Requirement("nsenter", "nsenter", "util-linux"),

@@ -283,8 +283,10 @@ def _processes() -> Iterable[tuple[int, list[str]]]:
 
 
 def _is_our_shim(argv: list[str], run_dirs: list[Path]) -> bool:
-    return bool(argv) and argv[0].endswith("containerd-shim-runc-v2") and any(
-        a.startswith(str(d)) for a in argv for d in run_dirs
+    return (
+        bool(argv)
+        and argv[0].endswith("containerd-shim-runc-v2")
+        and any(a.startswith(str(d)) for a in argv for d in run_dirs)
     )
 
 

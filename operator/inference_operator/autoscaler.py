@@ -108,6 +108,13 @@ def desired_replicas(
     return Decision(min(replicas, current), recommendation, history, reason)
 
 
+def history_after(history: History, last_set: int | None, current: int) -> History:
+    """The history to decide on when the count is no longer the one the autoscaler last set:
+    someone scaled by hand (kubectl scale), and that count starts a new window, as after a
+    restart, so a hand-set count holds for a window before any scale-down."""
+    return history if last_set is None or last_set == current else ()
+
+
 def _clamp(replicas: int, policy: Policy) -> int:
     return min(max(replicas, policy.min_replicas), policy.max_replicas)
 

@@ -28,7 +28,7 @@ from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
 from infergrid.errors import ContractError
 from infergrid.process import kube_api
 
-from .autoscaler import Decision, History, Policy, desired_replicas, ratios
+from .autoscaler import Decision, History, Policy, desired_replicas, history_after, ratios
 from .conditions import (
     compute_status,
     invalid_spec_conditions,
@@ -194,10 +194,12 @@ def _write_status(memo: kopf.Memo, namespace: str, name: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ScalerState:
-    """What one autoscaler keeps between ticks: recommendations and latency counters."""
+    """What one autoscaler keeps between ticks: recommendations, latency counters, and the
+    replica count it last decided (to tell a hand-set count from its own)."""
 
     history: History = ()
     latency: dict[str, Buckets] = field(default_factory=dict)
+    replicas: int | None = None
 
 
 def autoscaling_on(spec: kopf.Spec, **_: Any) -> bool:
@@ -241,9 +243,10 @@ async def autoscale_once(
     samples = await scrape(urls, memo.config.scrape_timeout_s)
     metrics = aggregate(samples, state.latency)
     scaling = service.autoscaling
+    history = history_after(state.history, state.replicas, service.replicas)
     decision = desired_replicas(
         service.replicas, metrics.pods, ratios(metrics, scaling), Policy.from_spec(scaling),
-        state.history, time.monotonic(),
+        history, time.monotonic(),
     )  # fmt: skip
     if decision.replicas != service.replicas:
         await asyncio.to_thread(memo.kube.scale, namespace, name, decision.replicas)
@@ -251,7 +254,8 @@ async def autoscale_once(
         announce(body, "Scaled", message)
     status = {"metrics": metrics_status(metrics, decision)}
     await asyncio.to_thread(memo.kube.patch_status, namespace, name, status)
-    return ScalerState(decision.history, {pod: s.latency for pod, s in samples.items()})
+    latency = {pod: s.latency for pod, s in samples.items()}
+    return ScalerState(decision.history, latency, decision.replicas)
 
 
 def metrics_status(metrics: ServiceMetrics, decision: Decision) -> dict[str, Any]:

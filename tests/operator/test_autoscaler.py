@@ -5,7 +5,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_operator.autoscaler import Policy, desired_replicas, ratios, recommend
+from inference_operator.autoscaler import (
+    Policy,
+    desired_replicas,
+    history_after,
+    ratios,
+    recommend,
+)
 from inference_operator.metrics_scrape import ServiceMetrics
 from inference_operator.spec import Autoscaling
 
@@ -106,6 +112,30 @@ def test_a_restarted_autoscaler_waits_a_window_before_scaling_down():
     decision = desired_replicas(10, 10, {"queueDepth": 0.1}, POLICY, (), now=1000.0)
     assert decision.replicas == 10
     assert decision.history[0] == (1000.0, 10)
+
+
+def test_a_count_scaled_up_by_hand_holds_for_a_window():
+    """kubectl scale to 2 on an idle service: the autoscaler recommends 1 all along, yet keeps
+    the 2 for a whole window, then shrinks as it would after a restart."""
+    idle = {"queueDepth": 0.0}
+    decision = desired_replicas(1, 1, idle, POLICY, (), now=0.0)
+    history, last_set = decision.history, decision.replicas
+    window_ticks = int(POLICY.stabilization_s / TICK)
+    replicas, seen = 2, []  # what kubectl scale set
+    for tick in range(1, window_ticks + 3):
+        history = history_after(history, last_set, replicas)
+        decision = desired_replicas(replicas, replicas, idle, POLICY, history, tick * TICK)
+        replicas, history, last_set = decision.replicas, decision.history, decision.replicas
+        seen.append(replicas)
+    assert seen[:window_ticks] == [2] * window_ticks
+    assert seen[-1] == 1
+
+
+def test_the_autoscalers_own_count_keeps_its_history():
+    history = ((0.0, 4), (15.0, 3))
+    assert history_after(history, 3, 3) == history
+    assert history_after(history, None, 7) == history
+    assert history_after(history, 3, 5) == ()
 
 
 loads = st.lists(st.floats(min_value=0.0, max_value=40.0), min_size=1, max_size=80)
