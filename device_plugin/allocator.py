@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from device_plugin.assignments import GpuLoad, Ledger, Pending, PodView, pending_on
 from device_plugin.config import PluginConfig
 from device_plugin.devices import Device
-from infergrid.constants import SCHEDULER_NAME
 
 
 class AllocationError(Exception):
@@ -128,9 +127,9 @@ def grant(
     pods = list(pods)
     devices = _devices(device_ids, known)
     pending = match(devices, node, pods, ledger)
-    if pending.pod.scheduler_name != SCHEDULER_NAME:
+    if pending.pod.scheduler_name != config.scheduler_name:
         raise AllocationError(
-            f"pod {pending.pod.key} was not scheduled by {SCHEDULER_NAME}; it gets no GPU"
+            f"pod {pending.pod.key} was not scheduled by {config.scheduler_name}; it gets no GPU"
         )
     if _mig_taken(pending, ledger):
         raise AllocationError(f"MIG device {devices[0].target} is already given out")

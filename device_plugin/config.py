@@ -13,7 +13,7 @@ from typing import Final
 
 from device_plugin.kubelet import DEVICE_PLUGIN_DIR
 from infergrid import settings as s
-from infergrid.constants import DEFAULT_VGPU_SLOTS_PER_GPU
+from infergrid.constants import DEFAULT_VGPU_SLOTS_PER_GPU, SCHEDULER_NAME
 from infergrid.errors import ContractError
 
 MIG_STRATEGIES: Final = ("none", "single", "mixed")
@@ -24,6 +24,8 @@ class PluginConfig:
     """What the plugin advertises and how it runs; defaults suit a GPU node."""
 
     node_name: str = ""
+    # Only pods this scheduler bound (the one that calls the extender) get a GPU.
+    scheduler_name: str = SCHEDULER_NAME
     plugin_dir: Path = Path(DEVICE_PLUGIN_DIR)
     fake_fleet: Path | None = None
     gpu_replicas: int = 1
@@ -39,6 +41,8 @@ class PluginConfig:
 
 SETTINGS: Final = (
     s.Setting("nodeName", "node_name", s.text, "this node's name (or env NODE_NAME)", cli="--node"),
+    s.Setting("schedulerName", "scheduler_name", s.text,
+              "only pods this scheduler bound get GPUs (the extender's)"),
     s.Setting("pluginDir", "plugin_dir", s.path, "the kubelet's device-plugin folder"),
     s.Setting("fakeFleet", "fake_fleet", s.path, "fleet file: run on fake NVML"),
     s.Setting("gpuReplicas", "gpu_replicas", s.whole(1, 64), "time-sliced replicas per GPU"),

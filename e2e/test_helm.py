@@ -42,17 +42,31 @@ from kubernetes.client.rest import ApiException
 
 from e2e.cluster import binaries
 from e2e.cluster.fake_nodes import KWOK_TAINT
+from e2e.cluster.local_cluster import DEFAULT_FLEET, LocalCluster
 from e2e.cluster.node_configs import REAL_NODE_LABEL
+from e2e.cluster.node_images import chart_args, image_ref
 from e2e.cluster.processes import wait_until
+from e2e.cluster.real_node import capacity_advertised
 from e2e.part_process import PartProcess
+from e2e.real_pods import logs_of, shell_pod, wait_phase
 from infergrid.assignment import (
     AssignedGpu,
     ContainerAssignment,
     PodAssignment,
+    decode_assignment,
     encode_assignment,
     mark_allocated,
 )
-from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT, CRD_GROUP, CRD_PLURAL, CRD_VERSION
+from infergrid.constants import (
+    ANNOTATION_GPU_ASSIGNMENT,
+    CRD_GROUP,
+    CRD_PLURAL,
+    CRD_VERSION,
+    RESOURCE_GPU_MEMORY,
+    RESOURCE_VGPU,
+)
+from infergrid.fleet import load_fleet
+from infergrid.inventory import node_capacity
 
 pytestmark = pytest.mark.e2e
 
@@ -837,3 +851,76 @@ def test_components_work_with_their_service_accounts(cluster, release, tmp_path)
             pass
         for part in reversed(parts):
             part.stop()
+
+
+# --- the chart for real, on the real node ---------------------------------------------
+
+LOCAL_VALUES = VALUES / "local-cluster.yaml"
+CHART_SCHEDULER = "infergrid-chart"  # beside the local cluster's own infergrid-scheduler
+
+
+def test_the_chart_runs_every_component_in_containers_on_the_real_node(
+    cluster, helm_ready, namespaces, infsvc_crd
+):
+    """helm install with the images built here: the operator, kube-scheduler with the
+    extender, and the device plugin run as containers on the real node, each Ready by its
+    own probe; the device plugin registers with the real kubelet; the chart's own scheduler,
+    extender and device plugin then place and start a GPU pod."""
+    if not cluster.local:
+        pytest.skip("installs the images built here on the local cluster's real node")
+    local = LocalCluster()
+    real = next(n for n in load_fleet(DEFAULT_FLEET).nodes if n.real)
+    with local.host_device_plugin_stopped(real):
+        name = f"ig{uuid.uuid4().hex[:5]}"
+        label = {E2E_LABEL: name}
+        ns, served = namespaces(labels=label), namespaces(labels=label)
+        done = helm(
+            cluster, "install", name, str(CHART), "--namespace", ns,
+            *chart_args(LOCAL_VALUES, DEFAULT_FLEET),
+            "--set", f"schedulerName={CHART_SCHEDULER}",
+            "--set", f"operator.watchNamespaces={{{served}}}",
+            "--set", f"admissionPolicy.namespaceSelector.matchLabels.{SCOPE_KEY}={name}",
+            "--wait", "--timeout", "300s",
+        )  # fmt: skip
+        rel = Release(name, ns, served, "")
+        try:
+            assert done.returncode == 0, done.stderr
+            check_running_on_the_real_node(cluster, rel, real)
+            check_a_gpu_pod_through_the_chart(cluster, rel, real)
+        finally:
+            helm(cluster, "uninstall", name, "--namespace", ns, "--wait")
+
+
+def check_running_on_the_real_node(cluster, rel: Release, real) -> None:
+    core = client.CoreV1Api(cluster.api)
+    for component, image in (("operator", "operator"), ("scheduler", "scheduler-extender"),
+                             ("device-plugin", "device-plugin")):  # fmt: skip
+        (pod,) = component_pods(cluster, rel, component)
+        assert pod.spec.node_name == real.name, component
+        statuses = {s.name: s for s in pod.status.container_statuses}
+        assert all(s.ready and s.started for s in statuses.values()), component
+        assert image_ref(image) in {s.image for s in statuses.values()}, component
+    scheduler = component_pods(cluster, rel, "scheduler")[0]
+    images = {s.name: s.image for s in scheduler.status.container_statuses}
+    assert images["kube-scheduler"] == image_ref("kube-scheduler")
+    plugin = component_pods(cluster, rel, "device-plugin")[0]
+    wait_until(lambda: capacity_advertised(core, real), 60, "the chart's plugin registered")
+    log = core.read_namespaced_pod_log(plugin.metadata.name, rel.namespace)
+    for resource in node_capacity(real.inventory):
+        assert f"registered {resource} at" in log
+
+
+def check_a_gpu_pod_through_the_chart(cluster, rel: Release, real) -> None:
+    core = client.CoreV1Api(cluster.api)
+    pod = shell_pod("through-the-chart", "echo $NVIDIA_VISIBLE_DEVICES; sleep 3600",
+                    limits={RESOURCE_VGPU: "1", RESOURCE_GPU_MEMORY: "8Ki"},
+                    scheduler=CHART_SCHEDULER)  # fmt: skip
+    core.create_namespaced_pod(rel.served, pod)
+    running = wait_phase(core, rel.served, "through-the-chart", "Running")
+    assert running.spec.node_name == real.name
+    assignment = decode_assignment(running.metadata.annotations[ANNOTATION_GPU_ASSIGNMENT])
+    (gpu,) = assignment.containers[0].gpus
+    assert gpu.memory_mib == 8192  # 8Ki MiB, read as a Kubernetes quantity
+    wait_until(lambda: logs_of(core, rel.served, "through-the-chart").strip() == gpu.uuid, 30,
+               "the container to print the GPU the chart's plugin allocated")  # fmt: skip
+    core.delete_namespaced_pod("through-the-chart", rel.served, grace_period_seconds=0)

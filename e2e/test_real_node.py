@@ -14,6 +14,7 @@ from e2e.cluster import binaries
 from e2e.cluster.local_cluster import DEFAULT_FLEET, LocalCluster
 from e2e.cluster.node_configs import DEVICE_PLUGIN_DIR
 from e2e.cluster.processes import wait_until
+from e2e.cluster.real_node import capacity_advertised
 from e2e.real_pods import REAL_NODE_LABEL, logs_of, shell_pod, wait_phase
 from infergrid import constants
 from infergrid.assignment import decode_assignment
@@ -141,13 +142,8 @@ def test_a_kubelet_restart_keeps_pods_running_and_the_plugin_registers_again(
     seconds = round(time.monotonic() - started, 2)
     record_property("reregistered_after_s", seconds)
     print(f"device plugin registered again {seconds} s after the new kubelet.sock appeared")
-    wait_until(lambda: _advertises(core, real), 60, "the GPUs advertised again")
+    wait_until(lambda: capacity_advertised(core, real), 60, "the GPUs advertised again")
     after = core.read_namespaced_pod("survivor", namespace).status
     assert after.phase == "Running"
     assert after.container_statuses[0].container_id == before.container_id
     assert after.container_statuses[0].restart_count == 0
-
-
-def _advertises(core: client.CoreV1Api, real: FleetNode) -> bool:
-    capacity = core.read_node(real.name).status.allocatable or {}
-    return all(capacity.get(k) == v for k, v in node_capacity(real.inventory).items())

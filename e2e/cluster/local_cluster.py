@@ -18,13 +18,14 @@ import socket
 import ssl
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 from kubernetes import client, config
 
-from infergrid.fleet import Fleet, load_fleet
+from infergrid.fleet import Fleet, FleetNode, load_fleet
 
 from . import binaries, certs, components, fake_nodes
 from .node_images import node_images
@@ -149,6 +150,20 @@ class LocalCluster:
                     f"the kubelet of {node.name} to advertise its GPUs",
                     lambda n=node: self.processes.check_alive(f"device-plugin-{n.name}"),
                 )
+
+    @contextmanager
+    def host_device_plugin_stopped(self, node: FleetNode) -> Iterator[None]:
+        """The real node's device plugin process stopped for a while: what lets the chart's
+        DaemonSet serve that node's GPUs instead. Started again, and advertising, after."""
+        name = f"device-plugin-{node.name}"
+        argv = self.processes.argv(name)
+        self.processes.stop(name)
+        try:
+            yield
+        finally:
+            self.processes.start(name, argv, env={**os.environ, "KUBECONFIG": str(self.kubeconfig)})
+            core = client.CoreV1Api(self.api())
+            wait_until(lambda: capacity_advertised(core, node), 60, f"{name} registered again")
 
     def start_scheduler(self, name: str, profile: dict) -> None:
         """One more kube-scheduler, bound to the same extender, with its own profile: how a

@@ -92,13 +92,17 @@ class ProcessTable:
     def stop_all(self, grace: float = 10.0) -> list[str]:
         return [name for name in self.names() if self.stop(name, grace)]
 
-    def restart(self, name: str) -> int:
-        """Stops a recorded process and starts it again with the same argv."""
+    def argv(self, name: str) -> list[str]:
         record = self._record(name)
         if record is None:
             raise ClusterError(f"{name} is not a process of this cluster")
+        return record["argv"]
+
+    def restart(self, name: str, env: dict[str, str] | None = None) -> int:
+        """Stops a recorded process and starts it again with the same argv."""
+        argv = self.argv(name)
         self.stop(name)
-        return self.start(name, record["argv"])
+        return self.start(name, argv, env)
 
     def stop(self, name: str, grace: float = 10.0) -> bool:
         """Stops one recorded process; True when it was running."""

@@ -305,7 +305,11 @@ def _ready(core: client.CoreV1Api, name: str) -> bool:
 
 
 def capacity_advertised(core: client.CoreV1Api, node: FleetNode) -> bool:
-    """True once the kubelet reports every GPU resource the node's device plugin serves."""
-    capacity = core.read_node(node.name).status.capacity or {}
+    """True once the kubelet reports every GPU resource the node's device plugin serves as
+    allocatable: a plugin that went away leaves its capacity but takes its allocatable."""
+    status = core.read_node(node.name).status
     wanted = node_capacity(node.inventory)
-    return all(capacity.get(name) == str(value) for name, value in wanted.items())
+    return all(
+        (status.capacity or {}).get(name) == value == (status.allocatable or {}).get(name)
+        for name, value in wanted.items()
+    )

@@ -87,6 +87,16 @@ def test_a_refused_request_leaves_the_ledger_unchanged():
     assert ledger.honoured == before
 
 
+def test_only_pods_of_the_configured_scheduler_get_gpus():
+    """A chart that renames the scheduler renames it for the plugin too."""
+    config = replace(CONFIG, scheduler_name="infergrid-chart")
+    ours = [pod("a", "n", whole("c", UUIDS[0], memory=1000), scheduler="infergrid-chart")]
+    assert grant([UUIDS[0]], DEVICES, "n", ours, Ledger(), config).pending.pod.key == "default/a"
+    stock = [pod("a", "n", whole("c", UUIDS[0], memory=1000))]
+    with pytest.raises(AllocationError, match="was not scheduled by infergrid-chart"):
+        grant([UUIDS[0]], DEVICES, "n", stock, Ledger(), config)
+
+
 def test_pods_that_leave_free_their_gpus():
     held = pod("a", "n", whole("c", UUIDS[1], memory=1000))
     ledger = Ledger()
