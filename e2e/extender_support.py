@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 from kubernetes import client
 
 from e2e.cluster import fake_nodes
-from e2e.cluster.fake_nodes import KWOK_TOLERATION
+from e2e.cluster.fake_nodes import KWOK_NODE_SELECTOR, KWOK_TOLERATION
 from e2e.cluster.processes import wait_until
 from e2e.part_process import PartProcess
 from infergrid import constants
@@ -79,8 +79,7 @@ def gpu_pod(
         "containers": [{"name": "engine", "image": "infergrid/engine",
                         "resources": {"limits": limits}}],
     }  # fmt: skip
-    if node:
-        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    spec["nodeSelector"] = {"kubernetes.io/hostname": node} if node else KWOK_NODE_SELECTOR
     return {"metadata": {"name": name, "annotations": annotations or {}}, "spec": spec}
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from kubernetes import client
 
 from e2e.cluster import binaries
-from e2e.cluster.fake_nodes import KWOK_TOLERATION
+from e2e.cluster.fake_nodes import KWOK_NODE_SELECTOR, KWOK_TOLERATION
 from e2e.part_process import PartProcess
 from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
 
@@ -43,10 +43,11 @@ class OperatorProcess(PartProcess):
 
 
 def on_kwok(body: dict) -> dict:
-    """The InferenceService with its pods tolerating KWOK's taint: placed on the fake fleet,
-    where only the placement is real."""
+    """The InferenceService with its pods on the fake fleet, where only the placement is real:
+    they tolerate KWOK's taint and ask for a KWOK node."""
     scheduling = body["spec"].setdefault("scheduling", {})
     scheduling["tolerations"] = [*scheduling.get("tolerations", []), KWOK_TOLERATION]
+    scheduling["nodeSelector"] = {**scheduling.get("nodeSelector", {}), **KWOK_NODE_SELECTOR}
     return body
 
 

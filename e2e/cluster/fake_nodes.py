@@ -21,6 +21,8 @@ KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 # they only need a placement (benchmarks, placement tests, the demo's fleet table).
 KWOK_TAINT = {"key": KWOK_ANNOTATION, "value": "fake", "effect": "NoSchedule"}
 KWOK_TOLERATION = {**KWOK_TAINT, "operator": "Equal"}
+# The label every KWOK node carries: what keeps a pod that tolerates the taint off real nodes.
+KWOK_NODE_SELECTOR = {"type": "kwok"}
 
 
 def node_manifest(node: FleetNode) -> dict:
@@ -40,7 +42,7 @@ def node_manifest(node: FleetNode) -> dict:
                 "kubernetes.io/hostname": node.name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
-                "type": "kwok",
+                **KWOK_NODE_SELECTOR,
                 **node_labels(node.inventory),
             },
         },

@@ -208,6 +208,8 @@ def _pod_spec(spec: ServiceSpec, name: str, track: str) -> dict[str, Any]:
         pod["priorityClassName"] = spec.scheduling.priority_class_name
     if spec.scheduling.tolerations:
         pod["tolerations"] = [dict(t) for t in spec.scheduling.tolerations]
+    if spec.scheduling.node_selector:
+        pod["nodeSelector"] = dict(spec.scheduling.node_selector)
     return pod
 
 

@@ -64,6 +64,8 @@ class Scheduling:
     priority_class_name: str = ""
     # As in a PodSpec (key, operator, value, effect, tolerationSeconds), checked field by field.
     tolerations: tuple[dict[str, Any], ...] = ()
+    # Node labels the pods need, as a PodSpec's nodeSelector.
+    node_selector: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +177,10 @@ def _scheduling(doc: dict[str, Any], default_scheduler: str) -> Scheduling:
         tolerations=tuple(
             _toleration(item, f"{path}.tolerations[{i}]")
             for i, item in enumerate(field(doc, "tolerations", list, path, []))
+        ),
+        node_selector=tuple(
+            (key, expect(value, str, f"{path}.nodeSelector[{key}]"))
+            for key, value in sorted(field(doc, "nodeSelector", dict, path, {}).items())
         ),
     )
 

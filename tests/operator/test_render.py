@@ -191,3 +191,8 @@ def test_tolerations_are_passed_to_the_pods():
     toleration = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
     rendered = render_deployment(spec(scheduling={"tolerations": [toleration]}), "m", "ns")
     assert rendered["spec"]["template"]["spec"]["tolerations"] == [toleration]
+
+
+def test_a_node_selector_is_passed_to_the_pods():
+    rendered = render_deployment(spec(scheduling={"nodeSelector": {"type": "kwok"}}), "m", "ns")
+    assert rendered["spec"]["template"]["spec"]["nodeSelector"] == {"type": "kwok"}

@@ -95,3 +95,11 @@ def test_a_bad_toleration_is_named(toleration, field):
     with pytest.raises(ContractError) as raised:
         parse({**MINIMAL, "scheduling": {"tolerations": [toleration]}})
     assert raised.value.field == field
+
+
+def test_a_node_selector_passes_through_and_a_non_string_value_is_named():
+    spec = parse({**MINIMAL, "scheduling": {"nodeSelector": {"type": "kwok"}}})
+    assert spec.scheduling.node_selector == (("type", "kwok"),)
+    with pytest.raises(ContractError) as raised:
+        parse({**MINIMAL, "scheduling": {"nodeSelector": {"zone": 3}}})
+    assert raised.value.field == "spec.scheduling.nodeSelector[zone]"
