@@ -16,7 +16,14 @@ def test_fleet_prints_a_table_of_nodes_and_capacity(capsys):
     assert main(["fleet", SAMPLE]) == 0
     header, *rows = capsys.readouterr().out.splitlines()
     assert header.split() == ["NODE", "MODEL", "GPUS", "MEMORY_MIB", "CAPACITY"]
-    assert [r.split()[0] for r in rows] == ["a100-0", "a100-1", "l4-0", "l4-1", "h100"]
+    assert [r.split()[0] for r in rows] == [
+        "a100-0",
+        "a100-1",
+        "l4-0",
+        "l4-1",
+        "h100",
+        "local-a100",
+    ]
     assert "nvidia.com/gpu=7,infergrid.io/vgpu=70,nvidia.com/mig-3g.40gb=2" in rows[1]
 
 

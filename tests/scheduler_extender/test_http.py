@@ -81,7 +81,7 @@ def call(svc: ExtenderService, path: str, body: bytes | dict) -> tuple[int, obje
 def test_filter_passes_nodes_with_room_and_gives_every_other_node_its_reason():
     status, result = call(service(), "/filter", {"Pod": share_pod(30000), "NodeNames": NAMES})
     assert status == 200 and result["Error"] == ""
-    assert sorted(result["NodeNames"]) == ["a100-0", "a100-1", "h100"]
+    assert sorted(result["NodeNames"]) == ["a100-0", "a100-1", "h100", "local-a100"]
     assert set(result["FailedNodes"]) == {"l4-0", "l4-1"}
     assert "23034 MiB free, needs 30000" in result["FailedNodes"]["l4-0"]
 
