@@ -70,13 +70,7 @@ def download(group: PipGroup, wheelhouse: Path, log_file: Path) -> None:
     wheelhouse.mkdir(parents=True, exist_ok=True)
     for requirements, no_deps in ((group.requirements, group.no_deps), ((PIP,), True)):
         argv = download_argv(sys.executable, requirements, wheelhouse, no_deps)
-        with log_file.open("a") as log:
-            done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT)
-        if done.returncode:
-            raise RuntimeError(
-                f"pip download of {group.name} failed (log: {log_file}):\n"
-                + log_file.read_text()[-2000:]
-            )
+        run_logged(argv, log_file, f"pip download of {group.name}")
 
 
 @contextlib.contextmanager
@@ -92,15 +86,20 @@ def bind_mount(source: Path, target: Path) -> Iterator[None]:
         target.rmdir()
 
 
-def chroot_run(rootfs: Path, argv: list[str], log_file: Path, what: str) -> None:
+def run_logged(
+    argv: list[str], log_file: Path, what: str, env: dict[str, str] | None = None
+) -> None:
+    """Runs `argv` with its output appended to `log_file`; a failure quotes the log's end."""
     with log_file.open("a") as log:
-        log.write(f"$ chroot {' '.join(argv)}\n")
+        log.write(f"$ {' '.join(argv)}\n")
         log.flush()
-        done = subprocess.run(
-            [CHROOT, str(rootfs), *argv], env=CHROOT_ENV, stdout=log, stderr=subprocess.STDOUT
-        )
+        done = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode:
         raise RuntimeError(f"{what} failed (log: {log_file}):\n" + log_file.read_text()[-2000:])
+
+
+def chroot_run(rootfs: Path, argv: list[str], log_file: Path, what: str) -> None:
+    run_logged([CHROOT, str(rootfs), *argv], log_file, what, CHROOT_ENV)
 
 
 def install(
@@ -139,10 +138,4 @@ def install_target(
     say(f"downloading wheels of {group.name}")
     download(group, wheelhouse, log_file)
     argv = target_argv(sys.executable, group, wheelhouse, staging)
-    with log_file.open("a") as log:
-        done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT)
-    if done.returncode:
-        raise RuntimeError(
-            f"pip install of {group.name} failed (log: {log_file}):\n"
-            + log_file.read_text()[-2000:]
-        )
+    run_logged(argv, log_file, f"pip install of {group.name}")
