@@ -123,8 +123,8 @@ class LocalCluster:
             self._start(layout)
             fake_nodes.create(self.api(), fleet)
             fake_nodes.wait_schedulable(self.api(), self.processes)
-            real = [node for node in fleet.nodes if node.real]
-            self.real_nodes.up(layout, self.api(), real, *node_images())
+            if real := [node for node in fleet.nodes if node.real]:
+                self.real_nodes.up(layout, self.api(), real, *node_images())
             self._start_device_plugins(fleet, fleet_file)
         except BaseException:
             self.down()
