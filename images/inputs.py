@@ -19,11 +19,8 @@ def digest(*parts: str | bytes) -> str:
 
 
 def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def package_dir(root: Path, pyproject: dict, package: str) -> Path:

@@ -88,8 +88,6 @@ class RealNodes:
         load_images: ImageLoader,
     ) -> list[NodeLayout]:
         """Starts every real node and waits until each is Ready and untainted."""
-        if not nodes:
-            return []
         if len(nodes) > 1:
             raise ClusterError(
                 "one real node per machine: every kubelet serves device plugins at "
