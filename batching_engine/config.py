@@ -9,7 +9,6 @@ the engine accepts too.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -19,13 +18,13 @@ from typing import Any, Final
 from infergrid.codec import check_version, expect, integer, join, reject_unknown
 from infergrid.codec import field as read_field
 from infergrid.errors import ContractError
+from infergrid.storage_uri import parse_storage_uri
 from infergrid.yamlfile import read_yaml
 
 CONFIG_ENV: Final = "INFERGRID_ENGINE_CONFIG"
 BLOCK_SIZES: Final = (8, 16, 32)
 FORMATS: Final = ("huggingface", "safetensors", "gguf")
 TASKS: Final = ("text-generation", "embedding", "classification")
-STORAGE_URI: Final = re.compile(r"^(pkg|file|pvc|hf)://.+")
 
 # attribute -> (key in the file's `engine` section, low, high); bounds follow the CRD.
 _INTEGERS: Final = {
@@ -132,8 +131,7 @@ def _model(doc: dict[str, Any]) -> ModelConfig:
     if len(name) > 253:
         raise ConfigError("model.name", f"must be at most 253 characters, got {len(name)}")
     uri = read_field(doc, "storageUri", str, "model")
-    if not STORAGE_URI.match(uri):
-        raise ConfigError("model.storageUri", f"{uri!r} is not pkg://, file://, pvc:// or hf://")
+    parse_storage_uri(uri, "model.storageUri")
     return ModelConfig(
         name=name,
         storage_uri=uri,

@@ -17,11 +17,11 @@ from typing import Any
 from infergrid.codec import expect, field, integer, join
 from infergrid.constants import DEFAULT_POLICY, PLACEMENT_POLICIES, TOPOLOGIES
 from infergrid.errors import ContractError
+from infergrid.storage_uri import parse_storage_uri
 
 FORMATS = ("huggingface", "safetensors", "gguf")
 TASKS = ("text-generation", "embedding", "classification")
 BLOCK_SIZES = (8, 16, 32)
-STORAGE_URI = re.compile(r"^(pkg|file|pvc|hf)://.+")
 MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]+gb$")
 
 # Engine settings passed through to the engine's config file: key -> (low, high, default).
@@ -251,10 +251,7 @@ def _canary(doc: object) -> Canary | None:
 
 def _uri(doc: dict[str, Any], path: str) -> str:
     uri = field(doc, "storageUri", str, path)
-    if not STORAGE_URI.match(uri):
-        raise ContractError(
-            join(path, "storageUri"), f"{uri!r} is not pkg://, file://, pvc:// or hf://"
-        )
+    parse_storage_uri(uri, join(path, "storageUri"))
     return uri
 
 
