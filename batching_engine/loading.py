@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from batching_engine.async_engine import AsyncEngine
+from batching_engine.device import choose_device
 from batching_engine.engine import LLMEngine
 from batching_engine.memory_budget import resolve_memory_budget
 from batching_engine.metrics import EngineMetrics
@@ -36,7 +37,7 @@ log = logging.getLogger("infergrid.engine")
 def load(settings: Settings, metrics: EngineMetrics) -> tuple[ServedModel, AsyncEngine]:
     started = time.monotonic()
     _set_cpu_threads(settings.cpu_threads)
-    model_dir = resolve_model_dir(settings.model_uri)
+    model_dir = resolve_model_dir(settings.model_uri, allow_download=settings.allow_download)
     model_config = LlamaConfig.from_dir(model_dir)
     _check_task(settings.task, model_config)
     engine_config = _fit_model_len(settings, model_config)
@@ -93,12 +94,12 @@ def _fit_model_len(settings: Settings, config: LlamaConfig):
 
 
 def _runner(settings: Settings, model_dir, engine_config) -> ModelRunner:
-    device = settings.device
-    total = None
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ContractError("--device", f"{device} asked for, but no CUDA device is visible")
+    cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    choice = choose_device(settings.device, cuda_devices, os.environ)
+    device, total = choice.device, None
+    if choice.is_cuda:
         total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    log.info("device %s (%s): %s", device, settings.dtype or choice.dtype, choice.reason)
     budget = resolve_memory_budget(
         device=device,
         environ=os.environ,
@@ -110,7 +111,7 @@ def _runner(settings: Settings, model_dir, engine_config) -> ModelRunner:
     return ModelRunner(
         model_dir,
         device=device,
-        dtype=settings.dtype or ("bfloat16" if device.startswith("cuda") else "float32"),
+        dtype=settings.dtype or choice.dtype,
         block_size=engine_config.block_size,
         kv_cache_memory_bytes=budget.kv_cache_bytes,
         memory_budget_bytes=budget.total_bytes,

