@@ -26,7 +26,7 @@ import yaml
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.cluster import binaries
+from e2e.cluster import binaries, model_store
 from e2e.cluster.local_cluster import REPO, LocalCluster, url_ok
 from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import ClusterError, log_tail, wait_until
@@ -40,10 +40,10 @@ STATE = REPO / ".demo"
 FLEET = REPO / "e2e" / "fleets" / "demo.yaml"
 NAMESPACE = "fleet"  # the samples placed on the KWOK fleet
 SERVING = "demo"  # the InferenceService served from a pod on the real node
-SAMPLE_FILES = ("llama-whole-gpus.yaml", "embeddings-mig.yaml", "smollm2-shared.yaml",
+SAMPLE_FILES = ("smollm2-whole-gpu.yaml", "embeddings-mig.yaml", "smollm2-shared.yaml",
                 "smollm2-canary.yaml")  # fmt: skip
-"""A 2-GPU NVLink model, a MIG model, and shared-GPU small models (one with a canary),
-applied one after the other so each lands on what the ones before left."""
+"""A whole-GPU model read from a claim, a MIG embedding model, and shared-GPU small models
+(one with a canary), applied one after the other so each lands on what the ones before left."""
 SERVED = SAMPLES / "smollm2-shared.yaml"
 SERVED_NAME = "smollm2"
 PROMPTS = (
@@ -154,6 +154,7 @@ class Demo:
     def services(self) -> None:
         api = self.cluster.api()
         client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
+        model_store.provide(api, NAMESPACE, None)  # the claim the pvc:// samples name
         files = SAMPLE_FILES[:3] if self.quick else SAMPLE_FILES
         for name in files:
             body = on_kwok(yaml.safe_load((SAMPLES / name).read_text()))

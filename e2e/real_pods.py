@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 from kubernetes import client
 
+from e2e.cluster import binaries
 from e2e.cluster.node_configs import REAL_NODE_LABEL
 from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import wait_until
+from e2e.operator_support import free_port
 
-__all__ = ["REAL_NODE_LABEL", "logs_of", "shell_pod", "wait_phase"]
+__all__ = [
+    "REAL_NODE_LABEL",
+    "logs_of",
+    "port_forward",
+    "real_node_name",
+    "shell_pod",
+    "wait_phase",
+]
 
 
 def shell_pod(
@@ -61,3 +75,26 @@ def wait_phase(
 def logs_of(core: client.CoreV1Api, namespace: str, name: str) -> str:
     """The pod's log, read through the API server from the real kubelet."""
     return core.read_namespaced_pod_log(name, namespace)
+
+
+@contextmanager
+def port_forward(kubeconfig: Path, namespace: str, target: str, remote: int) -> Iterator[str]:
+    """`kubectl port-forward` in the background; yields the local base URL."""
+    port = free_port()
+    argv = [str(binaries.paths()["kubectl"]), "--kubeconfig", str(kubeconfig), "port-forward",
+            "-n", namespace, target, f"{port}:{remote}"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("Forwarding from"), line + proc.stdout.read()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def real_node_name(core: client.CoreV1Api) -> str:
+    """The cluster's real node (there is one per machine)."""
+    nodes = core.list_node(label_selector=f"{REAL_NODE_LABEL}=true").items
+    assert nodes, "the cluster has no real node"
+    return nodes[0].metadata.name

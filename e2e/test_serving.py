@@ -4,26 +4,23 @@ apply` of the sample, `kubectl port-forward` to its Service and the `openai` cli
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import openai
 import pytest
 from kubernetes import client
 
-from e2e.cluster import binaries
 from e2e.cluster.node_configs import REAL_NODE_LABEL
 from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import wait_until
 from e2e.operator_support import (
     SAMPLES,
     OperatorProcess,
-    free_port,
     kubectl,
     owned,
 )
+from e2e.real_pods import port_forward
 from infergrid import constants
 
 pytestmark = pytest.mark.e2e
@@ -90,22 +87,6 @@ def test_the_sample_gets_an_engine_pod_on_the_real_node_with_its_allocation(clus
     assert lines["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
     text = pod.metadata.annotations[constants.ANNOTATION_GPU_ASSIGNMENT]
     assert pod.spec.node_name in text
-
-
-@contextmanager
-def port_forward(kubeconfig, namespace: str, target: str, remote: int) -> Iterator[str]:
-    """`kubectl port-forward` in the background; yields the local base URL."""
-    port = free_port()
-    argv = [str(binaries.paths()["kubectl"]), "--kubeconfig", str(kubeconfig), "port-forward",
-            "-n", namespace, target, f"{port}:{remote}"]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("Forwarding from"), line + proc.stdout.read()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_kubectl_scale_gives_a_second_serving_pod(cluster, served):

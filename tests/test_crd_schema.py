@@ -178,7 +178,7 @@ def test_the_samples_users_need_exist():
     names = {p.name for p in SAMPLES}
     assert {
         "smollm2-shared.yaml",
-        "llama-whole-gpus.yaml",
+        "smollm2-whole-gpu.yaml",
         "embeddings-mig.yaml",
         "smollm2-canary.yaml",
     } <= names

@@ -27,7 +27,7 @@ from kubernetes import client, config
 
 from infergrid.fleet import Fleet, FleetNode, load_fleet
 
-from . import binaries, certs, components, fake_nodes
+from . import binaries, certs, components, fake_nodes, model_store
 from .node_images import node_images
 from .processes import ClusterError, ProcessTable, wait_until
 from .real_node import RealNodes, capacity_advertised
@@ -125,6 +125,7 @@ class LocalCluster:
             fake_nodes.wait_schedulable(self.api(), self.processes)
             if real := [node for node in fleet.nodes if node.real]:
                 self.real_nodes.up(layout, self.api(), real, *node_images())
+                model_store.provide(self.api(), "default", real[0].name)
             self._start_device_plugins(fleet, fleet_file)
         except BaseException:
             self.down()
