@@ -3,7 +3,8 @@
 Only what the model code uses is kept, and everything is checked at load time: an unknown
 architecture or rope type fails here with the field named, never later at request time.
 Both rope spellings are read: transformers 5's `rope_parameters` (theta inside) and the older
-`rope_theta` + `rope_scaling`.
+`rope_theta` + `rope_scaling`. `model_config_from_dir` picks the family by config.json's
+`model_type`: Llama here, BERT encoders in `bert_config`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batching_engine.model.bert_config import BertConfig
+from batching_engine.model.config_fields import (
+    num_labels,
+    positive_float,
+    positive_int,
+    token_ids,
+)
 from infergrid.errors import ContractError
 
 # What each architecture puts on top of the decoder.
@@ -62,22 +70,15 @@ class LlamaConfig:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> LlamaConfig:
-        path = Path(model_dir) / "config.json"
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ContractError("model_dir", f"{path} does not exist") from None
-        except json.JSONDecodeError as error:
-            raise ContractError("config.json", f"not valid JSON: {error}") from None
-        return cls.from_dict(raw)
+        return cls.from_dict(read_config_json(model_dir))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> LlamaConfig:
         architecture = _architecture(raw)
         _reject_unsupported(raw)
-        hidden_size = _positive_int(raw, "hidden_size")
-        num_heads = _positive_int(raw, "num_attention_heads")
-        num_kv_heads = _positive_int(raw, "num_key_value_heads", default=num_heads)
+        hidden_size = positive_int(raw, "hidden_size")
+        num_heads = positive_int(raw, "num_attention_heads")
+        num_kv_heads = positive_int(raw, "num_key_value_heads", default=num_heads)
         if num_heads % num_kv_heads:
             raise ContractError(
                 "num_key_value_heads",
@@ -87,22 +88,51 @@ class LlamaConfig:
         theta, scaling = _rope(raw)
         return cls(
             architecture=architecture,
-            vocab_size=_positive_int(raw, "vocab_size"),
+            vocab_size=positive_int(raw, "vocab_size"),
             hidden_size=hidden_size,
-            intermediate_size=_positive_int(raw, "intermediate_size"),
-            num_hidden_layers=_positive_int(raw, "num_hidden_layers"),
+            intermediate_size=positive_int(raw, "intermediate_size"),
+            num_hidden_layers=positive_int(raw, "num_hidden_layers"),
             num_attention_heads=num_heads,
             num_key_value_heads=num_kv_heads,
-            head_dim=_positive_int({"head_dim": head_dim}, "head_dim"),
-            rms_norm_eps=_positive_float(raw, "rms_norm_eps", default=1e-6),
+            head_dim=positive_int({"head_dim": head_dim}, "head_dim"),
+            rms_norm_eps=positive_float(raw, "rms_norm_eps", default=1e-6),
             rope_theta=theta,
             rope_scaling=scaling,
-            max_position_embeddings=_positive_int(raw, "max_position_embeddings", default=2048),
+            max_position_embeddings=positive_int(raw, "max_position_embeddings", default=2048),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             bos_token_id=raw.get("bos_token_id"),
-            eos_token_ids=_token_ids(raw.get("eos_token_id"), "eos_token_id"),
+            eos_token_ids=token_ids(raw.get("eos_token_id"), "eos_token_id"),
             num_labels=_num_labels(raw, architecture),
         )
+
+
+ModelConfig = LlamaConfig | BertConfig
+
+# config.json's model_type -> how its settings are read (an absent model_type is Llama's).
+MODEL_TYPES = {"llama": LlamaConfig.from_dict, "bert": BertConfig.from_dict}
+
+
+def model_config_from_dir(model_dir: str | Path) -> ModelConfig:
+    """The config of whichever supported family the directory's config.json names."""
+    raw = read_config_json(model_dir)
+    model_type = raw.get("model_type", "llama")
+    if model_type not in MODEL_TYPES:
+        known = ", ".join(sorted(MODEL_TYPES))
+        raise ContractError("model_type", f"{model_type!r} is not supported; known: {known}")
+    return MODEL_TYPES[model_type](raw)
+
+
+def read_config_json(model_dir: str | Path) -> dict[str, Any]:
+    path = Path(model_dir) / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ContractError("model_dir", f"{path} does not exist") from None
+    except json.JSONDecodeError as error:
+        raise ContractError("config.json", f"not valid JSON: {error}") from None
+    if not isinstance(raw, dict):
+        raise ContractError("config.json", "must be a JSON object")
+    return raw
 
 
 def _architecture(raw: dict[str, Any]) -> str:
@@ -137,21 +167,21 @@ def _rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     else:
         field, params = "rope_scaling", dict(raw.get("rope_scaling") or {})
     if "rope_theta" in params:
-        theta = _positive_float(params, "rope_theta", prefix=field)
+        theta = positive_float(params, "rope_theta", prefix=field)
     else:
-        theta = _positive_float(raw, "rope_theta", default=10000.0)
+        theta = positive_float(raw, "rope_theta", default=10000.0)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return theta, None
-    factor = _positive_float(params, "factor", prefix=field)
+    factor = positive_float(params, "factor", prefix=field)
     if kind == "linear":
         return theta, RopeScaling(kind="linear", factor=factor)
     if kind == "llama3":
-        low = _positive_float(params, "low_freq_factor", prefix=field)
-        high = _positive_float(params, "high_freq_factor", prefix=field)
+        low = positive_float(params, "low_freq_factor", prefix=field)
+        high = positive_float(params, "high_freq_factor", prefix=field)
         if high <= low:
             raise ContractError(f"{field}.high_freq_factor", "must exceed low_freq_factor")
-        original = _positive_int(params, "original_max_position_embeddings", prefix=field)
+        original = positive_int(params, "original_max_position_embeddings", prefix=field)
         return theta, RopeScaling("llama3", factor, low, high, original)
     raise ContractError(
         f"{field}.rope_type", f"{kind!r} is not supported; known: default, linear, llama3"
@@ -161,42 +191,4 @@ def _rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None]:
 def _num_labels(raw: dict[str, Any], architecture: str) -> int:
     if architecture != "LlamaForSequenceClassification":
         return 0
-    if "num_labels" in raw:
-        return _positive_int(raw, "num_labels")
-    id2label = raw.get("id2label") or {}
-    if not id2label:
-        raise ContractError("id2label", "a classification model needs id2label or num_labels")
-    return len(id2label)
-
-
-def _token_ids(value: Any, field: str) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    values = value if isinstance(value, list) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise ContractError(field, f"expected a token id or a list of them, got {value!r}")
-    return tuple(values)
-
-
-def _positive_int(
-    raw: dict[str, Any], key: str, *, default: int | None = None, prefix: str = ""
-) -> int:
-    field = f"{prefix}.{key}" if prefix else key
-    value = raw.get(key, default)
-    if value is None:
-        raise ContractError(field, "missing")
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ContractError(field, f"expected a positive integer, got {value!r}")
-    return value
-
-
-def _positive_float(
-    raw: dict[str, Any], key: str, *, default: float | None = None, prefix: str = ""
-) -> float:
-    field = f"{prefix}.{key}" if prefix else key
-    value = raw.get(key, default)
-    if value is None:
-        raise ContractError(field, "missing")
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ContractError(field, f"expected a positive number, got {value!r}")
-    return float(value)
+    return num_labels(raw)
