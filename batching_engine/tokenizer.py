@@ -49,6 +49,11 @@ class Tokenizer:
         if not path.is_file():
             raise ContractError("model_dir", f"{path} does not exist")
         self._tokenizer = HFTokenizer.from_file(str(path))
+        # A tokenizer.json may carry the padding and truncation its exporter used (all-MiniLM's
+        # pads and cuts every text to 128 tokens); transformers applies them only when asked,
+        # and so do we: never. Too long an input is refused by the server, naming it.
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
         self._config = _read_json(model_dir / "tokenizer_config.json")
         self.special_tokens = {
             key: _token_text(self._config.get(key)) for key in _SPECIAL_TOKEN_KEYS

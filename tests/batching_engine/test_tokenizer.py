@@ -13,6 +13,7 @@ import pytest
 
 from batching_engine.tokenizer import ChatMessageLike, Tokenizer
 from infergrid.errors import ContractError
+from tests.batching_engine.tiny_bert import write_wordpiece_tokenizer
 from tests.batching_engine.tiny_model_dir import write_bpe_tokenizer
 
 CORPUS = ["hello world, the quick brown fox jumps over the lazy dog"] * 20 + ["café naïve 123"] * 5
@@ -48,6 +49,18 @@ def test_special_tokens_in_text_become_their_ids_and_are_skipped_when_decoding(t
     )
     assert tokenizer.decode(ids) == "hello"
     assert tokenizer.decode(ids, skip_special_tokens=False) == "<|im_start|>hello<|im_end|>"
+
+
+def test_a_bert_tokenizer_adds_cls_and_sep_and_not_the_padding_or_cut_it_was_saved_with(
+    tmp_path,
+):
+    write_wordpiece_tokenizer(tmp_path)  # saved padding and cutting every text to 16 tokens
+    tokenizer = Tokenizer(tmp_path)
+    cls, sep = tokenizer.token_id("[CLS]"), tokenizer.token_id("[SEP]")
+    short = tokenizer.encode("the dog")
+    assert short[0] == cls and short[-1] == sep and len(short) == 4
+    assert len(tokenizer.encode("the quick brown fox " * 10)) == 42
+    assert tokenizer.encode("the dog", add_special_tokens=False) == short[1:-1]
 
 
 def test_eos_ids_come_from_the_tokenizer_and_both_model_configs(tmp_path):
