@@ -21,7 +21,7 @@ from batching_engine.device import choose_device
 from batching_engine.engine import LLMEngine
 from batching_engine.memory_budget import resolve_memory_budget
 from batching_engine.metrics import EngineMetrics
-from batching_engine.model.config import LlamaConfig
+from batching_engine.model.config import ModelConfig, model_config_from_dir
 from batching_engine.model_runner import ModelRunner
 from batching_engine.model_source import resolve_model_dir
 from batching_engine.server.served_model import GENERATION_TASK, ServedModel
@@ -38,7 +38,7 @@ def load(settings: Settings, metrics: EngineMetrics) -> tuple[ServedModel, Async
     started = time.monotonic()
     _set_cpu_threads(settings.cpu_threads)
     model_dir = resolve_model_dir(settings.model_uri, allow_download=settings.allow_download)
-    model_config = LlamaConfig.from_dir(model_dir)
+    model_config = model_config_from_dir(model_dir)
     _check_task(settings.task, model_config)
     engine_config = _fit_model_len(settings, model_config)
     runner = _runner(settings, model_dir, engine_config)
@@ -76,7 +76,7 @@ def _set_cpu_threads(asked: int | None) -> None:
     log.info("torch uses %d CPU threads", threads)
 
 
-def _check_task(task: str, config: LlamaConfig) -> None:
+def _check_task(task: str, config: ModelConfig) -> None:
     if task == GENERATION_TASK and config.head != "lm_head":
         raise ContractError(
             "model.task",
@@ -84,7 +84,7 @@ def _check_task(task: str, config: LlamaConfig) -> None:
         )
 
 
-def _fit_model_len(settings: Settings, config: LlamaConfig):
+def _fit_model_len(settings: Settings, config: ModelConfig):
     """max_model_len is at most what the model's positions allow; the default shrinks to fit."""
     asked, limit = settings.engine.max_model_len, config.max_position_embeddings
     if asked <= limit:

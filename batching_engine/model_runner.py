@@ -3,7 +3,8 @@
 `execute` takes the scheduler's `(sequence, num_new_tokens)` pairs, runs all their chunks as one
 flat batch through the model (writing their KV into the paged cache), and samples a token only
 for the chunks that reach the end of their sequence. It never changes a sequence: the engine
-advances them afterwards. `embed` and `classify` serve single-pass models, with no cache.
+advances them afterwards. `embed` and `classify` serve single-pass models (a Llama decoder or a
+BERT encoder), with no cache.
 
 The KV cache is sized once, at start, to what the memory budget leaves: on a GPU the budget
 covers weights, the activation peak (measured with a worst-case dummy step), the memory pool of
@@ -28,7 +29,8 @@ from batching_engine.model.attention import (
     decode_buffers,
     decode_metadata,
 )
-from batching_engine.model.config import LlamaConfig
+from batching_engine.model.bert import BertForSequenceClassification, BertModel
+from batching_engine.model.config import ModelConfig
 from batching_engine.model.heads import (
     POOLING_MODES,
     LlamaForSequenceClassification,
@@ -45,6 +47,7 @@ from infergrid.errors import ContractError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MIB = 1 << 20
+CLASSIFIERS = (LlamaForSequenceClassification, BertForSequenceClassification)
 
 
 class ModelRunner:
@@ -140,7 +143,7 @@ class ModelRunner:
     @torch.inference_mode()
     def classify(self, token_ids: Seq[Seq[int]]) -> torch.Tensor:
         """Class logits, [num_inputs, num_labels] float32 on the CPU."""
-        if not isinstance(self.model, LlamaForSequenceClassification):
+        if not isinstance(self.model, CLASSIFIERS):
             raise ContractError(
                 "model.task", f"{self.config.architecture} has no classification head"
             )
@@ -191,7 +194,7 @@ class ModelRunner:
         if not lens:
             raise ContractError("input", "must hold at least one input")
         flat = torch.tensor([t for ids in token_ids for t in ids], device=self.device)
-        trunk = self.model if isinstance(self.model, LlamaModel) else self.model.model
+        trunk = self.model if isinstance(self.model, LlamaModel | BertModel) else self.model.model
         hidden = trunk(flat, dense_metadata(lens, self.device))
         return hidden, torch.tensor(lens, device=self.device)
 
@@ -262,7 +265,7 @@ def _dtype(dtype: torch.dtype | str) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def _max_model_len(config: LlamaConfig, asked: int | None) -> int:
+def _max_model_len(config: ModelConfig, asked: int | None) -> int:
     if asked is None:
         return config.max_position_embeddings
     if not 0 < asked <= config.max_position_embeddings:

@@ -1,6 +1,6 @@
-"""What single-pass tasks put on top of the decoder: pooled embeddings and a classifier.
+"""What single-pass tasks put on top of the model: pooled embeddings and a classifier.
 
-Both read the normed hidden states of whole sequences from one flat batch, so the pooling is
+Both read the final hidden states of whole sequences from one flat batch, so the pooling is
 a segment reduction over `seq_lens`, not a loop over sequences.
 """
 
@@ -39,6 +39,11 @@ def pool_embeddings(hidden: torch.Tensor, seq_lens: torch.Tensor, mode: str) -> 
 def last_token_states(hidden: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
     """The hidden state of each sequence's final token."""
     return hidden[torch.cumsum(seq_lens, dim=0) - 1]
+
+
+def first_token_states(hidden: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """The hidden state of each sequence's first token."""
+    return hidden[torch.cumsum(seq_lens, dim=0) - seq_lens]
 
 
 class LlamaForSequenceClassification(nn.Module):

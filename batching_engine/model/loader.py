@@ -1,4 +1,5 @@
-"""Load an HF-format Llama directory (config.json + one or many *.safetensors) into our modules.
+"""Load an HF-format directory (config.json + one or many *.safetensors) into our modules: a
+Llama decoder or a BERT encoder, as config.json's model_type says.
 
 The model is built on the meta device and materialised empty, so no time is spent on random
 initialisation; every parameter must then be filled from the checkpoint, or loading fails and
@@ -14,7 +15,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from batching_engine.model.config import LlamaConfig
+from batching_engine.model.bert import BertForSequenceClassification, BertModel
+from batching_engine.model.bert_config import BertConfig
+from batching_engine.model.config import LlamaConfig, ModelConfig, model_config_from_dir
 from batching_engine.model.heads import LlamaForSequenceClassification
 from batching_engine.model.llama import LlamaForCausalLM, LlamaModel
 from batching_engine.model.rope import RotaryEmbedding
@@ -22,10 +25,29 @@ from infergrid.errors import ContractError
 
 # Checkpoint tensors that hold nothing the model needs (older HF exports saved rope tables).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# BERT checkpoint tensors the encoder never reads: index buffers and pretraining heads.
+_BERT_IGNORED = ("embeddings.position_ids", "embeddings.token_type_ids", "cls.")
+# HF BERT name parts -> ours, replaced in this order (attention's before the MLP's "output.").
+_BERT_RENAMES = (
+    ("LayerNorm.gamma", "LayerNorm.weight"),  # TF-era exports
+    ("LayerNorm.beta", "LayerNorm.bias"),
+    ("encoder.layer.", "layers."),
+    ("attention.output.LayerNorm.", "attention_norm."),
+    ("attention.output.dense.", "attention.o_proj."),
+    ("intermediate.dense.", "mlp.up_proj."),
+    ("output.LayerNorm.", "mlp_norm."),
+    ("output.dense.", "mlp.down_proj."),
+    ("embeddings.LayerNorm.", "embeddings.norm."),
+)
+_BERT_QKV = ("attention.self.query.", "attention.self.key.", "attention.self.value.")
 
 
-def build_model(config: LlamaConfig) -> nn.Module:
+def build_model(config: ModelConfig) -> nn.Module:
     """The module for the config's architecture, with uninitialised weights."""
+    if isinstance(config, BertConfig):
+        if config.head == "classifier":
+            return BertForSequenceClassification(config)
+        return BertModel(config)
     if config.head == "lm_head":
         return LlamaForCausalLM(config)
     if config.head == "score":
@@ -35,9 +57,9 @@ def build_model(config: LlamaConfig) -> nn.Module:
 
 def load_model(
     model_dir: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu"
-) -> tuple[LlamaConfig, nn.Module]:
+) -> tuple[ModelConfig, nn.Module]:
     """Read config and weights; returns the model in eval mode on `device` in `dtype`."""
-    config = LlamaConfig.from_dir(model_dir)
+    config = model_config_from_dir(model_dir)
     with torch.device("meta"):
         model = build_model(config).to(dtype=dtype)
     model = model.to_empty(device=torch.device(device))
@@ -56,18 +78,19 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
 
 
 @torch.no_grad()
-def load_weights(model: nn.Module, config: LlamaConfig, files: list[Path]) -> None:
+def load_weights(model: nn.Module, config: ModelConfig, files: list[Path]) -> None:
     """Copy every checkpoint tensor into its (slice of a) parameter, then check all are filled."""
     params = dict(model.named_parameters())
-    trunk_prefix = "" if isinstance(model, LlamaModel) else "model."
+    trunk_prefix = "" if isinstance(model, LlamaModel | BertModel) else "model."
     rows_filled = dict.fromkeys(params, 0)
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as checkpoint:
             for name in checkpoint.keys():
-                if _ignored(name, config):
+                located = _locate(name, config, trunk_prefix)
+                if located is None:
                     continue
                 field = f"{file.name}:{name}"
-                target, offset = _target(name, config, trunk_prefix)
+                target, offset = located
                 if target not in params:
                     raise ContractError(field, "no such parameter in the model")
                 tensor = checkpoint.get_tensor(name)
@@ -76,6 +99,33 @@ def load_weights(model: nn.Module, config: LlamaConfig, files: list[Path]) -> No
     missing = [name for name, param in params.items() if rows_filled[name] != param.shape[0]]
     if missing:
         raise ContractError("model_dir", f"checkpoint lacks weights for {', '.join(missing)}")
+
+
+def _locate(name: str, config: ModelConfig, trunk_prefix: str) -> tuple[str, int] | None:
+    """Where a checkpoint tensor goes (our parameter, its first row), or None to skip it."""
+    if isinstance(config, BertConfig):
+        return _bert_target(name, config, trunk_prefix)
+    return None if _ignored(name, config) else _target(name, config, trunk_prefix)
+
+
+def _bert_target(name: str, config: BertConfig, trunk_prefix: str) -> tuple[str, int] | None:
+    """Ours for an HF BERT name, with or without the `bert.` prefix that task models add; the
+    pooler only where a classifier reads it."""
+    name = name.removeprefix("bert.")
+    if name.startswith(_BERT_IGNORED):
+        return None
+    if name.startswith("pooler.dense."):
+        classifies = config.head == "classifier"
+        return ("pooler." + name.removeprefix("pooler.dense."), 0) if classifies else None
+    if name.startswith("classifier."):
+        return name, 0
+    for old, new in _BERT_RENAMES:
+        name = name.replace(old, new)
+    for shard, part in enumerate(_BERT_QKV):
+        if part in name:
+            fused = name.replace(part, "attention.qkv_proj.")
+            return trunk_prefix + fused, shard * config.hidden_size
+    return trunk_prefix + name, 0
 
 
 def _ignored(name: str, config: LlamaConfig) -> bool:
