@@ -4,7 +4,7 @@
 flat batch through the model (writing their KV into the paged cache), and samples a token only
 for the chunks that reach the end of their sequence. It never changes a sequence: the engine
 advances them afterwards. `embed` and `classify` serve single-pass models (a Llama decoder or a
-BERT encoder), with no cache.
+BERT encoder), with no cache; `embed` pools as the model's own sentence-transformers files say.
 
 The KV cache is sized once, at start, to what the memory budget leaves: on a GPU the budget
 covers weights, the activation peak (measured with a worst-case dummy step), the memory pool of
@@ -40,6 +40,7 @@ from batching_engine.model.kv_cache import KVCacheLayout, KVCaches
 from batching_engine.model.layers import pack_linears
 from batching_engine.model.llama import LlamaModel
 from batching_engine.model.loader import load_model
+from batching_engine.model.pooling import read_pooling
 from batching_engine.model.step_metadata import dense_metadata, paged_metadata
 from batching_engine.sampler import sample
 from batching_engine.sequence import Sequence
@@ -70,6 +71,7 @@ class ModelRunner:
         self.dtype = _dtype(dtype)
         self.block_size = block_size
         self.config, self.model = load_model(model_dir, dtype=self.dtype, device=device)
+        self.pooling = read_pooling(model_dir)
         pack_linears(self.model, max_num_seqs)  # CPU float32 only: the decode batch's rows
         self.max_model_len = _max_model_len(self.config, max_model_len)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
@@ -133,12 +135,14 @@ class ModelRunner:
         return self.model(input_ids, meta, self.kv_caches)
 
     @torch.inference_mode()
-    def embed(self, token_ids: Seq[Seq[int]], pooling: str = "mean") -> torch.Tensor:
-        """L2-normalised embeddings, [num_inputs, hidden] float32 on the CPU."""
-        if pooling not in POOLING_MODES:
-            raise ContractError("pooling", f"{pooling!r} is not one of {', '.join(POOLING_MODES)}")
+    def embed(self, token_ids: Seq[Seq[int]], pooling: str | None = None) -> torch.Tensor:
+        """Embeddings, [num_inputs, hidden] float32 on the CPU, pooled by `pooling` or else as
+        the model says (`self.pooling`), L2-normalised unless the model says otherwise."""
+        mode = pooling or self.pooling.mode
+        if mode not in POOLING_MODES:
+            raise ContractError("pooling", f"{mode!r} is not one of {', '.join(POOLING_MODES)}")
         hidden, lens = self._single_pass(token_ids)
-        return pool_embeddings(hidden, lens, pooling).cpu()
+        return pool_embeddings(hidden, lens, mode, normalize=self.pooling.normalize).cpu()
 
     @torch.inference_mode()
     def classify(self, token_ids: Seq[Seq[int]]) -> torch.Tensor:

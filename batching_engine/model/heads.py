@@ -15,17 +15,22 @@ from batching_engine.model.config import LlamaConfig
 from batching_engine.model.layers import Linear
 from batching_engine.model.llama import LlamaModel
 
-POOLING_MODES = ("mean", "last")
+POOLING_MODES = ("mean", "last", "cls")
 
 
-def pool_embeddings(hidden: torch.Tensor, seq_lens: torch.Tensor, mode: str) -> torch.Tensor:
-    """One L2-normalised vector per sequence from [num_tokens, hidden] states.
+def pool_embeddings(
+    hidden: torch.Tensor, seq_lens: torch.Tensor, mode: str, *, normalize: bool = True
+) -> torch.Tensor:
+    """One vector per sequence from [num_tokens, hidden] states, L2-normalised by default.
 
     "mean" averages every token of the sequence; "last" takes its final token, which is the
-    only one that has seen the whole text under causal attention.
+    only one that has seen the whole text under causal attention; "cls" takes its first token
+    (an encoder's [CLS]).
     """
     if mode == "last":
         pooled = last_token_states(hidden, seq_lens)
+    elif mode == "cls":
+        pooled = first_token_states(hidden, seq_lens)
     elif mode == "mean":
         owner = torch.repeat_interleave(torch.arange(len(seq_lens), device=hidden.device), seq_lens)
         sums = hidden.float().new_zeros(len(seq_lens), hidden.shape[-1])
@@ -33,7 +38,7 @@ def pool_embeddings(hidden: torch.Tensor, seq_lens: torch.Tensor, mode: str) -> 
         pooled = sums / seq_lens.to(sums.dtype)[:, None]
     else:
         raise ValueError(f"pooling mode {mode!r} is not one of {POOLING_MODES}")
-    return F.normalize(pooled.float(), p=2, dim=-1)
+    return F.normalize(pooled.float(), p=2, dim=-1) if normalize else pooled.float()
 
 
 def last_token_states(hidden: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:

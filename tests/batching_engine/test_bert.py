@@ -71,6 +71,28 @@ def test_other_activations_match_too(tmp_path, act):
     assert_parity(ModelRunner(tmp_path).embed(ids), hf_embeddings(reference, *padded_batch(ids)))
 
 
+def test_cls_pooling_without_normalize_follows_the_sentence_transformers_files(tmp_path):
+    reference = save_tiny_bert(tmp_path)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "1_Pooling").mkdir()
+    pooling = {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    ids = [Tokenizer(tmp_path).encode(text) for text in TEXTS]
+    ours = ModelRunner(tmp_path).embed(ids)
+    expected = hf_embeddings(reference, *padded_batch(ids), mode="cls", normalize=False)
+    assert_parity(ours, expected)
+    assert not torch.allclose(ours.norm(dim=-1), torch.ones(len(ids)))
+
+
 def test_class_logits_are_transformers_pooler_and_classifier(tmp_path):
     reference = save_tiny_bert(tmp_path, model_class=BertForSequenceClassification, num_labels=3)
     ids = [Tokenizer(tmp_path).encode(text) for text in TEXTS]

@@ -77,5 +77,5 @@ def test_bad_inputs_are_refused_naming_the_input(embedder, inputs, message):
 
 def test_an_unknown_pooling_mode_is_refused(embedder):
     _, runner = embedder
-    with pytest.raises(ContractError, match="^pooling: 'cls' is not one of mean, last"):
-        runner.embed(INPUTS, pooling="cls")
+    with pytest.raises(ContractError, match="^pooling: 'max' is not one of mean, last, cls"):
+        runner.embed(INPUTS, pooling="max")
