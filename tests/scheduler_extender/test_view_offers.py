@@ -180,7 +180,7 @@ def test_filter_and_prioritize_agree_through_decisions():
         "spec": {"containers": [{"name": "engine", "resources": {"limits": {RESOURCE_GPU: "2"}}}]},
     }
     out = filter_nodes(pod, NAMES, view, "binpack", NOW)
-    assert out.passed == ["a100-0", "a100-1", "l4-0", "l4-1", "h100"]
+    assert out.passed == ["a100-0", "a100-1", "l4-0", "l4-1", "h100", "local-a100"]
     scores = prioritize_nodes(pod, NAMES, view, "binpack", NOW)
     assert scores["h100"] == 10 and max(scores.values()) == 10
     later = NOW + STALE_AFTER + timedelta(seconds=1)
