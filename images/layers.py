@@ -75,12 +75,12 @@ def app_entries(image: PythonImage, files: dict[str, list[tuple[str, Path]]]) ->
 
 def target_entries(staging: Path) -> list[Entry]:
     """What `pip install --target` put in `staging`, under site-packages, with bytecode.
-    Console scripts are not carried: pip wrote them for this machine's Python."""
-    if (staging / "bin").exists():
-        raise ValueError(f"{staging}: a --target install brought console scripts; not carried")
+    Console scripts (`bin/`, e.g. a model package's CLI) are left out: pip wrote them for
+    this machine's Python, and the image runs only its own entry points."""
     entries = []
     for path in sorted(staging.rglob("*")):
-        if path.is_dir() or "__pycache__" in path.parts:
+        top = path.relative_to(staging).parts[0]
+        if path.is_dir() or "__pycache__" in path.parts or top == "bin":
             continue
         image_path = f"{SITE_PACKAGES}/{path.relative_to(staging).as_posix()}"
         mode = 0o755 if path.stat().st_mode & 0o111 else 0o644

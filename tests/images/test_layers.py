@@ -48,3 +48,14 @@ def test_app_entries_hold_packages_bytecode_and_scripts(pyproject, tree):
     script = paths[f"{components.VENV.lstrip('/')}/bin/infergrid-operator"]
     assert script.mode == 0o755 and b"inference_operator.main" in script.data
     assert f"{components.VENV.lstrip('/')}/bin/infergrid" in paths
+
+
+def test_a_target_install_is_carried_without_the_console_scripts_pip_wrote(tmp_path):
+    """A model package's CLI (pip's bin/) points at this machine's Python; the image has its
+    own entry points and never runs it."""
+    (tmp_path / "model_pkg").mkdir()
+    (tmp_path / "model_pkg" / "model.zip").write_bytes(b"zip")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "model-cli").write_text("#!/usr/bin/python3\n")
+    names = [e.path for e in layers.target_entries(tmp_path)]
+    assert names == [f"{components.SITE_PACKAGES}/model_pkg/model.zip".lstrip("/")]
