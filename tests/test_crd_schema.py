@@ -102,6 +102,13 @@ def test_schema_is_structural_and_described(schema):
             assert node.get("description", "").strip(), f"{path} has no description"
 
 
+def test_more_than_one_gpu_is_documented_as_refused_by_the_operator(schema):
+    resources = schema["properties"]["spec"]["properties"]["resources"]["properties"]
+    assert (resources["gpus"]["minimum"], resources["gpus"]["maximum"]) == (1, 8)
+    assert "refuses more than 1" in resources["gpus"]["description"]
+    assert "tensor parallelism" in resources["gpus"]["description"]
+
+
 CONTRACT_DEFAULTS = {
     "spec.model.format": "huggingface",
     "spec.model.task": "text-generation",

