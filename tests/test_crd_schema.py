@@ -102,6 +102,13 @@ def test_schema_is_structural_and_described(schema):
             assert node.get("description", "").strip(), f"{path} has no description"
 
 
+def test_the_load_timeout_is_bounded_and_left_to_the_operators_default(schema):
+    node = schema["properties"]["spec"]["properties"]["model"]["properties"]["loadTimeoutSeconds"]
+    assert (node["type"], node["minimum"], node["maximum"]) == ("integer", 30, 7200)
+    assert "default" not in node
+    assert "600" in node["description"]
+
+
 def test_more_than_one_gpu_is_documented_as_refused_by_the_operator(schema):
     resources = schema["properties"]["spec"]["properties"]["resources"]["properties"]
     assert (resources["gpus"]["minimum"], resources["gpus"]["maximum"]) == (1, 8)

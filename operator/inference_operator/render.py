@@ -40,8 +40,7 @@ SERVICE_PORT = 80
 CONFIG_DIR = "/etc/infergrid"
 CONFIG_ENV = "INFERGRID_ENGINE_CONFIG"
 CONFIG_KEYS = {STABLE: "engine.yaml", CANARY: "engine-canary.yaml"}
-# Model loading can take minutes; the startup probe allows 5 s x 120 = 10 min.
-STARTUP_PERIOD_S, STARTUP_FAILURES = 5, 120
+STARTUP_PERIOD_S = 5
 
 
 def deployment_name(name: str, track: str) -> str:
@@ -227,9 +226,15 @@ def _container(spec: ServiceSpec, track: str) -> dict[str, Any]:
         "resources": resources,
         "livenessProbe": _probe("/healthz", period=10, failures=3),
         "readinessProbe": _probe("/readyz", period=5, failures=3),
-        "startupProbe": _probe("/readyz", period=STARTUP_PERIOD_S, failures=STARTUP_FAILURES),
+        "startupProbe": startup_probe(spec.model.load_timeout_s),
         "volumeMounts": [{"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
+
+
+def startup_probe(load_timeout_s: int) -> dict[str, Any]:
+    """/readyz every 5 s, failing the pod only once the model had its whole load timeout."""
+    failures = math.ceil(load_timeout_s / STARTUP_PERIOD_S)
+    return _probe("/readyz", period=STARTUP_PERIOD_S, failures=failures)
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:

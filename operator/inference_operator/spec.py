@@ -23,6 +23,8 @@ FORMATS = ("huggingface", "safetensors", "gguf")
 TASKS = ("text-generation", "embedding", "classification")
 BLOCK_SIZES = (8, 16, 32)
 MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]+gb$")
+# How long a model may take to load (spec.model.loadTimeoutSeconds): bounds and default.
+LOAD_TIMEOUT_S = (30, 7200, 600)
 # The engine has no tensor parallelism yet: a replica serves from one GPU.
 MAX_GPUS_PER_REPLICA = 1
 
@@ -44,6 +46,7 @@ class Model:
     storage_uri: str
     format: str = "huggingface"
     task: str = "text-generation"
+    load_timeout_s: int = LOAD_TIMEOUT_S[2]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +124,13 @@ def parse_spec(doc: object, default_image: str, default_scheduler: str) -> Servi
 
 def _model(doc: dict[str, Any]) -> Model:
     path = "spec.model"
+    low, high, default = LOAD_TIMEOUT_S
     return Model(
         name=field(doc, "name", str, path),
         storage_uri=_uri(doc, path),
         format=_one_of(doc, "format", FORMATS, path, "huggingface"),
         task=_one_of(doc, "task", TASKS, path, "text-generation"),
+        load_timeout_s=integer(doc, "loadTimeoutSeconds", path, low, high, default),
     )
 
 

@@ -84,11 +84,23 @@ def test_cpu_and_memory_are_requests():
 def test_probes_on_the_http_port_with_a_startup_budget_for_model_loading():
     engine = container(render_deployment(spec(), "m", "ns"))
     assert engine["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
-    assert engine["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert engine["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    startup = engine["startupProbe"]
-    assert startup["httpGet"]["path"] == "/readyz"
-    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+    assert engine["livenessProbe"] == {"httpGet": {"path": "/healthz", "port": "http"},
+                                       "periodSeconds": 10, "failureThreshold": 3}  # fmt: skip
+    assert engine["readinessProbe"] == {"httpGet": {"path": "/readyz", "port": "http"},
+                                        "periodSeconds": 5, "failureThreshold": 3}  # fmt: skip
+    assert engine["startupProbe"] == {"httpGet": {"path": "/readyz", "port": "http"},
+                                      "periodSeconds": 5, "failureThreshold": 120}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("timeout", "failures"), [(30, 6), (31, 7), (599, 120), (601, 121), (7200, 1440)]
+)
+def test_the_startup_probe_allows_at_least_the_models_load_timeout(timeout, failures):
+    model = {**MODEL, "loadTimeoutSeconds": timeout}
+    startup = container(render_deployment(spec(model=model), "m", "ns"))["startupProbe"]
+    assert startup["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert (startup["periodSeconds"], startup["failureThreshold"]) == (5, failures)
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= timeout
 
 
 def test_the_configmap_is_mounted_and_named_by_the_env():
