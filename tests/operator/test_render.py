@@ -103,6 +103,18 @@ def test_the_startup_probe_allows_at_least_the_models_load_timeout(timeout, fail
     assert startup["periodSeconds"] * startup["failureThreshold"] >= timeout
 
 
+def test_the_engine_is_not_pinned_to_the_cpu():
+    """It picks its device from what the device plugin gives the container; nothing here may
+    point it at the CPU or hide the GPUs."""
+    for resources in ({"gpus": 1}, {"gpuMemoryMiB": 8192}, {"migProfile": "1g.10gb"}):
+        engine = container(render_deployment(spec(resources=resources), "m", "ns"))
+        assert "command" not in engine and "args" not in engine  # the image's entrypoint
+        env = {e["name"]: e.get("value") for e in engine["env"]}
+        hiding = {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"}
+        assert not hiding & env.keys(), env
+        assert not any("cpu" in str(v).lower() for v in env.values()), env
+
+
 def test_the_configmap_is_mounted_and_named_by_the_env():
     rendered = render_deployment(spec(), "chat", "ns")
     engine = container(rendered)
