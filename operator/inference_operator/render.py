@@ -25,13 +25,14 @@ from infergrid.constants import (
     mig_resource,
 )
 from infergrid.errors import ContractError
-from infergrid.storage_uri import HF_HOME_MOUNT, parse_storage_uri
+from infergrid.storage_uri import (
+    ALLOW_DOWNLOAD_ENV,
+    HF_HOME_ENV,
+    HF_HOME_MOUNT,
+    parse_storage_uri,
+)
 
 from .spec import Resources, ServiceSpec
-
-# Environment the engine reads; to move into infergrid/storage_uri.py, which both sides share.
-HF_HOME_ENV = "HF_HOME"
-ALLOW_DOWNLOAD_ENV = "INFERGRID_ALLOW_DOWNLOAD"
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"

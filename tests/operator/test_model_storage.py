@@ -7,8 +7,6 @@ import re
 import pytest
 
 from inference_operator.render import (
-    ALLOW_DOWNLOAD_ENV,
-    HF_HOME_ENV,
     ModelStorage,
     check_storage,
     claim_volume_name,
@@ -17,7 +15,7 @@ from inference_operator.render import (
 )
 from inference_operator.spec import parse_spec
 from infergrid.errors import ContractError
-from infergrid.storage_uri import HF_HOME_MOUNT, PVC_MOUNT_ROOT
+from infergrid.storage_uri import ALLOW_DOWNLOAD_ENV, HF_HOME_ENV, HF_HOME_MOUNT, PVC_MOUNT_ROOT
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 NEITHER = ModelStorage()
