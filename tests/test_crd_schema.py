@@ -9,8 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infergrid.storage_uri import CRD_PATTERN, MAX_LENGTH
+
 ROOT = Path(__file__).resolve().parents[1]
 CRD_PATH = ROOT / "crds" / "inferenceservice.yaml"
+# The chart installs its own copy; tests/test_helm_chart.py checks the bytes are the same.
+CRD_COPIES = (CRD_PATH, ROOT / "deploy" / "helm" / "infergrid" / "crds" / "inferenceservice.yaml")
 SAMPLES = sorted((ROOT / "deploy" / "samples").glob("*.yaml"))
 
 
@@ -100,6 +104,32 @@ def test_schema_is_structural_and_described(schema):
         assert not node.get("x-kubernetes-preserve-unknown-fields"), path
         if path.startswith(("spec", "status", "metadata.")) and not path.endswith("[]"):
             assert node.get("description", "").strip(), f"{path} has no description"
+
+
+@pytest.mark.parametrize("path", CRD_COPIES, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("owner", ["model", "canary"])
+def test_storage_uris_admit_what_the_shared_parser_reads(path, owner):
+    """The API server's check is infergrid.storage_uri's, so the operator and the engine
+    never meet a URI the CRD let through on a different rule."""
+    (only,) = yaml.safe_load(path.read_text())["spec"]["versions"]
+    spec = only["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    node = spec["properties"][owner]["properties"]["storageUri"]
+    assert node["pattern"] == CRD_PATTERN
+    assert node["maxLength"] == MAX_LENGTH
+
+
+def test_the_load_timeout_is_bounded_and_left_to_the_operators_default(schema):
+    node = schema["properties"]["spec"]["properties"]["model"]["properties"]["loadTimeoutSeconds"]
+    assert (node["type"], node["minimum"], node["maximum"]) == ("integer", 30, 7200)
+    assert "default" not in node
+    assert "600" in node["description"]
+
+
+def test_more_than_one_gpu_is_documented_as_refused_by_the_operator(schema):
+    resources = schema["properties"]["spec"]["properties"]["resources"]["properties"]
+    assert (resources["gpus"]["minimum"], resources["gpus"]["maximum"]) == (1, 8)
+    assert "refuses more than 1" in resources["gpus"]["description"]
+    assert "tensor parallelism" in resources["gpus"]["description"]
 
 
 CONTRACT_DEFAULTS = {

@@ -17,7 +17,9 @@ import yaml
 
 from e2e.cluster import binaries
 from e2e.cluster.components import extender_resources, infergrid_profile
+from inference_operator.config import SETTINGS as OPERATOR_SETTINGS
 from infergrid import constants
+from infergrid.settings import parse_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "helm" / "infergrid"
@@ -281,6 +283,18 @@ def test_operator_deployment(default):
     assert config["livenessEndpoint"] == "http://0.0.0.0:8080/healthz"
     assert config["engineImage"] == "infergrid/engine:0.1.0"
     assert config["schedulerName"] == constants.SCHEDULER_NAME
+    assert (config["hfCacheClaim"], config["allowModelDownload"]) == ("", False)
+    assert parse_settings(config, OPERATOR_SETTINGS)["hf_cache_claim"] == ""
+
+
+@needs_helm
+def test_the_operator_reads_the_model_storage_values():
+    objects = render("--set", "operator.hfCacheClaim=hf-cache.team-a",
+                     "--set", "operator.allowModelDownload=true")  # fmt: skip
+    config = yaml.safe_load(one(objects, "ConfigMap", "-operator")["data"]["operator.yaml"])
+    settings = parse_settings(config, OPERATOR_SETTINGS)
+    assert settings["hf_cache_claim"] == "hf-cache.team-a"
+    assert settings["allow_model_download"] is True
 
 
 def test_device_plugin_daemonset(default):
@@ -397,6 +411,9 @@ INVALID = [
     (["--set", "devicePlugin.tolerations[0].operator=Maybe"],
      "/devicePlugin/tolerations/0/operator"),
     (["--set", "operator.resources.limits.memory=lots"], "/operator/resources/limits/memory"),
+    (["--set", "operator.hfCacheClaim=HF_Cache"], "/operator/hfCacheClaim"),
+    (["--set", "operator.hfCacheClaim=cache/models"], "/operator/hfCacheClaim"),
+    (["--set-string", "operator.allowModelDownload=true"], "/operator/allowModelDownload"),
     # Checks across keys, in templates/_validate.tpl.
     (["--set", "scheduler.extender.staleAfterSeconds=3"],
      "scheduler.extender.staleAfterSeconds (3) must exceed "

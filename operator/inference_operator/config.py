@@ -8,6 +8,7 @@ from typing import Any, Final
 from infergrid import settings as s
 from infergrid.constants import SCHEDULER_NAME
 from infergrid.errors import ContractError
+from infergrid.storage_uri import parse_storage_uri
 
 DEFAULT_ENGINE_IMAGE: Final = "infergrid/engine:0.1.0"
 DEFAULT_METRICS_URL: Final = "http://{pod_ip}:8000/metrics"
@@ -23,6 +24,8 @@ class OperatorConfig:
     scrape_timeout_s: float = 2.0
     liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
     max_workers: int = 20
+    hf_cache_claim: str = ""  # none: hf:// is served only where downloads are allowed
+    allow_model_download: bool = False
 
 
 def names(doc: dict[str, Any], key: str) -> tuple[str, ...]:
@@ -46,6 +49,22 @@ def url_template(doc: dict[str, Any], key: str) -> str:
     return value
 
 
+def claim_name(doc: dict[str, Any], key: str) -> str:
+    """A PersistentVolumeClaim's name, checked as pvc:// checks it; empty means none."""
+    if doc[key] == "":
+        return ""
+    value = s.text(doc, key)
+    try:
+        claim = parse_storage_uri(f"pvc://{value}", key)
+    except ContractError:
+        claim = None
+    if claim is None or claim.path or claim.name != value:
+        raise ContractError(
+            key, f"{value!r} is not a claim name (lowercase RFC 1123, e.g. hf-cache)"
+        )
+    return value
+
+
 SETTINGS: Final = (
     s.Setting("schedulerName", "scheduler_name", s.text,
               "scheduler of engine pods whose spec names none"),
@@ -60,4 +79,8 @@ SETTINGS: Final = (
     s.Setting("livenessEndpoint", "liveness_endpoint", s.text,
               "URL the liveness probe is served on"),
     s.Setting("maxWorkers", "max_workers", s.whole(1, 256), "threads for the handlers"),
+    s.Setting("hfCacheClaim", "hf_cache_claim", claim_name,
+              "claim in each service's namespace holding an HF_HOME cache, for hf:// models"),
+    s.Setting("allowModelDownload", "allow_model_download", s.boolean,
+              "let engines download hf:// models their cache lacks", boolean=True),
 )  # fmt: skip

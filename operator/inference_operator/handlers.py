@@ -41,6 +41,8 @@ from .kube import Kube
 from .metrics_scrape import Buckets, ServiceMetrics, aggregate, scrapable, scrape, scrape_url
 from .render import (
     LABEL_SERVICE,
+    ModelStorage,
+    check_storage,
     render_children,
     stable_selector,
     stale_deployments,
@@ -109,7 +111,7 @@ def apply_children(memo: kopf.Memo, owner: dict[str, Any], service: ServiceSpec)
     Returns each Deployment's generation after the apply.
     """
     name, namespace = owner["metadata"]["name"], owner["metadata"]["namespace"]
-    children = render_children(service, name, namespace)
+    children = render_children(service, name, namespace, model_storage(memo.config))
     kopf.adopt(children, owner=owner)
     generations = {}
     for child in children:
@@ -289,9 +291,17 @@ def _spec_or_report(memo: kopf.Memo, body: kopf.Body) -> ServiceSpec:
         raise kopf.PermanentError(str(err)) from err
 
 
+def model_storage(cfg: OperatorConfig) -> ModelStorage:
+    """The operator's settings that rendering needs, as plain data."""
+    return ModelStorage(cfg.hf_cache_claim, cfg.allow_model_download)
+
+
 def _parse(memo: kopf.Memo, body: Any) -> ServiceSpec:
+    """The spec, refused where this operator's settings cannot serve its weights."""
     cfg: OperatorConfig = memo.config
-    return parse_spec(dict(body["spec"]), cfg.engine_image, cfg.scheduler_name)
+    service = parse_spec(dict(body["spec"]), cfg.engine_image, cfg.scheduler_name)
+    check_storage(service, model_storage(cfg))
+    return service
 
 
 def _edited_by_others(memo: kopf.Memo, deployment: kopf.Body) -> bool:

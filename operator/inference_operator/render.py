@@ -1,14 +1,15 @@
 """The children of an InferenceService, rendered as plain manifests.
 
-Every function here is pure: the same spec gives the same dicts, so applying
-them again is a no-op and the handlers can re-apply from any state. The
-handlers add the owner reference (kopf.adopt) and apply them.
+Every function here is pure: the same spec and operator settings give the same
+dicts, so applying them again is a no-op and the handlers can re-apply from any
+state. The handlers add the owner reference (kopf.adopt) and apply them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -22,6 +23,13 @@ from infergrid.constants import (
     RESOURCE_VGPU,
     SCHEMA_VERSION,
     mig_resource,
+)
+from infergrid.errors import ContractError
+from infergrid.storage_uri import (
+    ALLOW_DOWNLOAD_ENV,
+    HF_HOME_ENV,
+    HF_HOME_MOUNT,
+    parse_storage_uri,
 )
 
 from .spec import Resources, ServiceSpec
@@ -40,8 +48,32 @@ SERVICE_PORT = 80
 CONFIG_DIR = "/etc/infergrid"
 CONFIG_ENV = "INFERGRID_ENGINE_CONFIG"
 CONFIG_KEYS = {STABLE: "engine.yaml", CANARY: "engine-canary.yaml"}
-# Model loading can take minutes; the startup probe allows 5 s x 120 = 10 min.
-STARTUP_PERIOD_S, STARTUP_FAILURES = 5, 120
+CONFIG_VOLUME = "engine-config"
+HF_HOME_VOLUME = "hf-home"
+# A pvc:// claim's volume: the prefix and a hash of the claim, a DNS label for any claim name.
+CLAIM_VOLUME_PREFIX = "model-"
+STARTUP_PERIOD_S = 5
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStorage:
+    """The operator's settings for weights outside the image, as plain data for rendering.
+
+    `hf_cache_claim` names a claim (in the service's namespace) holding an HF_HOME-layout
+    cache; `allow_download` lets the engine download what the cache lacks.
+    """
+
+    hf_cache_claim: str = ""
+    allow_download: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TrackStorage:
+    """What one track's storage URI adds to its pod: volumes, engine mounts and env."""
+
+    volumes: tuple[dict[str, Any], ...] = ()
+    mounts: tuple[dict[str, Any], ...] = ()
+    env: tuple[dict[str, str], ...] = ()
 
 
 def deployment_name(name: str, track: str) -> str:
@@ -90,10 +122,17 @@ def track_replicas(spec: ServiceSpec) -> dict[str, int]:
     return {STABLE: stable, CANARY: count}
 
 
+def track_uri(spec: ServiceSpec, track: str) -> tuple[str, str]:
+    """The storage URI one track serves, and the spec field it comes from."""
+    if track == CANARY and spec.canary:
+        return spec.canary.storage_uri, "spec.canary.storageUri"
+    return spec.model.storage_uri, "spec.model.storageUri"
+
+
 def engine_config(spec: ServiceSpec, track: str) -> dict[str, Any]:
     """What the engine reads from INFERGRID_ENGINE_CONFIG: its model and batching settings."""
     model = spec.model
-    uri = spec.canary.storage_uri if track == CANARY and spec.canary else model.storage_uri
+    uri, _ = track_uri(spec, track)
     return {
         "version": SCHEMA_VERSION,
         "port": ENGINE_PORT,
@@ -120,7 +159,11 @@ def render_configmap(spec: ServiceSpec, name: str, namespace: str) -> dict[str, 
 
 
 def render_deployment(
-    spec: ServiceSpec, name: str, namespace: str, track: str = STABLE
+    spec: ServiceSpec,
+    name: str,
+    namespace: str,
+    track: str = STABLE,
+    storage: ModelStorage = ModelStorage(),
 ) -> dict[str, Any]:
     """Engine pods of one track; maxSurge 0, since a surge pod would need a spare GPU.
 
@@ -140,7 +183,7 @@ def render_deployment(
             "template": {
                 "metadata": {"labels": pod_labels(name, track),
                              "annotations": _pod_annotations(spec, track)},
-                "spec": _pod_spec(spec, name, track),
+                "spec": _pod_spec(spec, name, track, track_storage(spec, track, storage)),
             },
         },
     }  # fmt: skip
@@ -170,9 +213,13 @@ def render_pdb(spec: ServiceSpec, name: str, namespace: str) -> dict[str, Any]:
     }
 
 
-def render_children(spec: ServiceSpec, name: str, namespace: str) -> list[dict[str, Any]]:
+def render_children(
+    spec: ServiceSpec, name: str, namespace: str, storage: ModelStorage = ModelStorage()
+) -> list[dict[str, Any]]:
     """Every child, the ConfigMap first so that no pod starts without its config."""
-    deployments = [render_deployment(spec, name, namespace, t) for t in track_replicas(spec)]
+    deployments = [
+        render_deployment(spec, name, namespace, t, storage) for t in track_replicas(spec)
+    ]
     return [
         render_configmap(spec, name, namespace),
         *deployments,
@@ -184,6 +231,75 @@ def render_children(spec: ServiceSpec, name: str, namespace: str) -> list[dict[s
 def stale_deployments(spec: ServiceSpec, name: str) -> list[str]:
     """Deployments of tracks the spec no longer has: the canary once it is removed."""
     return [deployment_name(name, t) for t in TRACKS if t not in track_replicas(spec)]
+
+
+def check_storage(spec: ServiceSpec, storage: ModelStorage) -> None:
+    """A ContractError naming the field of any track whose weights these settings cannot reach."""
+    for track in track_replicas(spec):
+        track_storage(spec, track, storage)
+
+
+def track_storage(spec: ServiceSpec, track: str, storage: ModelStorage) -> TrackStorage:
+    """The volumes, mounts and env that let one track's engine read its weights.
+
+    pvc:// mounts the claim read-only at its mount path; hf:// mounts the HF_HOME cache
+    (the operator's hfCacheClaim, or an emptyDir to download into) and allows downloads
+    only where the operator does. pkg:// and file:// need nothing.
+    """
+    uri, field = track_uri(spec, track)
+    parsed = parse_storage_uri(uri, field)
+    if parsed.scheme == "pvc":
+        volume = claim_volume_name(parsed.name)
+        return TrackStorage(
+            volumes=(_claim_volume(volume, parsed.name, read_only=True),),
+            mounts=(_mount(volume, parsed.mount_path, read_only=True),),
+        )
+    if parsed.scheme == "hf":
+        return _hf_storage(uri, field, storage)
+    return TrackStorage()
+
+
+def claim_volume_name(claim: str) -> str:
+    """A DNS label for any claim name (up to 253 characters, dots included); never a name the
+    pod's other volumes use, and the same for the same claim on every render."""
+    return CLAIM_VOLUME_PREFIX + hashlib.sha256(claim.encode()).hexdigest()[:16]
+
+
+def _hf_storage(uri: str, field: str, storage: ModelStorage) -> TrackStorage:
+    claim, download = storage.hf_cache_claim, storage.allow_download
+    if not claim and not download:
+        raise ContractError(
+            field,
+            f"{uri!r}: hf:// needs the operator's hfCacheClaim setting (a claim holding an "
+            "HF_HOME cache) or its allowModelDownload setting, and neither is set; ask the "
+            "cluster admin, or use pvc:// or pkg://",
+        )
+    if claim:
+        volume = _claim_volume(HF_HOME_VOLUME, claim, read_only=not download)
+    else:
+        volume = {"name": HF_HOME_VOLUME, "emptyDir": {}}
+    env = [{"name": HF_HOME_ENV, "value": HF_HOME_MOUNT}]
+    if download:
+        env.append({"name": ALLOW_DOWNLOAD_ENV, "value": "true"})
+    return TrackStorage(
+        volumes=(volume,),
+        mounts=(_mount(HF_HOME_VOLUME, HF_HOME_MOUNT, read_only=not download),),
+        env=tuple(env),
+    )
+
+
+def _claim_volume(name: str, claim: str, read_only: bool) -> dict[str, Any]:
+    source: dict[str, Any] = {"claimName": claim}
+    if read_only:
+        source["readOnly"] = True
+    return {"name": name, "persistentVolumeClaim": source}
+
+
+def _mount(name: str, path: str, read_only: bool) -> dict[str, Any]:
+    mount: dict[str, Any] = {"name": name, "mountPath": path}
+    if read_only:
+        mount["readOnly"] = True
+    return mount
 
 
 def gpu_limits(resources: Resources) -> dict[str, str]:
@@ -198,11 +314,12 @@ def gpu_limits(resources: Resources) -> dict[str, str]:
     return limits
 
 
-def _pod_spec(spec: ServiceSpec, name: str, track: str) -> dict[str, Any]:
+def _pod_spec(spec: ServiceSpec, name: str, track: str, storage: TrackStorage) -> dict[str, Any]:
+    config = {"name": CONFIG_VOLUME, "configMap": {"name": configmap_name(name)}}
     pod: dict[str, Any] = {
         "schedulerName": spec.scheduling.scheduler_name,
-        "containers": [_container(spec, track)],
-        "volumes": [{"name": "engine-config", "configMap": {"name": configmap_name(name)}}],
+        "containers": [_container(spec, track, storage)],
+        "volumes": [config, *storage.volumes],
     }
     if spec.scheduling.priority_class_name:
         pod["priorityClassName"] = spec.scheduling.priority_class_name
@@ -213,23 +330,30 @@ def _pod_spec(spec: ServiceSpec, name: str, track: str) -> dict[str, Any]:
     return pod
 
 
-def _container(spec: ServiceSpec, track: str) -> dict[str, Any]:
+def _container(spec: ServiceSpec, track: str, storage: TrackStorage) -> dict[str, Any]:
     requests = {k: v for k, v in (("cpu", spec.resources.cpu),
                                   ("memory", spec.resources.memory)) if v}  # fmt: skip
     resources: dict[str, Any] = {"limits": gpu_limits(spec.resources)}
     if requests:
         resources["requests"] = requests
+    env = [{"name": CONFIG_ENV, "value": f"{CONFIG_DIR}/{CONFIG_KEYS[track]}"}, *storage.env]
     return {
         "name": "engine",
         "image": spec.image,
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
-        "env": [{"name": CONFIG_ENV, "value": f"{CONFIG_DIR}/{CONFIG_KEYS[track]}"}],
+        "env": env,
         "resources": resources,
         "livenessProbe": _probe("/healthz", period=10, failures=3),
         "readinessProbe": _probe("/readyz", period=5, failures=3),
-        "startupProbe": _probe("/readyz", period=STARTUP_PERIOD_S, failures=STARTUP_FAILURES),
-        "volumeMounts": [{"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True}],
+        "startupProbe": startup_probe(spec.model.load_timeout_s),
+        "volumeMounts": [_mount(CONFIG_VOLUME, CONFIG_DIR, read_only=True), *storage.mounts],
     }
+
+
+def startup_probe(load_timeout_s: int) -> dict[str, Any]:
+    """/readyz every 5 s, failing the pod only once the model had its whole load timeout."""
+    failures = math.ceil(load_timeout_s / STARTUP_PERIOD_S)
+    return _probe("/readyz", period=STARTUP_PERIOD_S, failures=failures)
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:

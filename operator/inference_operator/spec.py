@@ -23,6 +23,10 @@ FORMATS = ("huggingface", "safetensors", "gguf")
 TASKS = ("text-generation", "embedding", "classification")
 BLOCK_SIZES = (8, 16, 32)
 MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]+gb$")
+# How long a model may take to load (spec.model.loadTimeoutSeconds): bounds and default.
+LOAD_TIMEOUT_S = (30, 7200, 600)
+# The engine has no tensor parallelism yet: a replica serves from one GPU.
+MAX_GPUS_PER_REPLICA = 1
 
 # Engine settings passed through to the engine's config file: key -> (low, high, default).
 ENGINE_SETTINGS: dict[str, tuple[int, int, int]] = {
@@ -42,6 +46,7 @@ class Model:
     storage_uri: str
     format: str = "huggingface"
     task: str = "text-generation"
+    load_timeout_s: int = LOAD_TIMEOUT_S[2]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +124,13 @@ def parse_spec(doc: object, default_image: str, default_scheduler: str) -> Servi
 
 def _model(doc: dict[str, Any]) -> Model:
     path = "spec.model"
+    low, high, default = LOAD_TIMEOUT_S
     return Model(
         name=field(doc, "name", str, path),
         storage_uri=_uri(doc, path),
         format=_one_of(doc, "format", FORMATS, path, "huggingface"),
         task=_one_of(doc, "task", TASKS, path, "text-generation"),
+        load_timeout_s=integer(doc, "loadTimeoutSeconds", path, low, high, default),
     )
 
 
@@ -152,10 +159,20 @@ def _resources(doc: dict[str, Any]) -> Resources:
         cpu=field(doc, "cpu", str, path, None),
         memory=field(doc, "memory", str, path, None),
     )
+    if (resources.gpus or 0) > MAX_GPUS_PER_REPLICA:
+        raise ContractError(
+            join(path, "gpus"),
+            f"must be {MAX_GPUS_PER_REPLICA} for now, got {resources.gpus}: the engine has no "
+            "tensor parallelism yet, so a replica would use one GPU and hold the others idle; "
+            "use gpus: 1 and more replicas",
+        )
     if resources.gpu_cores is not None and resources.gpu_memory_mib is None:
         raise ContractError(join(path, "gpuCores"), "is only allowed with gpuMemoryMiB")
     if resources.topology is not None and (resources.gpus or 0) < 2:
-        raise ContractError(join(path, "topology"), "is only allowed with gpus >= 2")
+        raise ContractError(
+            join(path, "topology"),
+            "is only allowed with gpus >= 2, which the operator refuses for now (see gpus)",
+        )
     return resources
 
 

@@ -25,6 +25,33 @@ def test_defaults():
     assert cfg.engine_image == "infergrid/engine:0.1.0"
     assert cfg.namespaces == ()
     assert cfg.metrics_url_template == "http://{pod_ip}:8000/metrics"
+    assert cfg.hf_cache_claim == "" and cfg.allow_model_download is False
+
+
+def test_model_storage_settings_from_the_file_and_flags(tmp_path):
+    path = tmp_path / "operator.yaml"
+    path.write_text("version: v1\nhfCacheClaim: hf-cache\nallowModelDownload: true\n")
+    cfg = load(["--config", str(path)])
+    assert (cfg.hf_cache_claim, cfg.allow_model_download) == ("hf-cache", True)
+    cfg = load(["--config", str(path), "--hf-cache-claim", "", "--no-allow-model-download"])
+    assert (cfg.hf_cache_claim, cfg.allow_model_download) == ("", False)
+    cfg = load(["--hf-cache-claim", "models.team-a", "--allow-model-download"])
+    assert (cfg.hf_cache_claim, cfg.allow_model_download) == ("models.team-a", True)
+
+
+@pytest.mark.parametrize("claim", ["HF", "hf/cache", "hf-cache/", "-hf", "a" * 254, "pvc://x"])
+def test_a_cache_claim_that_is_no_claim_name_is_named(claim):
+    with pytest.raises(ContractError) as err:
+        load([f"--hf-cache-claim={claim}"])
+    assert err.value.field == "hfCacheClaim"
+
+
+def test_allow_model_download_in_the_file_is_a_boolean(tmp_path):
+    path = tmp_path / "operator.yaml"
+    path.write_text("version: v1\nallowModelDownload: 'yes'\n")
+    with pytest.raises(ContractError) as err:
+        load(["--config", str(path)])
+    assert err.value.field == "allowModelDownload"
 
 
 def test_file_then_flags(tmp_path):

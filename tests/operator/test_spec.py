@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from inference_operator.spec import parse_spec
+from inference_operator.spec import LOAD_TIMEOUT_S, parse_spec
 from infergrid.errors import ContractError
 
-SAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "samples"
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = ROOT / "deploy" / "samples"
 MINIMAL = {"model": {"name": "m", "storageUri": "pkg://m"}, "resources": {"gpus": 1}}
 
 
@@ -32,9 +33,14 @@ def test_a_minimal_spec_gets_every_default_of_the_contract():
 
 
 @pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
-def test_every_sample_parses(path):
+def test_every_sample_parses_or_is_refused_only_for_more_than_one_gpu(path):
     doc = yaml.safe_load(path.read_text())
-    parse(doc["spec"])
+    if doc["spec"]["resources"].get("gpus", 1) <= 1:
+        parse(doc["spec"])
+        return
+    with pytest.raises(ContractError) as err:
+        parse(doc["spec"])
+    assert err.value.field == "spec.resources.gpus"
 
 
 @pytest.mark.parametrize(
@@ -44,6 +50,8 @@ def test_every_sample_parses(path):
         ({"gpus": 1, "gpuMemoryMiB": 1024}, "spec.resources"),
         ({"gpus": 1, "gpuCores": 20}, "spec.resources.gpuCores"),
         ({"gpus": 1, "topology": "nvlink"}, "spec.resources.topology"),
+        ({"gpuMemoryMiB": 1024, "topology": "nvlink"}, "spec.resources.topology"),
+        ({"gpus": 2, "topology": "nvlink"}, "spec.resources.gpus"),
         ({"gpus": 9}, "spec.resources.gpus"),
         ({"migProfile": "2g"}, "spec.resources.migProfile"),
     ],
@@ -52,6 +60,42 @@ def test_bad_resources_are_named(resources, field):
     with pytest.raises(ContractError) as err:
         parse({**MINIMAL, "resources": resources})
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+def test_more_than_one_gpu_per_replica_is_refused_until_tensor_parallelism_lands(gpus):
+    with pytest.raises(ContractError) as err:
+        parse({**MINIMAL, "resources": {"gpus": gpus}})
+    assert err.value.field == "spec.resources.gpus"
+    assert "no tensor parallelism" in err.value.reason
+    assert "hold the others idle" in err.value.reason
+    assert "use gpus: 1 and more replicas" in err.value.reason
+
+
+def test_one_whole_gpu_per_replica_is_served():
+    assert parse(MINIMAL).resources.gpus == 1
+
+
+def test_the_load_timeout_defaults_to_ten_minutes_and_is_read_within_its_bounds():
+    assert parse(MINIMAL).model.load_timeout_s == 600
+    model = {**MINIMAL["model"], "loadTimeoutSeconds": 1800}
+    assert parse({**MINIMAL, "model": model}).model.load_timeout_s == 1800
+
+
+def test_the_load_timeout_bounds_are_the_crds():
+    crd = yaml.safe_load((ROOT / "crds" / "inferenceservice.yaml").read_text())
+    (version,) = crd["spec"]["versions"]
+    model = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["model"]
+    node = model["properties"]["loadTimeoutSeconds"]
+    assert (node["minimum"], node["maximum"]) == LOAD_TIMEOUT_S[:2]
+
+
+@pytest.mark.parametrize("timeout", [29, 7201, "600", True, 1.5])
+def test_a_bad_load_timeout_is_named(timeout):
+    model = {**MINIMAL["model"], "loadTimeoutSeconds": timeout}
+    with pytest.raises(ContractError) as err:
+        parse({**MINIMAL, "model": model})
+    assert err.value.field == "spec.model.loadTimeoutSeconds"
 
 
 def test_bad_fields_elsewhere_are_named():
