@@ -102,7 +102,7 @@ def default_model_name(uri: str) -> str:
 
 
 def uri_tail(text: str) -> str:
-    return text.rstrip("/").rsplit("/", 1)[-1].removesuffix(".gguf") or "model"
+    return text.rstrip("/").rsplit("/", 1)[-1].removesuffix(".gguf").removesuffix(".zip") or "model"
 
 
 def _model_files(path: Path, uri: str, field: str) -> Path:

@@ -41,6 +41,14 @@ def test_a_gpu_share_from_the_device_plugin_is_the_budget_times_utilization():
     assert "INFERGRID_GPU_MEMORY_MIB=8192" in budget.source
 
 
+def test_on_a_mig_instance_the_budget_is_the_instance_not_the_card():
+    """Allocate grants a 3g.40gb instance's 40 GiB; torch may still report the parent card."""
+    budget = resolve_memory_budget(
+        device="cuda", environ={"INFERGRID_GPU_MEMORY_MIB": "40960"}, device_total_bytes=80 * GIB
+    )
+    assert budget.total_bytes == int(40 * GIB * 0.9)
+
+
 def test_without_a_share_the_whole_gpu_is_the_base():
     budget = resolve_memory_budget(
         device="cuda:1", environ={}, gpu_memory_utilization=0.5, device_total_bytes=16 * GIB

@@ -183,6 +183,7 @@ def test_a_typo_in_the_download_switch_is_named():
         ("pvc://model-store/smollm2/", "smollm2"),
         ("hf://BAAI/bge-small-en-v1.5@main", "bge-small-en-v1.5"),
         ("file:///m/x.gguf", "x"),
+        ("file:///m/minilm.zip", "minilm"),
     ],
 )
 def test_the_default_served_name_is_the_uris_last_part(uri, name):
