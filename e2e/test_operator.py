@@ -20,6 +20,7 @@ import yaml
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from e2e.cluster import model_store
 from e2e.cluster.processes import wait_until
 from e2e.operator_support import (
     SAMPLES,
@@ -52,8 +53,11 @@ def start_operator(cluster, namespace, infsvc_crd, extender, tmp_path):
 
     A service with autoscaling carries kopf's finalizer, which only a running
     operator removes; left behind, it would hold the namespace in Terminating.
+    The namespace has the model store's claim, which the pvc:// samples name (their
+    pods, on KWOK, never mount it, but the scheduler binds it).
     """
     started: list[OperatorProcess] = []
+    model_store.provide(cluster.api, namespace, None)
 
     def start(*args: str) -> OperatorProcess:
         log = tmp_path / f"operator-{len(started)}.log"
@@ -78,6 +82,7 @@ def start_operator(cluster, namespace, infsvc_crd, extender, tmp_path):
     )
     for process in started:
         process.stop()
+    model_store.withdraw(cluster.api, namespace)
 
 
 def manifest(name: str, **spec) -> dict:
