@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import subprocess
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from kubernetes import client
 
-from e2e.cluster import binaries
+from e2e.cluster import binaries, model_store
 from e2e.cluster.node_configs import REAL_NODE_LABEL
 from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import wait_until
-from e2e.operator_support import free_port
+from e2e.operator_support import OperatorProcess, free_port
 
 __all__ = [
     "REAL_NODE_LABEL",
@@ -98,3 +99,22 @@ def real_node_name(core: client.CoreV1Api) -> str:
     nodes = core.list_node(label_selector=f"{REAL_NODE_LABEL}=true").items
     assert nodes, "the cluster has no real node"
     return nodes[0].metadata.name
+
+
+@contextmanager
+def serving_namespace(api: client.ApiClient, kubeconfig: Path, prefix: str, log: Path
+                      ) -> Iterator[str]:  # fmt: skip
+    """A fresh namespace served by an operator with the engine image built here, holding the
+    model store's claim on the real node (what the pvc:// samples name)."""
+    core = client.CoreV1Api(api)
+    namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    model_store.provide(api, namespace, real_node_name(core))
+    operator = OperatorProcess(kubeconfig, [namespace], log, "--engine-image", image_ref("engine"))
+    operator.start()
+    try:
+        yield namespace
+    finally:
+        operator.stop()
+        core.delete_namespace(namespace)
+        model_store.withdraw(api, namespace)

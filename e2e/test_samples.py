@@ -6,7 +6,6 @@ weights. smollm2-shared.yaml is served, scaled and deleted in test_serving.py.""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,12 +15,10 @@ import pytest
 import yaml
 from kubernetes import client
 
-from e2e.cluster import model_store
 from e2e.cluster.node_configs import REAL_NODE_LABEL
-from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import wait_until
-from e2e.operator_support import SAMPLES, SERVICE_LABEL, OperatorProcess, kubectl
-from e2e.real_pods import logs_of, port_forward, real_node_name
+from e2e.operator_support import SAMPLES, SERVICE_LABEL, kubectl
+from e2e.real_pods import logs_of, port_forward, serving_namespace
 from infergrid.storage_uri import PVC_MOUNT_ROOT
 
 pytestmark = pytest.mark.e2e
@@ -37,21 +34,9 @@ def samples_namespace(cluster, infsvc_crd, extender, tmp_path_factory) -> Iterat
     """A namespace with the model store's claim in it and the operator serving it."""
     if not cluster.local:
         pytest.skip("serves on the local cluster's real node")
-    core = client.CoreV1Api(cluster.api)
-    name = f"samples-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": name}})
-    model_store.provide(cluster.api, name, real_node_name(core))
     log = tmp_path_factory.mktemp("samples") / "operator.log"
-    operator = OperatorProcess(
-        cluster.kubeconfig, [name], log, "--engine-image", image_ref("engine")
-    )
-    operator.start()
-    try:
-        yield name
-    finally:
-        operator.stop()
-        core.delete_namespace(name)
-        model_store.withdraw(cluster.api, name)
+    with serving_namespace(cluster.api, cluster.kubeconfig, "samples", log) as namespace:
+        yield namespace
 
 
 def test_every_sample_is_served_by_one_of_the_e2e_tests():

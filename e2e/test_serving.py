@@ -4,7 +4,6 @@ apply` of the sample, `kubectl port-forward` to its Service and the `openai` cli
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import openai
@@ -12,15 +11,13 @@ import pytest
 from kubernetes import client
 
 from e2e.cluster.node_configs import REAL_NODE_LABEL
-from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import wait_until
 from e2e.operator_support import (
     SAMPLES,
-    OperatorProcess,
     kubectl,
     owned,
 )
-from e2e.real_pods import port_forward
+from e2e.real_pods import port_forward, serving_namespace
 from infergrid import constants
 
 pytestmark = pytest.mark.e2e
@@ -37,22 +34,15 @@ def served(cluster, infsvc_crd, extender, tmp_path_factory) -> Iterator[str]:
     if not cluster.local:
         pytest.skip("serves on the local cluster's real node")
     core = client.CoreV1Api(cluster.api)
-    namespace = f"serve-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": namespace}})
     log = tmp_path_factory.mktemp("serving") / "operator.log"
-    operator = OperatorProcess(
-        cluster.kubeconfig, [namespace], log, "--engine-image", image_ref("engine")
-    )
-    operator.start()
-    try:
+    with serving_namespace(cluster.api, cluster.kubeconfig, "serve", log) as namespace:
         kubectl(cluster.kubeconfig, "apply", "-n", namespace, "-f", str(SAMPLE))
-        yield namespace
-    finally:
-        kubectl(cluster.kubeconfig, "delete", "--ignore-not-found", "--wait=false",
-                "-n", namespace, "-f", str(SAMPLE))  # fmt: skip
-        wait_until(lambda: not _engine_pods(core, namespace), 120, "the engine pods gone")
-        operator.stop()
-        core.delete_namespace(namespace)
+        try:
+            yield namespace
+        finally:
+            kubectl(cluster.kubeconfig, "delete", "--ignore-not-found", "--wait=false",
+                    "-n", namespace, "-f", str(SAMPLE))  # fmt: skip
+            wait_until(lambda: not _engine_pods(core, namespace), 120, "the engine pods gone")
 
 
 def _engine_pods(core: client.CoreV1Api, namespace: str) -> list[client.V1Pod]:

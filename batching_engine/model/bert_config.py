@@ -11,7 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from batching_engine.model.config_fields import num_labels, positive_float, positive_int
+from batching_engine.model.config_fields import (
+    num_labels,
+    one_architecture,
+    positive_float,
+    positive_int,
+)
 from infergrid.errors import ContractError
 
 # What each architecture puts on top of the encoder.
@@ -52,7 +57,7 @@ class BertConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> BertConfig:
-        architecture = _architecture(raw)
+        architecture = one_architecture(raw, "BertModel", ARCHITECTURE_HEADS)
         _reject_unsupported(raw)
         hidden_size = positive_int(raw, "hidden_size")
         num_heads = positive_int(raw, "num_attention_heads")
@@ -74,17 +79,6 @@ class BertConfig:
             type_vocab_size=positive_int(raw, "type_vocab_size", default=2),
             num_labels=num_labels(raw) if architecture == "BertForSequenceClassification" else 0,
         )
-
-
-def _architecture(raw: dict[str, Any]) -> str:
-    architectures = raw.get("architectures") or ["BertModel"]
-    if not isinstance(architectures, list) or len(architectures) != 1:
-        raise ContractError("architectures", f"expected one architecture, got {architectures!r}")
-    architecture = architectures[0]
-    if architecture not in ARCHITECTURE_HEADS:
-        known = ", ".join(sorted(ARCHITECTURE_HEADS))
-        raise ContractError("architectures", f"{architecture!r} is not supported; known: {known}")
-    return architecture
 
 
 def _reject_unsupported(raw: dict[str, Any]) -> None:

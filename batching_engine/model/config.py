@@ -17,6 +17,7 @@ from typing import Any
 from batching_engine.model.bert_config import BertConfig
 from batching_engine.model.config_fields import (
     num_labels,
+    one_architecture,
     positive_float,
     positive_int,
     token_ids,
@@ -139,14 +140,7 @@ def _architecture(raw: dict[str, Any]) -> str:
     model_type = raw.get("model_type", "llama")
     if model_type != "llama":
         raise ContractError("model_type", f"{model_type!r} is not supported; only 'llama' is")
-    architectures = raw.get("architectures") or ["LlamaForCausalLM"]
-    if not isinstance(architectures, list) or len(architectures) != 1:
-        raise ContractError("architectures", f"expected one architecture, got {architectures!r}")
-    architecture = architectures[0]
-    if architecture not in ARCHITECTURE_HEADS:
-        known = ", ".join(sorted(ARCHITECTURE_HEADS))
-        raise ContractError("architectures", f"{architecture!r} is not supported; known: {known}")
-    return architecture
+    return one_architecture(raw, "LlamaForCausalLM", ARCHITECTURE_HEADS)
 
 
 def _reject_unsupported(raw: dict[str, Any]) -> None:

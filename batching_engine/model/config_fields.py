@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from infergrid.errors import ContractError
@@ -50,3 +51,15 @@ def num_labels(raw: dict[str, Any]) -> int:
     if not id2label:
         raise ContractError("id2label", "a classification model needs id2label or num_labels")
     return len(id2label)
+
+
+def one_architecture(raw: dict[str, Any], default: str, known: Collection[str]) -> str:
+    """config.json's single `architectures` entry (`default` when absent), one of `known`."""
+    architectures = raw.get("architectures") or [default]
+    if not isinstance(architectures, list) or len(architectures) != 1:
+        raise ContractError("architectures", f"expected one architecture, got {architectures!r}")
+    architecture = architectures[0]
+    if architecture not in known:
+        names = ", ".join(sorted(known))
+        raise ContractError("architectures", f"{architecture!r} is not supported; known: {names}")
+    return architecture

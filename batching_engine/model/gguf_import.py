@@ -13,11 +13,7 @@ a raw vocabulary and merge list rather than a tokenizer.json.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +23,9 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 from safetensors.torch import save_file
 
+from batching_engine.model.derived_cache import derived_dir
 from batching_engine.model.gguf_tokenizer import build_tokenizer, tokenizer_config
 from infergrid.errors import ContractError
-
-CACHE_ENV = "INFERGRID_CACHE_DIR"
 
 # GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.").
 _BLOCK_TENSORS = {
@@ -56,31 +51,7 @@ def import_gguf(gguf_path: str | Path, cache_root: str | Path | None = None) -> 
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
         raise ContractError("model.storageUri", f"GGUF file {gguf_path} does not exist")
-    root = Path(cache_root) if cache_root is not None else default_cache_root()
-    target = root / file_sha256(gguf_path)
-    if (target / "config.json").is_file():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=root))
-    try:
-        convert_gguf(gguf_path, staging)
-        os.rename(staging, target)
-    except OSError:
-        if not (target / "config.json").is_file():  # not a lost race with another converter
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
-def default_cache_root() -> Path:
-    base = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "infergrid"
-    return Path(base) / "gguf"
-
-
-def file_sha256(path: Path) -> str:
-    with path.open("rb") as stream:
-        return hashlib.file_digest(stream, "sha256").hexdigest()
+    return derived_dir(gguf_path, lambda out: convert_gguf(gguf_path, out), cache_root)
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:

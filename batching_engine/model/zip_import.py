@@ -9,13 +9,10 @@ directory renamed into place, so a crash or a second process never sees half a m
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import zipfile
 from pathlib import Path
 
-from batching_engine.model.gguf_import import default_cache_root, file_sha256
+from batching_engine.model.derived_cache import derived_dir
 from infergrid.errors import ContractError
 
 
@@ -27,21 +24,7 @@ def import_zip(
     zip_path = Path(zip_path)
     if not zip_path.is_file():
         raise ContractError(field, f"zip file {zip_path} does not exist")
-    root = Path(cache_root) if cache_root is not None else default_cache_root()
-    target = root / file_sha256(zip_path)
-    if (target / "config.json").is_file():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".extracting-", dir=root))
-    try:
-        extract_model_zip(zip_path, staging, field)
-        os.rename(staging, target)
-    except OSError:
-        if not (target / "config.json").is_file():  # not a lost race with another extractor
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return derived_dir(zip_path, lambda out: extract_model_zip(zip_path, out, field), cache_root)
 
 
 def extract_model_zip(zip_path: Path, out_dir: Path, field: str) -> None:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from transformers import AutoTokenizer, BertModel
 
 from batching_engine.main import parser, settings_from
-from batching_engine.model.gguf_import import CACHE_ENV
+from batching_engine.model.derived_cache import CACHE_ENV
 from batching_engine.model.pooling import read_pooling
 from batching_engine.model_runner import ModelRunner
 from batching_engine.model_source import resolve_model_dir

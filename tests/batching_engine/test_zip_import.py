@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from batching_engine.model import zip_import
-from batching_engine.model.gguf_import import CACHE_ENV, file_sha256
+from batching_engine.model.derived_cache import CACHE_ENV, file_sha256
 from batching_engine.model.zip_import import import_zip
 from batching_engine.model_source import default_model_name, locate, resolve_model_dir
 from infergrid.errors import ContractError
