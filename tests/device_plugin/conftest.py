@@ -1,4 +1,8 @@
-"""A running device plugin on fake NVML, talking to a fake kubelet over unix sockets."""
+"""A running device plugin on fake NVML, talking to a fake kubelet over unix sockets.
+
+The plugin's modules are imported where the fixtures use them, not here: the real-NVML tests
+(test_real_nvml.py) then load with pynvml alone, on a GPU machine without grpcio, protobuf or
+PyYAML."""
 
 from __future__ import annotations
 
@@ -7,19 +11,19 @@ import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from device_plugin.allocator import Grant
 from device_plugin.assignments import PodView
-from device_plugin.config import PluginConfig
-from device_plugin.fake_kubelet import FakeKubelet
-from device_plugin.health import HealthTracker
-from device_plugin.nvml.fake import FakeNvml
-from device_plugin.runtime import DevicePluginRuntime
 from infergrid.assignment import AssignedGpu, AssignedMig, ContainerAssignment, PodAssignment
 from infergrid.constants import SCHEDULER_NAME
-from infergrid.fleet import load_fleet
+
+if TYPE_CHECKING:
+    from device_plugin.allocator import Grant
+    from device_plugin.fake_kubelet import FakeKubelet
+    from device_plugin.nvml.fake import FakeNvml
+    from device_plugin.runtime import DevicePluginRuntime
 
 SAMPLE = Path(__file__).resolve().parents[2] / "e2e" / "fleets" / "sample.yaml"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -81,6 +85,13 @@ def short_dir():
 @pytest.fixture()
 def start_plugin(short_dir):
     started: list[Running] = []
+
+    from device_plugin.config import PluginConfig
+    from device_plugin.fake_kubelet import FakeKubelet
+    from device_plugin.health import HealthTracker
+    from device_plugin.nvml.fake import FakeNvml
+    from device_plugin.runtime import DevicePluginRuntime
+    from infergrid.fleet import load_fleet
 
     def start(node: str = "l4-0", fleet: Path = SAMPLE, **settings) -> Running:
         fleet_node = next(n for n in load_fleet(fleet).nodes if n.name == node)
