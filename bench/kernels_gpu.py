@@ -19,16 +19,24 @@ Sections, each guarded (an error is printed and recorded, and the next section r
 - decode_step: a Llama-3-8B-shaped decode step built from the dispatch calls (4 layers), at
   batch 1, 16, 64 and 256, eager and replayed from CUDA graphs (kernels/cuda_graphs.py);
 - engine: the engine's ModelRunner on a random ~165M-parameter Llama: its decode step
-  (`execute`), and its model's decode forward eager and through CUDA graphs.
+  (`execute`), and its model's decode forward eager and through CUDA graphs;
+- memory_budget: the engine's memory budget on the card as its loader computes it (the device
+  plugin's share or the whole card, times the default utilisation) for a model of
+  SmolLM2-135M's shape (random weights): weights, measured activation peaks, the KV cache the
+  rest holds, and what the device reports allocated and free once the runner is loaded.
 
-Without CUDA (and without --dry-run) it says so and exits 2. With --json the tables go to stderr
-and one JSON document to stdout. Timings are printed, never asserted.
+It runs from the repository root with whatever Python is there (the project needs no install)
+and prints first the versions it found ("missing" for what is not installed). Without torch
+or CUDA (and without --dry-run) it says so and exits 2; when a section fails it exits 1. With
+--json the tables go to stderr and one JSON document to stdout. Timings are printed, never
+asserted. The parity, engine and memory_budget sections need transformers (and safetensors).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import statistics
@@ -41,11 +49,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project, uninstalled
+
+from bench.nvml_probe import print_versions  # noqa: E402
+
+if __name__ == "__main__":  # the versions first, even where torch is missing
+    print_versions(file=sys.stderr if "--json" in sys.argv else sys.stdout)
+    if importlib.util.find_spec("torch") is None:
+        print("torch is missing: the GPU kernel benchmark cannot run", file=sys.stderr)
+        sys.exit(2)
 
 import torch  # noqa: E402
 
-SECTIONS = ("ceilings", "correctness", "parity", "kernels", "tuning", "decode_step", "engine")
+SECTIONS = ("ceilings", "correctness", "parity", "kernels", "tuning", "decode_step", "engine",
+            "memory_budget")  # fmt: skip
 DECODE_TARGET = {"batch": 64, "context": 4096, "fraction": 0.70}
 TOLERANCE = {  # (elementwise, attention): fp16 and fp32 as usual, bf16 a few ulps
     torch.float32: (1e-5, 1e-4),
@@ -90,6 +107,23 @@ class Sizes:
         )
     )
     engine_context: int = 1024
+    budget_model: dict = field(default_factory=lambda: dict(SMOLLM2_135M))
+    budget_card_bytes: int | None = None  # None: the card's own size
+
+
+# SmolLM2-135M-Instruct's shape (its config.json): what the memory budget is shown for.
+SMOLLM2_135M = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    vocab_size=49152,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
 
 
 DRY_RUN_SIZES = Sizes(
@@ -118,6 +152,17 @@ DRY_RUN_SIZES = Sizes(
         max_position_embeddings=128,
     ),
     engine_context=20,
+    budget_model=dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    ),
+    budget_card_bytes=64 << 20,  # a pretend card: the GPU arithmetic, run on the CPU
 )
 
 
@@ -826,6 +871,72 @@ def engine_forward(runner, s: Sizes, per_seq: int):
     return forward, make_inputs
 
 
+# ----------------------------------------------------------------------------- memory budget
+
+
+def memory_budget(report: Report, clock: Clock, s: Sizes) -> None:
+    """What batching_engine.loading does for a generation model, with the engine's default
+    settings: the budget, then a ModelRunner that fits weights, activations, the decode graphs'
+    pool and the KV cache into it. The dry run resolves a GPU budget for a pretend card and
+    hands it to a CPU runner (no activations are measured there)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from batching_engine.config import EngineConfig
+    from batching_engine.memory_budget import resolve_memory_budget
+    from batching_engine.model_runner import ModelRunner
+
+    device, mib = clock.device, 1 << 20
+    engine = EngineConfig()
+    card = s.budget_card_bytes
+    if card is None:
+        card = torch.cuda.get_device_properties(device).total_memory
+    budget = resolve_memory_budget(device="cuda", environ=os.environ, device_total_bytes=card)
+    report.say(f"budget from {budget.source}: {budget.total_bytes // mib} MiB "
+               f"of the card's {card // mib} MiB")  # fmt: skip
+    with tempfile.TemporaryDirectory() as folder:
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(**s.budget_model)).to(torch.bfloat16)
+        model.save_pretrained(folder)
+        del model
+        started = time.perf_counter()
+        runner = ModelRunner(
+            folder, device=str(device), dtype="bfloat16", block_size=engine.block_size,
+            memory_budget_bytes=budget.total_bytes, max_model_len=engine.max_model_len,
+            max_num_seqs=engine.max_num_seqs,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+        )  # fmt: skip
+        load_s = time.perf_counter() - started
+    layout = runner.kv_layout
+    kv_bytes = runner.num_kv_blocks * layout.bytes_per_block
+    row: dict[str, Any] = {
+        "model": "SmolLM2-135M shape" if s.budget_model == SMOLLM2_135M else "toy Llama",
+        "budget_source": budget.source, "card_MiB": card // mib,
+        "budget_MiB": budget.total_bytes // mib, "weights_MiB": runner.weight_bytes // mib,
+        "kv_blocks": runner.num_kv_blocks, "block_size": layout.block_size,
+        "kv_MiB": kv_bytes // mib, "kv_tokens": runner.num_kv_blocks * layout.block_size,
+        "max_model_len": runner.max_model_len, "max_num_seqs": runner.max_num_seqs,
+        "decode_graphs": runner.decode_graphs is not None, "load_s": load_s,
+    }  # fmt: skip
+    report.row("memory_budget", row, "{model}: weights {weights_MiB} MiB (bf16), KV cache "
+               "{kv_blocks} blocks of {block_size} tokens = {kv_MiB} MiB ({kv_tokens} tokens),"
+               " decode graphs {decode_graphs}, loaded in {load_s:.1f} s")  # fmt: skip
+    if clock.cuda:
+        peaks = runner._activation_peaks()  # measured again, after the cache: the same steps
+        free, _ = torch.cuda.mem_get_info(device)
+        row |= {"activation_step_MiB": peaks.step // mib,
+                "graph_pool_MiB": peaks.decode_forward // mib,
+                "allocated_MiB": torch.cuda.memory_allocated(device) // mib,
+                "reserved_MiB": torch.cuda.memory_reserved(device) // mib,
+                "device_free_MiB": free // mib}  # fmt: skip
+        report.say("activations: step peak {activation_step_MiB} MiB, decode graphs' pool "
+                   "{graph_pool_MiB} MiB; torch allocated {allocated_MiB} MiB, reserved "
+                   "{reserved_MiB} MiB of the {budget_MiB} MiB budget; device free "
+                   "{device_free_MiB} MiB".format(**row))  # fmt: skip
+    spare = budget.total_bytes - runner.weight_bytes - kv_bytes
+    report.say(f"budget - weights - KV cache = {spare // mib} MiB left for activations and graphs")
+    del runner
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -837,6 +948,7 @@ SECTION_RUNS = {
     "tuning": ("tuning: launch variants of the attention kernels (bf16)", tuning),
     "decode_step": ("decode step: eager vs CUDA graphs", decode_step),
     "engine": ("engine: ModelRunner decode step", engine_step),
+    "memory_budget": ("memory budget: the engine's loader on SmolLM2's shape", memory_budget),
 }
 
 
@@ -856,7 +968,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def describe_device(device: torch.device) -> dict[str, Any]:
-    info: dict[str, Any] = {"device": str(device), "torch": torch.__version__}
+    info: dict[str, Any] = {"device": str(device), "torch": torch.__version__,
+                            "cuda": torch.version.cuda or "none"}  # fmt: skip
     with contextlib.suppress(Exception):
         import triton
 
@@ -894,7 +1007,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report.data, indent=2, default=str))
     report.say(f"\nsections with errors: {sorted(report.data['errors']) or 'none'}")
-    return 0
+    return 1 if report.data["errors"] else 0
 
 
 if __name__ == "__main__":
