@@ -107,10 +107,14 @@ skip_step() {
     record "$name" "skip" 0 "$reason"
 }
 
-echo "GPU first contact: $( [ "$DRY_RUN" = 1 ] && echo "dry run (CPU)" || echo "GPU run"), logs in $OUT"
+MODE="GPU run"
+if [ "$DRY_RUN" = 1 ]; then
+    MODE="dry run (CPU)"
+fi
+echo "GPU first contact: $MODE, logs in $OUT"
 
 run_step versions 30 "$PYTHON" -c '
-import platform, shutil, subprocess, sys
+import importlib.util, shutil, subprocess, sys
 from bench.nvml_probe import print_versions
 print("python", sys.version.replace("\n", " "), "at", sys.executable)
 print_versions()
@@ -126,7 +130,6 @@ else:
         print(f"cuda:{i} {props.name} {props.total_memory / 2**30:.1f} GiB"
               f" sm_{props.major}{props.minor} {props.multi_processor_count} SMs")
 for tool in ("pytest", "transformers", "safetensors", "grpc_tools", "grpc", "yaml"):
-    import importlib.util
     print(f"{tool}:", "present" if importlib.util.find_spec(tool) else "missing")
 if shutil.which("nvidia-smi"):
     print(subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout)
@@ -143,13 +146,13 @@ else
     skip_step real_nvml_tests "pytest is missing for $PYTHON"
 fi
 
-run_step kernels_correctness 200 "$PYTHON" bench/kernels_gpu.py "${KERNEL_FLAGS[@]}" \
+run_step kernels_correctness 200 "$PYTHON" bench/kernels_gpu.py ${KERNEL_FLAGS[@]+"${KERNEL_FLAGS[@]}"} \
     --sections correctness,parity
-run_step cuda_graphs_decode 90 "$PYTHON" bench/kernels_gpu.py "${KERNEL_FLAGS[@]}" \
+run_step cuda_graphs_decode 90 "$PYTHON" bench/kernels_gpu.py ${KERNEL_FLAGS[@]+"${KERNEL_FLAGS[@]}"} \
     --sections decode_step
-run_step engine_decode 60 "$PYTHON" bench/kernels_gpu.py "${KERNEL_FLAGS[@]}" \
+run_step engine_decode 60 "$PYTHON" bench/kernels_gpu.py ${KERNEL_FLAGS[@]+"${KERNEL_FLAGS[@]}"} \
     --sections engine
-run_step memory_budget 90 "$PYTHON" bench/kernels_gpu.py "${KERNEL_FLAGS[@]}" \
+run_step memory_budget 90 "$PYTHON" bench/kernels_gpu.py ${KERNEL_FLAGS[@]+"${KERNEL_FLAGS[@]}"} \
     --sections memory_budget
 
 echo
