@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 
 from batching_engine.kernels.cuda_graphs import Capture, DecodeGraphs, batch_size_ladder
+from batching_engine.memory_budget import read_device_memory, torch_budget_bytes
 from batching_engine.model.activation_profile import ActivationPeaks, activation_peaks
 from batching_engine.model.attention import (
     PagedAttentionMetadata,
@@ -53,6 +55,9 @@ CLASSIFIERS = (LlamaForSequenceClassification, BertForSequenceClassification)
 
 class ModelRunner:
     """Model, KV cache and sampling for one engine; `num_kv_blocks` is what the cache holds."""
+
+    # Where the budget reads the device's memory on CUDA: torch.cuda, or a test's fake.
+    cuda_memory: ClassVar[Any] = torch.cuda
 
     def __init__(
         self,
@@ -213,21 +218,25 @@ class ModelRunner:
 
     def _kv_cache_bytes(self, kv_bytes: int | None, budget_bytes: int | None, graphs: bool) -> int:
         """The cache's size: given directly, or what the budget leaves after weights and (on a
-        GPU) the measured activation peak, plus a decode step's worth kept by the graphs' pool."""
+        GPU) the measured activation peak, plus a decode step's worth kept by the graphs' pool,
+        and what the process then holds outside torch (CUDA context, cuBLAS, Triton)."""
         if budget_bytes is None:
             if kv_bytes is None:
                 raise ContractError("kv_cache_memory_bytes", "set it, or memory_budget_bytes")
             return kv_bytes
-        activations = 0
+        activations = outside = 0
         if self.device.type == "cuda":
-            peaks = self._activation_peaks()
+            peaks = self._activation_peaks()  # loads the step's kernels and cuBLAS first
             activations = peaks.step + (peaks.decode_forward if graphs else 0)
-        free = budget_bytes - self.weight_bytes - activations
+            memory = read_device_memory(self.cuda_memory, self.device)
+            outside = budget_bytes - torch_budget_bytes(budget_bytes, memory)
+        free = budget_bytes - outside - self.weight_bytes - activations
         if free <= 0 or (kv_bytes is not None and kv_bytes > free):
             raise ContractError(
                 "memory_budget_bytes",
                 f"{budget_bytes // MIB} MiB cannot hold weights ({self.weight_bytes // MIB} MiB)"
                 f" + activations ({activations // MIB} MiB)"
+                + (f" + memory outside torch ({outside // MIB} MiB)" if outside else "")
                 + (f" + the KV cache asked for ({kv_bytes // MIB} MiB)" if kv_bytes else ""),
             )
         return kv_bytes if kv_bytes is not None else free
