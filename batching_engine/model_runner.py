@@ -17,6 +17,7 @@ ladder and any device where capture is unavailable or failed run eagerly, with t
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any, ClassVar
@@ -43,7 +44,7 @@ from batching_engine.model.layers import pack_linears
 from batching_engine.model.llama import LlamaModel
 from batching_engine.model.loader import load_model
 from batching_engine.model.pooling import read_pooling
-from batching_engine.model.step_metadata import dense_metadata, paged_metadata
+from batching_engine.model.step_metadata import dense_metadata, paged_step_metadata
 from batching_engine.sampler import sample
 from batching_engine.sequence import Sequence
 from infergrid.errors import ContractError
@@ -105,10 +106,11 @@ class ModelRunner:
             return []
         order = _batch_order(batch)
         pairs = [batch[i] for i in order]
-        input_ids, meta = self._prepare(pairs)
+        done = [i for i, (s, n) in enumerate(pairs) if s.num_computed_tokens + n == s.num_tokens]
+        input_ids, meta, last_rows = self._prepare(pairs, done)
         hidden = self._forward(input_ids, meta)
         tokens: list[int | None] = [None] * len(batch)
-        for i, token in self._sample_completed(pairs, hidden, meta).items():
+        for i, token in self._sample_completed(pairs, done, hidden, last_rows).items():
             tokens[order[i]] = token
         return tokens
 
@@ -160,9 +162,10 @@ class ModelRunner:
         return self.model.classify(hidden, lens).cpu()
 
     def _prepare(
-        self, pairs: list[tuple[Sequence, int]]
-    ) -> tuple[torch.Tensor, PagedAttentionMetadata]:
-        """The chunks' token ids, flattened, and where each token sits in the cache."""
+        self, pairs: list[tuple[Sequence, int]], done: list[int]
+    ) -> tuple[torch.Tensor, PagedAttentionMetadata, torch.Tensor]:
+        """The chunks' token ids, flattened, where each token sits in the cache, and the rows
+        of the `done` chunks' last tokens: on the device in one non-blocking copy."""
         starts, lens, tables, ids = [], [], [], []
         for seq, n in pairs:
             start = seq.num_computed_tokens
@@ -172,8 +175,15 @@ class ModelRunner:
             starts.append(start)
             lens.append(n)
             tables.append(seq.block_table)
-        meta = paged_metadata(starts, lens, tables, self.block_size, self.device)
-        return torch.tensor(ids, device=self.device), meta
+        ends = list(itertools.accumulate(lens))
+        extra = {
+            "input_ids": torch.tensor(ids, dtype=torch.int64),
+            "last_rows": torch.tensor([ends[i] - 1 for i in done], dtype=torch.int64),
+        }
+        meta, on_device = paged_step_metadata(
+            starts, lens, tables, self.block_size, self.device, extra
+        )
+        return on_device["input_ids"], meta, on_device["last_rows"]
 
     def _forward(self, input_ids: torch.Tensor, meta: PagedAttentionMetadata) -> torch.Tensor:
         """Hidden states of every token: decode-only steps through a graph when one fits."""
@@ -185,14 +195,16 @@ class ModelRunner:
         return self.decode_graphs.run(inputs)
 
     def _sample_completed(
-        self, pairs: list[tuple[Sequence, int]], hidden: torch.Tensor, meta: PagedAttentionMetadata
+        self,
+        pairs: list[tuple[Sequence, int]],
+        done: list[int],
+        hidden: torch.Tensor,
+        last_rows: torch.Tensor,
     ) -> dict[int, int]:
         """Tokens for the pairs whose chunk ends their sequence; logits only for those rows."""
-        done = [i for i, (s, n) in enumerate(pairs) if s.num_computed_tokens + n == s.num_tokens]
         if not done:
             return {}
-        last_rows = (meta.cu_seqlens_q[1:] - 1)[done]
-        logits = self.model.compute_logits(hidden[last_rows])
+        logits = self.model.compute_logits(hidden.index_select(0, last_rows))
         params = [pairs[i][0].params for i in done]
         steps = [len(pairs[i][0].output_token_ids) for i in done]
         return dict(zip(done, sample(logits, params, steps), strict=True))
