@@ -8,7 +8,8 @@ BERT encoder), with no cache; `embed` pools as the model's own sentence-transfor
 
 The KV cache is sized once, at start, to what the memory budget leaves: on a GPU the budget
 covers weights, the activation peak (measured with a worst-case dummy step), the memory pool of
-the decode CUDA graphs and the cache; on a CPU the caller gives the cache size directly.
+the decode CUDA graphs, what the process then holds outside torch's allocator (CUDA context,
+cuBLAS, Triton modules) and the cache; on a CPU the caller gives the cache size directly.
 
 On CUDA (where dispatch takes the Triton path, which never syncs with the host) decode-only
 steps replay CUDA graphs captured at a ladder of batch sizes; prefill steps, batches past the
