@@ -18,14 +18,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from batching_engine.device import use_device
 from batching_engine.engine import LLMEngine
 from batching_engine.metrics import EngineMetrics
 from batching_engine.request_ledger import RequestLedger
 from batching_engine.scheduler import QueueFullError
 from batching_engine.sequence import FinishReason, Sequence
 from batching_engine.throughput import retry_after_s
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("infergrid.engine")
 T = TypeVar("T")
@@ -107,8 +111,11 @@ class AsyncEngine:
         engine: LLMEngine | None,
         metrics: EngineMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        device: str | torch.device | None = None,
     ) -> None:
+        """`device` is the model's: the worker makes it its current CUDA device."""
         self.engine = engine
+        self.device = device
         self.metrics = metrics or EngineMetrics(clock)
         self._clock = clock
         self._cond = threading.Condition()
@@ -232,6 +239,7 @@ class AsyncEngine:
     # The worker thread.
 
     def _work(self) -> None:
+        use_device(self.device)
         while True:
             with self._cond:
                 while not (self._inbox or self._stopping or self._unfinished()):

@@ -12,9 +12,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from infergrid.errors import ContractError
+
+if TYPE_CHECKING:
+    import torch
 
 AUTO: Final = "auto"
 DEVICE_FLAG: Final = "--device"
@@ -62,3 +65,21 @@ def choose_device(asked: str, cuda_devices: int, environ: Mapping[str, str]) -> 
     return DeviceChoice(
         "cpu", "float32", f"no CUDA device is visible ({visible}); serving on the CPU"
     )
+
+
+def use_device(device: str | torch.device | None) -> None:
+    """Make `device` the calling thread's current CUDA device; nothing for the CPU (or None).
+
+    Triton launches, `torch.cuda.Stream()` and CUDA-graph capture go to the thread's current
+    device, not to their tensors' device, and each thread starts on device 0: every thread
+    that touches the model (the loader, the engine's worker) calls this first, or a model on
+    `cuda:1` has its kernels launched on `cuda:0`. A bare "cuda" is device 0, where such a
+    thread's tensors go.
+    """
+    import torch  # here, not at the top: choosing a device must not need torch
+
+    if device is None:
+        return
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device.index or 0)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from batching_engine.async_engine import AsyncEngine
-from batching_engine.device import choose_device
+from batching_engine.device import choose_device, use_device
 from batching_engine.engine import LLMEngine
 from batching_engine.memory_budget import resolve_memory_budget
 from batching_engine.metrics import EngineMetrics
@@ -64,7 +64,7 @@ def load(settings: Settings, metrics: EngineMetrics) -> tuple[ServedModel, Async
         runner.num_kv_blocks,
         engine_config.block_size,
     )
-    return served, AsyncEngine(engine, metrics)
+    return served, AsyncEngine(engine, metrics, device=runner.device)
 
 
 def _set_cpu_threads(asked: int | None) -> None:
@@ -100,6 +100,7 @@ def _runner(settings: Settings, model_dir, engine_config) -> ModelRunner:
     if choice.is_cuda:
         total = torch.cuda.get_device_properties(torch.device(device)).total_memory
     log.info("device %s (%s): %s", device, settings.dtype or choice.dtype, choice.reason)
+    use_device(device)  # this loader thread builds the model, profiles it and captures graphs
     budget = resolve_memory_budget(
         device=device,
         environ=os.environ,

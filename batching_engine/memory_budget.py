@@ -6,6 +6,11 @@ pod has whole GPUs, times `--gpu-memory-utilization` to leave room for the CUDA 
 the allocator's slack. On a CPU the weights live in ordinary memory and `--kv-cache-memory`
 sizes the KV cache alone. These are pure functions: the caller passes the environment and the
 card's size, so they are tested without a GPU.
+
+Once the engine has started (weights loaded, a step profiled), part of the device is held
+outside torch's allocator: the CUDA context, cuBLAS workspaces, loaded Triton modules. That
+can be most of a small MPS share or a 1g MIG slice, so the runner reads the device's numbers
+(`DeviceMemory`) and gives torch only what is left (`torch_budget_bytes`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,36 @@ class MemoryBudget:
     total_bytes: int | None
     kv_cache_bytes: int | None
     source: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """A device's memory as seen after start-up, in bytes: `free` and `total` from
+    `torch.cuda.mem_get_info()` (under an MPS share, within the client's pinned memory
+    limit; on a MIG instance, the instance's), `reserved` from `torch.cuda.memory_reserved()`
+    (everything torch's caching allocator holds)."""
+
+    free: int
+    total: int
+    reserved: int
+
+    @property
+    def outside_torch(self) -> int:
+        """In use on the device but not by torch's allocator: the CUDA context, cuBLAS
+        workspaces, Triton's modules."""
+        return max(0, self.total - self.free - self.reserved)
+
+
+def read_device_memory(cuda: object, device: object) -> DeviceMemory:
+    """The numbers of `device` from `cuda`: torch.cuda, or a fake with the same two calls."""
+    free, total = cuda.mem_get_info(device)
+    return DeviceMemory(free=free, total=total, reserved=cuda.memory_reserved(device))
+
+
+def torch_budget_bytes(budget_bytes: int, memory: DeviceMemory) -> int:
+    """What torch's allocator may hold in all (weights, activations, KV cache): the budget
+    less what is held outside torch, and never more than torch holds now plus what is free."""
+    return min(budget_bytes - memory.outside_torch, memory.reserved + memory.free)
 
 
 def parse_memory_size(text: str, field: str) -> int:

@@ -8,7 +8,8 @@ BERT encoder), with no cache; `embed` pools as the model's own sentence-transfor
 
 The KV cache is sized once, at start, to what the memory budget leaves: on a GPU the budget
 covers weights, the activation peak (measured with a worst-case dummy step), the memory pool of
-the decode CUDA graphs and the cache; on a CPU the caller gives the cache size directly.
+the decode CUDA graphs, what the process then holds outside torch's allocator (CUDA context,
+cuBLAS, Triton modules) and the cache; on a CPU the caller gives the cache size directly.
 
 On CUDA (where dispatch takes the Triton path, which never syncs with the host) decode-only
 steps replay CUDA graphs captured at a ladder of batch sizes; prefill steps, batches past the
@@ -17,12 +18,15 @@ ladder and any device where capture is unavailable or failed run eagerly, with t
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence as Seq
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 
 from batching_engine.kernels.cuda_graphs import Capture, DecodeGraphs, batch_size_ladder
+from batching_engine.memory_budget import read_device_memory, torch_budget_bytes
 from batching_engine.model.activation_profile import ActivationPeaks, activation_peaks
 from batching_engine.model.attention import (
     PagedAttentionMetadata,
@@ -41,7 +45,7 @@ from batching_engine.model.layers import pack_linears
 from batching_engine.model.llama import LlamaModel
 from batching_engine.model.loader import load_model
 from batching_engine.model.pooling import read_pooling
-from batching_engine.model.step_metadata import dense_metadata, paged_metadata
+from batching_engine.model.step_metadata import dense_metadata, paged_step_metadata
 from batching_engine.sampler import sample
 from batching_engine.sequence import Sequence
 from infergrid.errors import ContractError
@@ -53,6 +57,9 @@ CLASSIFIERS = (LlamaForSequenceClassification, BertForSequenceClassification)
 
 class ModelRunner:
     """Model, KV cache and sampling for one engine; `num_kv_blocks` is what the cache holds."""
+
+    # Where the budget reads the device's memory on CUDA: torch.cuda, or a test's fake.
+    cuda_memory: ClassVar[Any] = torch.cuda
 
     def __init__(
         self,
@@ -100,10 +107,11 @@ class ModelRunner:
             return []
         order = _batch_order(batch)
         pairs = [batch[i] for i in order]
-        input_ids, meta = self._prepare(pairs)
+        done = [i for i, (s, n) in enumerate(pairs) if s.num_computed_tokens + n == s.num_tokens]
+        input_ids, meta, last_rows = self._prepare(pairs, done)
         hidden = self._forward(input_ids, meta)
         tokens: list[int | None] = [None] * len(batch)
-        for i, token in self._sample_completed(pairs, hidden, meta).items():
+        for i, token in self._sample_completed(pairs, done, hidden, last_rows).items():
             tokens[order[i]] = token
         return tokens
 
@@ -155,9 +163,10 @@ class ModelRunner:
         return self.model.classify(hidden, lens).cpu()
 
     def _prepare(
-        self, pairs: list[tuple[Sequence, int]]
-    ) -> tuple[torch.Tensor, PagedAttentionMetadata]:
-        """The chunks' token ids, flattened, and where each token sits in the cache."""
+        self, pairs: list[tuple[Sequence, int]], done: list[int]
+    ) -> tuple[torch.Tensor, PagedAttentionMetadata, torch.Tensor]:
+        """The chunks' token ids, flattened, where each token sits in the cache, and the rows
+        of the `done` chunks' last tokens: on the device in one non-blocking copy."""
         starts, lens, tables, ids = [], [], [], []
         for seq, n in pairs:
             start = seq.num_computed_tokens
@@ -167,8 +176,15 @@ class ModelRunner:
             starts.append(start)
             lens.append(n)
             tables.append(seq.block_table)
-        meta = paged_metadata(starts, lens, tables, self.block_size, self.device)
-        return torch.tensor(ids, device=self.device), meta
+        ends = list(itertools.accumulate(lens))
+        extra = {
+            "input_ids": torch.tensor(ids, dtype=torch.int64),
+            "last_rows": torch.tensor([ends[i] - 1 for i in done], dtype=torch.int64),
+        }
+        meta, on_device = paged_step_metadata(
+            starts, lens, tables, self.block_size, self.device, extra
+        )
+        return on_device["input_ids"], meta, on_device["last_rows"]
 
     def _forward(self, input_ids: torch.Tensor, meta: PagedAttentionMetadata) -> torch.Tensor:
         """Hidden states of every token: decode-only steps through a graph when one fits."""
@@ -180,14 +196,16 @@ class ModelRunner:
         return self.decode_graphs.run(inputs)
 
     def _sample_completed(
-        self, pairs: list[tuple[Sequence, int]], hidden: torch.Tensor, meta: PagedAttentionMetadata
+        self,
+        pairs: list[tuple[Sequence, int]],
+        done: list[int],
+        hidden: torch.Tensor,
+        last_rows: torch.Tensor,
     ) -> dict[int, int]:
         """Tokens for the pairs whose chunk ends their sequence; logits only for those rows."""
-        done = [i for i, (s, n) in enumerate(pairs) if s.num_computed_tokens + n == s.num_tokens]
         if not done:
             return {}
-        last_rows = (meta.cu_seqlens_q[1:] - 1)[done]
-        logits = self.model.compute_logits(hidden[last_rows])
+        logits = self.model.compute_logits(hidden.index_select(0, last_rows))
         params = [pairs[i][0].params for i in done]
         steps = [len(pairs[i][0].output_token_ids) for i in done]
         return dict(zip(done, sample(logits, params, steps), strict=True))
@@ -213,21 +231,25 @@ class ModelRunner:
 
     def _kv_cache_bytes(self, kv_bytes: int | None, budget_bytes: int | None, graphs: bool) -> int:
         """The cache's size: given directly, or what the budget leaves after weights and (on a
-        GPU) the measured activation peak, plus a decode step's worth kept by the graphs' pool."""
+        GPU) the measured activation peak, plus a decode step's worth kept by the graphs' pool,
+        and what the process then holds outside torch (CUDA context, cuBLAS, Triton)."""
         if budget_bytes is None:
             if kv_bytes is None:
                 raise ContractError("kv_cache_memory_bytes", "set it, or memory_budget_bytes")
             return kv_bytes
-        activations = 0
+        activations = outside = 0
         if self.device.type == "cuda":
-            peaks = self._activation_peaks()
+            peaks = self._activation_peaks()  # loads the step's kernels and cuBLAS first
             activations = peaks.step + (peaks.decode_forward if graphs else 0)
-        free = budget_bytes - self.weight_bytes - activations
+            memory = read_device_memory(self.cuda_memory, self.device)
+            outside = budget_bytes - torch_budget_bytes(budget_bytes, memory)
+        free = budget_bytes - outside - self.weight_bytes - activations
         if free <= 0 or (kv_bytes is not None and kv_bytes > free):
             raise ContractError(
                 "memory_budget_bytes",
                 f"{budget_bytes // MIB} MiB cannot hold weights ({self.weight_bytes // MIB} MiB)"
                 f" + activations ({activations // MIB} MiB)"
+                + (f" + memory outside torch ({outside // MIB} MiB)" if outside else "")
                 + (f" + the KV cache asked for ({kv_bytes // MIB} MiB)" if kv_bytes else ""),
             )
         return kv_bytes if kv_bytes is not None else free

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from batching_engine.sequence import SamplingParams
+from batching_engine.staging import stage
 from infergrid.errors import ContractError
 
 _MASK64 = (1 << 64) - 1
@@ -28,10 +29,20 @@ def sample(
     tokens = logits.argmax(dim=-1)
     random_rows = [row for row, p in enumerate(params) if not p.greedy]
     if random_rows:
-        index = torch.tensor(random_rows, device=logits.device)
         chosen = [params[row] for row in random_rows]
-        scaled = _scale(logits[index].float(), chosen)
-        probs = _truncate(scaled, chosen).softmax(dim=-1)
+        vocab = logits.shape[-1]
+        settings = stage(
+            {
+                "index": torch.tensor(random_rows, dtype=torch.int64),
+                "temperature": torch.tensor([p.temperature for p in chosen], dtype=torch.float32),
+                "top_k": torch.tensor([p.top_k or vocab for p in chosen], dtype=torch.int64),
+                "top_p": torch.tensor([p.top_p for p in chosen], dtype=torch.float32),
+            },
+            logits.device,
+        )  # one non-blocking copy: the `.tolist()` below stays the only sync
+        index = settings["index"]
+        scaled = logits[index].float() / settings["temperature"][:, None]
+        probs = _truncate(scaled, chosen, settings["top_k"], settings["top_p"]).softmax(dim=-1)
         noise = _exponential_noise(probs, chosen, [steps[row] for row in random_rows])
         tokens[index] = (probs / noise).argmax(dim=-1)
     return tokens.tolist()
@@ -54,18 +65,13 @@ def step_generator(seed: int, step: int, device: torch.device) -> torch.Generato
     return torch.Generator(device=device).manual_seed(_mix(seed, step))
 
 
-def _scale(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    temperatures = torch.tensor([p.temperature for p in params], device=logits.device)
-    return logits / temperatures[:, None]
-
-
-def _truncate(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def _truncate(
+    logits: torch.Tensor, params: list[SamplingParams], top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """Mask everything outside each row's top-k, then outside its top-p nucleus."""
     if all(p.top_k == 0 and p.top_p >= 1.0 for p in params):
         return logits
     vocab = logits.shape[-1]
-    top_k = torch.tensor([p.top_k or vocab for p in params], device=logits.device)
-    top_p = torch.tensor([p.top_p for p in params], device=logits.device)
     ordered, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(vocab, device=logits.device)
     ordered = ordered.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))

@@ -1,10 +1,16 @@
 """Where the engine runs: the GPU the pod was given, else the CPU, said once."""
 
-import pytest
+import threading
+from types import SimpleNamespace
 
-from batching_engine.device import choose_device
+import pytest
+import torch
+
+from batching_engine import loading
+from batching_engine.device import choose_device, use_device
 from infergrid.errors import ContractError
 
+GIB = 1 << 30
 POD_ENV = {"NVIDIA_VISIBLE_DEVICES": "GPU-1234"}
 
 
@@ -35,3 +41,42 @@ def test_a_gpu_asked_for_but_not_visible_is_named(asked, count):
 def test_an_unknown_device_is_named(asked):
     with pytest.raises(ContractError, match="--device"):
         choose_device(asked, 0, {})
+
+
+def test_use_device_makes_a_cuda_device_current_and_leaves_the_cpu_alone(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    for device in ("cuda:1", torch.device("cuda:2"), "cuda", "cpu", None):
+        use_device(device)
+    assert calls == [1, 2, 0]
+
+
+def test_the_loader_thread_makes_the_chosen_gpu_current_before_it_builds_the_model(monkeypatch):
+    """The runner (weights, activation profile, CUDA-graph capture) is built on the loader
+    thread, whose current device is 0 until set: with --device cuda:1 it must be 1 first."""
+    current = threading.local()
+    built = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=GIB)
+    )
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: setattr(current, "index", index))
+
+    def runner(model_dir, *, device, **kwargs):
+        built.append((device, getattr(current, "index", None)))
+        return SimpleNamespace(device=torch.device(device))
+
+    monkeypatch.setattr(loading, "ModelRunner", runner)
+    settings = SimpleNamespace(
+        device="cuda:1", dtype=None, gpu_memory_utilization=None, kv_cache_memory=None
+    )
+    engine_config = SimpleNamespace(
+        block_size=16, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64
+    )
+    thread = threading.Thread(
+        target=loading._runner, args=(settings, "model", engine_config), name="model-loader"
+    )
+    thread.start()
+    thread.join()
+    assert built == [("cuda:1", 1)]

@@ -14,18 +14,22 @@ capture would refuse.
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from batching_engine.async_engine import AsyncEngine
 from batching_engine.config import EngineConfig
 from batching_engine.engine import LLMEngine
 from batching_engine.kernels import dispatch
-from batching_engine.kernels._launch import is_interpreted
+from batching_engine.kernels._launch import Launch, is_interpreted
 from batching_engine.kernels.rmsnorm import _fused_add_rmsnorm_kernel
 from batching_engine.model.attention import decode_buffers
 from batching_engine.model_runner import ModelRunner
-from batching_engine.sequence import SamplingParams
+from batching_engine.sequence import SamplingParams, Sequence
 from tests.batching_engine.tiny_llama import LLAMA3_ROPE, hf_greedy, save_tiny_llama
 
 PROMPT_LENGTHS = [3, 21, 9, 30]
@@ -173,3 +177,40 @@ def test_a_decode_step_on_the_triton_path_reads_nothing_back_to_the_host(
         logits = runner.decode_forward(**inputs)
     assert logits.shape[0] == 4 and bool(torch.isfinite(logits).all())
     assert bool(probe.reads) == reads_back, probe.reads
+
+
+def test_the_engine_worker_launches_every_kernel_with_the_models_device_current(
+    tiny, prompts, backend, monkeypatch
+):
+    """A model on cuda:1: Triton launches on the thread's current device, which starts as 0 in
+    every thread, so the engine's worker must make cuda:1 current before its first step. The
+    current device is faked per thread (torch.cuda.set_device records it) and read where each
+    kernel launches, in the interpreter."""
+    current = threading.local()
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: setattr(current, "index", index))
+    launches: list[tuple[str, int | None]] = []
+    launch = Launch.run
+
+    def recording_run(self: Launch, kernel) -> None:
+        launches.append((threading.current_thread().name, getattr(current, "index", None)))
+        launch(self, kernel)
+
+    monkeypatch.setattr(Launch, "run", recording_run)
+    backend("triton")
+    path, reference = tiny
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64)
+    engine = AsyncEngine(LLMEngine(config, new_runner(path), eos_token_ids=()), device="cuda:1")
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+
+    async def generate() -> list[int]:
+        engine.start()
+        tokens = []
+        async for delta in await engine.submit(Sequence(list(prompts[1]), params)):
+            tokens += delta.token_ids
+        await engine.drain()
+        await engine.close()
+        return tokens
+
+    assert asyncio.run(generate()) == hf_greedy(reference, prompts[1], MAX_TOKENS)
+    assert launches, "no kernel launched"
+    assert set(launches) == {("engine-worker", 1)}
