@@ -5,6 +5,20 @@ It imports cleanly on a machine without a GPU or driver; constructing
 becomes an NvmlError naming the NVML function and the GPU index, so callers
 handle one error type. The decisions (MIG profile names, link types, PCI
 addresses) are small pure functions, tested without a GPU.
+
+What NVML refuses is not taken for a fault where another call answers:
+
+- A MIG-enabled GPU has no core count (``NOT_SUPPORTED``): its SMs are those of
+  its full-GPU (7-slice) instance profile, its instances' SMs their own.
+- A MIG-enabled GPU's memory is read only by a caller with MIG monitoring
+  privileges (``NVIDIA_MIG_MONITOR_DEVICES=all`` and ``CAP_SYS_ADMIN``), else
+  ``NO_PERMISSION``. Without them one warning per GPU says so; its size is then
+  that of the MIG family whose full-GPU profile it has (or that profile's
+  memory, for a GPU the table lacks), and its memory in use the sum of its MIG
+  devices'. The GPU stays healthy; it turns unhealthy only on other errors.
+- Topology is optional: an NVLink whose far end cannot be read carries nothing,
+  and two GPUs whose common ancestor NVML cannot name (VMs, containers that
+  see part of the machine) are a ``system`` apart, the farthest level.
 """
 
 import logging
@@ -26,6 +40,7 @@ from infergrid.constants import (
     LINK_SYSTEM,
 )
 from infergrid.inventory import GpuLink, MigInstance
+from infergrid.mig import MIG_FAMILIES
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +62,16 @@ _CORES_PER_SM_64: Final = frozenset({"6.0", "7.0", "7.2", "7.5", "8.0"})
 """Compute capabilities with 64 CUDA cores per SM; every other one since Pascal has 128."""
 
 _UNSUPPORTED: Final = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
+
+_MEMORY_TOLERANCE: Final = 20
+"""A full-GPU profile matches a MIG family's when its memory is within 1/20 (5%)."""
+
+MISSING_MIG_PRIVILEGES: Final = (
+    "%s: NVML_ERROR_NO_PERMISSION reading memory of a MIG-enabled GPU: run the plugin "
+    "with NVIDIA_MIG_MONITOR_DEVICES=all and CAP_SYS_ADMIN (chart: devicePlugin.migMonitoring=true)"
+    "; until then its memory use is its MIG devices'"
+)
+"""The one warning per GPU whose memory NVML withholds; ``%s`` is the GPU's uuid."""
 
 
 # Pure helpers.
@@ -72,6 +97,21 @@ def mig_profile_name(
     gb = (eighths * gpu_gb + 4) // 8
     name = f"{gpu_slices}g.{gb}gb"
     return name if compute_slices in (0, gpu_slices) else f"{compute_slices}c.{name}"
+
+
+def mig_gpu_memory_mib(model: str, full_profile_mib: int) -> int:
+    """A MIG-enabled GPU's memory when NVML withholds it, from its full-GPU profile's memory.
+
+    The size of the MIG family named in ``model`` whose full-GPU profile has
+    about this memory, so MIG profile names come out as with the real size;
+    the profile's own memory (a little less) for a GPU the table lacks.
+    """
+    for family in MIG_FAMILIES:
+        full = max(family.profiles.values())
+        named = family.matches(model, family.memory_mib)
+        if named and abs(full - full_profile_mib) <= full // _MEMORY_TOLERANCE:
+            return family.memory_mib
+    return full_profile_mib
 
 
 def sm_count_from_cores(cores: int, compute_capability: str) -> int:
@@ -145,6 +185,8 @@ class RealNvml:
     def __init__(self) -> None:
         _call(pynvml.nvmlInit, None)
         self._closed = threading.Event()
+        self._withheld_lock = threading.Lock()
+        self._withheld: set[str] = set()  # GPUs whose memory NVML withholds, warned about once
         self._event_lock = threading.Lock()
         try:
             self._event_set = self._watch_xids()
@@ -159,25 +201,29 @@ class RealNvml:
         handle = _handle(index)
         major, minor = _call(pynvml.nvmlDeviceGetCudaComputeCapability, index, handle)
         capability = f"{major}.{minor}"
+        mig_enabled = _mig_enabled(handle, index)
+        full_profile = _full_gpu_profile(handle, index) if mig_enabled else None
+        if full_profile is not None:
+            sm_count = full_profile.multiprocessorCount
+        else:
+            sm_count = _sm_count(handle, index, capability)
         return DeviceInfo(
             index=index,
             uuid=_call(pynvml.nvmlDeviceGetUUID, index, handle),
             model=_call(pynvml.nvmlDeviceGetName, index, handle),
-            memory_mib=_total_mib(handle, index),
-            sm_count=_sm_count(handle, index, capability),
+            memory_mib=self._total_mib(handle, index, full_profile),
+            sm_count=sm_count,
             compute_capability=capability,
             numa_node=_numa_node(handle, index),
-            mig_enabled=_mig_enabled(handle, index),
+            mig_enabled=mig_enabled,
         )
 
     def mig_instances(self, index: int) -> tuple[MigInstance, ...]:
         handle = _handle(index)
         if not _mig_enabled(handle, index):
             return ()
-        gpu_mib = _total_mib(handle, index)
-        slots = _call(pynvml.nvmlDeviceGetMaxMigDeviceCount, index, handle)
-        found = [_mig_instance(handle, index, slot, gpu_mib) for slot in range(slots)]
-        return tuple(instance for instance in found if instance is not None)
+        gpu_mib = self._total_mib(handle, index, _full_gpu_profile(handle, index))
+        return tuple(_mig_instance(mig, index, gpu_mib) for mig in _mig_devices(handle, index))
 
     def links(self, index: int) -> tuple[GpuLink, ...]:
         handle = _handle(index)
@@ -186,7 +232,21 @@ class RealNvml:
         return tuple(_link(handle, index, mine, peer) for peer in peers)
 
     def memory_used_mib(self, index: int) -> int:
-        return _call(pynvml.nvmlDeviceGetMemoryInfo, index, _handle(index)).used // _MIB
+        """A MIG-enabled GPU's aggregate needs privileges; without them, its MIG devices' sum."""
+        handle = _handle(index)
+        try:
+            return pynvml.nvmlDeviceGetMemoryInfo(handle).used // _MIB
+        except pynvml.NVMLError_NoPermission as error:
+            if not _mig_enabled(handle, index):
+                raise NvmlError("nvmlDeviceGetMemoryInfo", index, str(error)) from error
+            self._warn_withheld(handle, index)
+        except pynvml.NVMLError as error:
+            raise NvmlError("nvmlDeviceGetMemoryInfo", index, str(error)) from error
+        used = (
+            _call(pynvml.nvmlDeviceGetMemoryInfo, index, mig).used
+            for mig in _mig_devices(handle, index)
+        )
+        return sum(used) // _MIB
 
     def utilization_percent(self, index: int) -> int:
         """0 for a GPU in MIG mode, where NVML does not measure utilisation."""
@@ -212,6 +272,28 @@ class RealNvml:
                 _call(pynvml.nvmlEventSetFree, None, self._event_set)
                 self._event_set = None
             _call(pynvml.nvmlShutdown, None)
+
+    def _total_mib(self, handle: Any, index: int, full_profile: Any | None) -> int:
+        """The GPU's memory; for a MIG-enabled GPU without privileges, from its full profile."""
+        try:
+            return pynvml.nvmlDeviceGetMemoryInfo(handle).total // _MIB
+        except pynvml.NVMLError_NoPermission as error:
+            if full_profile is None:
+                raise NvmlError("nvmlDeviceGetMemoryInfo", index, str(error)) from error
+            self._warn_withheld(handle, index)
+        except pynvml.NVMLError as error:
+            raise NvmlError("nvmlDeviceGetMemoryInfo", index, str(error)) from error
+        model = _call(pynvml.nvmlDeviceGetName, index, handle)
+        return mig_gpu_memory_mib(model, full_profile.memorySizeMB)
+
+    def _warn_withheld(self, handle: Any, index: int) -> None:
+        """Say once per GPU that NVML withholds its memory, and what would give it."""
+        uuid = _call(pynvml.nvmlDeviceGetUUID, index, handle)
+        with self._withheld_lock:
+            if uuid in self._withheld:
+                return
+            self._withheld.add(uuid)
+        log.warning(MISSING_MIG_PRIVILEGES, uuid)
 
     def _watch_xids(self) -> Any:
         """An event set with every GPU that supports XID events, or None when none does."""
@@ -269,10 +351,6 @@ def _handle(index: int) -> Any:
     return _call(pynvml.nvmlDeviceGetHandleByIndex, index, index)
 
 
-def _total_mib(handle: Any, index: int) -> int:
-    return _call(pynvml.nvmlDeviceGetMemoryInfo, index, handle).total // _MIB
-
-
 def _sm_count(handle: Any, index: int, capability: str) -> int:
     """SMs from the device attributes where the driver gives them for a whole GPU, else cores."""
     try:
@@ -299,14 +377,39 @@ def _mig_enabled(handle: Any, index: int) -> bool:
     return modes is not None and modes[0] == pynvml.NVML_DEVICE_MIG_ENABLE
 
 
-def _mig_instance(handle: Any, index: int, slot: int, gpu_mib: int) -> MigInstance | None:
-    """The MIG device in ``slot`` of GPU ``index``, or None when the slot is empty."""
-    try:
-        mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-    except pynvml.NVMLError_NotFound:
-        return None
-    except pynvml.NVMLError as error:
-        raise NvmlError("nvmlDeviceGetMigDeviceHandleByIndex", index, str(error)) from error
+def _full_gpu_profile(handle: Any, index: int) -> Any | None:
+    """The 7-slice GPU instance profile of a MIG-enabled GPU: its SMs and memory in MIG mode.
+
+    The v2 call where the driver has it, else v1; None where neither is supported.
+    """
+    for version in (2, 1):
+        info = _optional(
+            pynvml.nvmlDeviceGetGpuInstanceProfileInfo,
+            index,
+            handle,
+            pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE,
+            version,
+        )
+        if info is not None:
+            return info
+    return None
+
+
+def _mig_devices(handle: Any, index: int) -> list[Any]:
+    """Handles of the MIG devices of GPU ``index``, skipping empty slots."""
+    devices = []
+    for slot in range(_call(pynvml.nvmlDeviceGetMaxMigDeviceCount, index, handle)):
+        try:
+            devices.append(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot))
+        except pynvml.NVMLError_NotFound:
+            continue
+        except pynvml.NVMLError as error:
+            raise NvmlError("nvmlDeviceGetMigDeviceHandleByIndex", index, str(error)) from error
+    return devices
+
+
+def _mig_instance(mig: Any, index: int, gpu_mib: int) -> MigInstance:
+    """The MIG device ``mig`` of GPU ``index``; its SMs and memory are its own attributes."""
     attributes = _call(pynvml.nvmlDeviceGetAttributes_v2, index, mig)
     return MigInstance(
         profile=mig_profile_name(
@@ -322,16 +425,23 @@ def _mig_instance(handle: Any, index: int, slot: int, gpu_mib: int) -> MigInstan
 
 
 def _nvlink_ends(handle: Any, index: int) -> NvLinkEnds:
-    """Where the active NVLinks of GPU ``index`` lead."""
+    """Where the active NVLinks of GPU ``index`` lead.
+
+    A link whose far end NVML cannot name (its remote device type or PCI info
+    fails) carries nothing: an optional fact, not a fault of this GPU.
+    """
     gpus: Counter[str] = Counter()
     switch_links = 0
     for link in _active_nvlinks(handle):
-        kind = _optional(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, index, handle, link)
-        if kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
-            switch_links += 1
-        else:
-            remote = _call(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, index, handle, link)
-            gpus[pci_address(remote.busId)] += 1
+        try:
+            kind = _optional(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, index, handle, link)
+            if kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+                switch_links += 1
+            else:
+                remote = _call(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, index, handle, link)
+                gpus[pci_address(remote.busId)] += 1
+        except NvmlError as error:
+            log.debug("GPU %d: NVLink %d leads nowhere known: %s", index, link, error)
     return NvLinkEnds(dict(gpus), switch_links)
 
 
@@ -354,5 +464,6 @@ def _link(handle: Any, index: int, mine: NvLinkEnds, peer: int) -> GpuLink:
     count = nvlink_count(mine, pci_address(_bus_id(peer_handle, peer)), peer_ends)
     if count:
         return GpuLink(peer, LINK_NVLINK, count)
-    level = _call(pynvml.nvmlDeviceGetTopologyCommonAncestor, index, handle, peer_handle)
-    return GpuLink(peer, link_type(level))
+    # NOT_SUPPORTED in VMs and containers that see part of the machine: the farthest level.
+    level = _optional(pynvml.nvmlDeviceGetTopologyCommonAncestor, index, handle, peer_handle)
+    return GpuLink(peer, LINK_SYSTEM if level is None else link_type(level))

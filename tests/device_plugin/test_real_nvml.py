@@ -1,5 +1,6 @@
 """The NVML backend: its pure helpers here, the driver itself only where a GPU is present."""
 
+import logging
 from collections import deque
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -8,11 +9,13 @@ import pynvml
 import pytest
 
 from device_plugin.discovery import discover, sample_usage
+from device_plugin.health import HealthTracker
 from device_plugin.nvml.backend import NvmlBackend, NvmlError, XidEvent
 from device_plugin.nvml.real import (
     NvLinkEnds,
     RealNvml,
     link_type,
+    mig_gpu_memory_mib,
     mig_profile_name,
     nvlink_count,
     pci_address,
@@ -157,14 +160,28 @@ class Driver:
     with a 3g.40gb and a 4g.40gb instance. Whole-GPU handles are indexes, MIG
     handles are (GPU, slot) pairs. Each method is named after the NVML function
     it stands in for, as RealNvml names failed calls after the function.
+
+    It refuses what the driver refuses: core counts and device attributes of a
+    MIG-enabled GPU (NOT_SUPPORTED), and that GPU's memory to a caller without
+    MIG monitoring privileges (NO_PERMISSION) unless ``privileged``. Tests
+    switch on the refusals of partly visible machines: ``remote_pci_errors``
+    (GPU → error code of its NVLinks' remote PCI info) and
+    ``common_ancestor_error`` (error code of every topology query).
     """
 
     BUS = ("00000000:07:00.0", "00000000:0F:00.0", "00000000:87:00.0")
-    MIG = {0: (3, 40192, 42), 2: (4, 40192, 56)}
+    MIG_GPU = 2
+    MIG = {0: (3, 40192, 42, 1000), 2: (4, 40192, 56, 2000)}
+    """slot: (GPU instance slices, MiB, SMs, MiB used)."""
+    FULL_PROFILE = (7, 80384, 98)
+    """The 7-slice GPU instance profile of an A100 80GB: slices, MiB, SMs."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.events: deque[SimpleNamespace] = deque()
         self.lost: set[int] = set()
+        self.privileged = False
+        self.remote_pci_errors: dict[int, int] = {}
+        self.common_ancestor_error: int | None = None
         for name in dir(self):
             if name.startswith("nvml"):
                 monkeypatch.setattr(pynvml, name, getattr(self, name))
@@ -190,16 +207,21 @@ class Driver:
     def nvmlDeviceGetCudaComputeCapability(self, handle):
         return (8, 0)
 
-    def nvmlDeviceGetMemoryInfo(self, handle):
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        mib = 1024 * 1024
+        if isinstance(handle, tuple):
+            _, total, _, used = self.MIG[handle[1]]
+            return pynvml.c_nvmlMemory_t(total=total * mib, free=0, used=used * mib)
         if handle in self.lost:
             raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
-        mib = 1024 * 1024
+        if handle == self.MIG_GPU and not self.privileged:
+            raise nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
         return pynvml.c_nvmlMemory_t(total=81920 * mib, free=0, used=(handle + 1) * 1000 * mib)
 
     def nvmlDeviceGetAttributes_v2(self, handle):
-        if not isinstance(handle, tuple):
+        if not isinstance(handle, tuple):  # NVML gives attributes of MIG devices only
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        slices, mib, sms = self.MIG[handle[1]]
+        slices, mib, sms, _ = self.MIG[handle[1]]
         return pynvml.c_nvmlDeviceAttributes(
             multiprocessorCount=sms,
             gpuInstanceSliceCount=slices,
@@ -208,7 +230,19 @@ class Driver:
         )
 
     def nvmlDeviceGetNumGpuCores(self, handle):
+        if isinstance(handle, tuple) or handle == self.MIG_GPU:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return 6912
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle, profile, version=2):
+        if handle != self.MIG_GPU:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if profile != pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+        info.sliceCount, info.memorySizeMB, info.multiprocessorCount = self.FULL_PROFILE
+        info.name = b"MIG 7g.80gb"
+        return info
 
     def nvmlDeviceGetNumaNodeId(self, handle):
         return (0, 0, 1)[handle]
@@ -238,9 +272,13 @@ class Driver:
         return pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, handle, link):
+        if handle in self.remote_pci_errors:
+            raise nvml_error(self.remote_pci_errors[handle])
         return pynvml.nvmlPciInfo_t(busId=self.BUS[1 - handle].lower().encode())
 
     def nvmlDeviceGetTopologyCommonAncestor(self, first, second):
+        if self.common_ancestor_error is not None:
+            raise nvml_error(self.common_ancestor_error)
         return pynvml.NVML_TOPOLOGY_SYSTEM if 0 in (first, second) else pynvml.NVML_TOPOLOGY_NODE
 
     def nvmlDeviceGetUtilizationRates(self, handle):
@@ -282,6 +320,7 @@ def test_a_simulated_driver_is_read_into_the_inventory(driver):
     assert gpu0.links == (GpuLink(1, "nvlink", 4), GpuLink(2, "system"))
     assert gpu1.links == (GpuLink(0, "nvlink", 4), GpuLink(2, "numa"))
     assert (gpu2.numa_node, gpu2.mig_enabled, gpu0.mig_enabled) == (1, True, False)
+    assert (gpu2.healthy, gpu2.sm_count, gpu2.memory_mib) == (True, 98, 81920)
     assert gpu2.mig_instances == (
         MigInstance("3g.40gb", "MIG-2-0", 40192, 42),
         MigInstance("4g.40gb", "MIG-2-2", 40192, 56),
@@ -317,3 +356,121 @@ def test_a_simulated_driver_delivers_every_queued_xid(driver):
     nvml.close()
     with pytest.raises(NvmlError, match="shut down"):
         nvml.wait_for_events(5)
+
+
+# What the driver refuses: MIG parents, MIG monitoring without privileges, topology.
+
+MISSING_PRIVILEGES = (
+    "GPU-2: NVML_ERROR_NO_PERMISSION reading memory of a MIG-enabled GPU: run the plugin "
+    "with NVIDIA_MIG_MONITOR_DEVICES=all and CAP_SYS_ADMIN (chart: devicePlugin.migMonitoring=true)"
+)
+
+
+def mig_gpu(inventory):
+    return next(gpu for gpu in inventory.gpus if gpu.uuid == "GPU-2")
+
+
+@pytest.mark.parametrize("privileged", [True, False])
+def test_a_mig_enabled_gpu_is_read_from_its_full_gpu_profile_and_instances(driver, privileged):
+    driver.privileged = privileged
+    nvml = RealNvml()
+    inventory = discover(nvml, "node", HealthTracker(60))
+    assert [gpu.uuid for gpu in inventory.gpus] == ["GPU-0", "GPU-1", "GPU-2"]
+    gpu = mig_gpu(inventory)
+    assert (gpu.healthy, gpu.mig_enabled, gpu.sm_count, gpu.memory_mib) == (True, True, 98, 81920)
+    assert [(m.profile, m.sm_count, m.memory_mib) for m in gpu.mig_instances] == [
+        ("3g.40gb", 42, 40192),
+        ("4g.40gb", 56, 40192),
+    ]
+    assert decode_inventory(encode_inventory(inventory)) == inventory
+    nvml.close()
+
+
+def test_without_mig_monitoring_privileges_one_line_says_what_is_missing(driver, caplog):
+    nvml = RealNvml()
+    health = HealthTracker(60)
+    with caplog.at_level(logging.INFO, logger="device_plugin"):
+        for _ in range(3):
+            discover(nvml, "node", health)
+            sample_usage(nvml, "node", datetime.now(UTC))
+    notes = [r for r in caplog.records if "NO_PERMISSION" in r.getMessage()]
+    assert [(r.levelno, r.getMessage()) for r in notes] == [
+        (logging.WARNING, f"{MISSING_PRIVILEGES}; until then its memory use is its MIG devices'")
+    ]
+    assert health.is_healthy("GPU-2")
+    nvml.close()
+
+
+def test_without_mig_monitoring_privileges_memory_in_use_is_the_instances_sum(driver):
+    nvml = RealNvml()
+    assert nvml.memory_used_mib(2) == 1000 + 2000
+    assert nvml.device_info(2).memory_mib == 81920  # the A100 80GB whose full profile this is
+    driver.privileged = True
+    assert nvml.memory_used_mib(2) == 3000  # (the driver's aggregate: the same here)
+    nvml.close()
+
+
+def test_a_lost_mig_gpu_is_still_unhealthy_without_privileges(driver):
+    driver.lost.add(2)
+    nvml = RealNvml()
+    with pytest.raises(NvmlError, match="GPU is lost"):
+        nvml.memory_used_mib(2)
+    inventory = discover(nvml, "node", None)  # lost: left out, as a lost whole GPU is
+    assert "GPU-2" not in [gpu.uuid for gpu in inventory.gpus if gpu.healthy]
+    nvml.close()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_UNKNOWN, pynvml.NVML_ERROR_NO_DATA],
+    ids=["not-supported", "unknown", "no-data"],
+)
+def test_an_nvlink_whose_far_end_cannot_be_read_carries_nothing(driver, error):
+    driver.remote_pci_errors[0] = error
+    nvml = RealNvml()
+    inventory = discover(nvml, "node", HealthTracker(60))
+    gpu0, gpu1, gpu2 = inventory.gpus
+    assert gpu0.links == (GpuLink(1, "system"), GpuLink(2, "system"))
+    assert gpu1.links == (GpuLink(0, "nvlink", 4), GpuLink(2, "numa"))
+    assert all(gpu.healthy for gpu in inventory.gpus)
+    nvml.close()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND],
+    ids=["not-supported", "function-not-found"],
+)
+def test_without_a_topology_gpus_are_a_system_apart(driver, error):
+    driver.common_ancestor_error = error
+    nvml = RealNvml()
+    inventory = discover(nvml, "node", HealthTracker(60))
+    gpu0, gpu1, gpu2 = inventory.gpus
+    assert gpu0.links == (GpuLink(1, "nvlink", 4), GpuLink(2, "system"))
+    assert gpu1.links == (GpuLink(0, "nvlink", 4), GpuLink(2, "system"))
+    assert gpu2.links == (GpuLink(0, "system"), GpuLink(1, "system"))
+    assert all(gpu.healthy for gpu in inventory.gpus)
+    nvml.close()
+
+
+def test_both_topology_refusals_together_leave_every_gpu_healthy_and_a_system_apart(driver):
+    driver.remote_pci_errors.update({0: pynvml.NVML_ERROR_UNKNOWN, 1: pynvml.NVML_ERROR_UNKNOWN})
+    driver.common_ancestor_error = pynvml.NVML_ERROR_NOT_SUPPORTED
+    nvml = RealNvml()
+    inventory = discover(nvml, "node", HealthTracker(60))
+    assert len(inventory.gpus) == 3 and all(gpu.healthy for gpu in inventory.gpus)
+    assert {link.type for gpu in inventory.gpus for link in gpu.links} == {"system"}
+    nvml.close()
+
+
+@pytest.mark.parametrize("family", MIG_FAMILIES, ids=lambda family: family.name)
+def test_a_mig_gpus_memory_comes_from_its_family_when_nvml_withholds_it(family):
+    full_profile = max(family.profiles.values())
+    product = {"A100": "NVIDIA A100-SXM4", "H100": "NVIDIA H100 80GB HBM3"}
+    model = product.get(family.product, f"NVIDIA {family.product}")
+    assert mig_gpu_memory_mib(model, full_profile) == family.memory_mib
+
+
+def test_an_unknown_mig_gpus_memory_is_its_full_profiles():
+    assert mig_gpu_memory_mib("NVIDIA B200", 183000) == 183000
+    assert mig_gpu_memory_mib("NVIDIA A100-SXM4-80GB", 60000) == 60000
