@@ -328,6 +328,27 @@ def test_device_plugin_is_privileged_only_when_asked():
     assert container["securityContext"] == {"privileged": True}
 
 
+def test_device_plugin_gets_mig_monitoring_privileges_only_when_asked(default):
+    (container,) = pod_spec(one(default, "DaemonSet", "-device-plugin"))["containers"]
+    assert "NVIDIA_MIG_MONITOR_DEVICES" not in {e["name"] for e in container["env"]}
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+    objects = render("--set", "devicePlugin.migMonitoring=true")
+    (container,) = pod_spec(one(objects, "DaemonSet", "-device-plugin"))["containers"]
+    env = [e for e in container["env"] if e["name"] == "NVIDIA_MIG_MONITOR_DEVICES"]
+    assert env == [{"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"}]
+    security = container["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert (security["privileged"], security["allowPrivilegeEscalation"]) == (False, False)
+
+    objects = render(
+        "--set", "devicePlugin.migMonitoring=true", "--set", "devicePlugin.privileged=true"
+    )
+    (container,) = pod_spec(one(objects, "DaemonSet", "-device-plugin"))["containers"]
+    assert {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"} in container["env"]
+    assert container["securityContext"] == {"privileged": True}
+
+
 def test_only_the_device_plugin_runs_as_root(default):
     for workload in by_kind(default, "Deployment") + by_kind(default, "DaemonSet"):
         for c in pod_spec(workload)["containers"]:
@@ -401,6 +422,7 @@ INVALID = [
     (["--set", "scheduler.extender.defaultPolicy=random"], "/scheduler/extender/defaultPolicy"),
     (["--set", "devicePlugin.config.vgpuSlotsPerGpu=0"], "/devicePlugin/config/vgpuSlotsPerGpu"),
     (["--set", "devicePlugin.config.migStrategy=both"], "/devicePlugin/config/migStrategy"),
+    (["--set-string", "devicePlugin.migMonitoring=yes"], "/devicePlugin/migMonitoring"),
     (["--set", "devicePlugin.config.usageIntervalSeconds=30"],
      "/devicePlugin/config/usageIntervalSeconds"),
     (["--set", "operator.watchNamespaces={Team_A}"], "/operator/watchNamespaces/0"),
