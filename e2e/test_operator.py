@@ -142,6 +142,34 @@ def test_each_sample_gets_its_children_and_turns_ready(cluster, namespace, start
     assert status["selector"] == f"infergrid.io/inferenceservice={name},infergrid.io/track=stable"
 
 
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"resources": {"gpus": 2}}, "spec.resources.gpus"),
+        ({"model": {"name": "bge", "storageUri": "hf://BAAI/bge-small-en-v1.5",
+                    "task": "embedding"}}, "spec.model.storageUri"),
+        ({"canary": {"storageUri": "hf://org/chat@v2", "trafficPercent": 10}},
+         "spec.canary.storageUri"),
+    ],
+    ids=["two-gpus-without-tensor-parallelism", "hf-without-a-cache", "hf-canary-without-a-cache"],
+)  # fmt: skip
+def test_a_spec_the_operator_cannot_serve_is_refused_with_a_condition_naming_the_field(
+    cluster, namespace, start_operator, spec, field
+):
+    """The API server accepts these; the operator creates nothing and says why."""
+    start_operator()
+    create_service(cluster.api, namespace, manifest("refused", **spec))
+    wait_until(
+        lambda: (
+            condition(cluster.api, namespace, "refused", "Ready").get("reason") == "InvalidSpec"
+        ),
+        30,
+        "the InvalidSpec condition",
+    )
+    assert field in condition(cluster.api, namespace, "refused", "Ready")["message"]
+    assert not any(owned(cluster.api, namespace, "refused").values())
+
+
 def test_a_deleted_or_edited_deployment_is_restored(cluster, namespace, start_operator):
     start_operator()
     create_service(cluster.api, namespace, manifest("restore", replicas=2))
