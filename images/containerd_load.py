@@ -6,7 +6,9 @@ annotation (the name the kubelet asks for), and it carries only the blobs contai
 does not hold yet. An image containerd already has under its name with the same
 manifest digest is not imported again.
 
-    python -m images.containerd_load --address SOCKET [NAME ...]
+With --prune, our images of earlier builds go first, so a node's store holds one build.
+
+    python -m images.containerd_load --address SOCKET [--prune] [NAME ...]
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from .oci_layout import Layout
 CONTAINERD_NAME = "io.containerd.image.name"
 REF_NAME = "org.opencontainers.image.ref.name"
 DEFAULT_ADDRESS = "/run/containerd/containerd.sock"
+REPOSITORY = "docker.io/infergrid/"
+ID_PREFIX = "sha256:"  # the kubelet names each image it has used by its ID too
 
 
 class LoadError(RuntimeError):
@@ -63,6 +67,20 @@ def parse_images(ctr_images_ls: str) -> dict[str, str]:
 def to_import(wanted: dict[str, dict], present: dict[str, str]) -> list[str]:
     """Names of the wanted images (name -> record entry) containerd lacks as built."""
     return [n for n, e in wanted.items() if present.get(e["reference"]) != e["digest"]]
+
+
+def stale(built: dict[str, dict], present: dict[str, str]) -> list[str]:
+    """References containerd holds for our images of earlier builds: they keep gigabytes of
+    layers and unpacked snapshots alive. That is every `docker.io/infergrid/` name not naming
+    an image of the current build as built, and the kubelet's `sha256:<id>` aliases of those
+    images, or of images no name holds any longer. Other repositories' images are never
+    touched."""
+    current = {e["reference"]: e["digest"] for e in built.values()}
+    names = {ref: d for ref, d in present.items() if not ref.startswith(ID_PREFIX)}
+    old = {ref for ref, d in names.items() if ref.startswith(REPOSITORY) and current.get(ref) != d}
+    held = {d for ref, d in names.items() if ref not in old}
+    aliases = {ref for ref, d in present.items() if ref.startswith(ID_PREFIX) and d not in held}
+    return sorted(old | aliases)
 
 
 def _ctr(ctr_binary: str, address: str, namespace: str) -> list[str]:
@@ -114,10 +132,13 @@ def load(
     snapshotter: str | None = None,
     cache: Path | None = None,
     progress: Callable[[str], None] | None = None,
+    prune: bool = False,
 ) -> dict[str, str]:
     """Imports the named built images (all by default) into the containerd at `address`;
     returns name -> reference for every one asked for, imported now or already there.
-    Raises LoadError when an image was never built or ctr fails."""
+    With `prune`, first removes our images of earlier builds (see `stale`) and waits for
+    containerd to free their content. Raises LoadError when an image was never built or ctr
+    fails."""
     from .build import images_home, say
 
     progress = progress or say
@@ -129,7 +150,12 @@ def load(
         raise LoadError(f"not built: {', '.join(missing)} (make images)")
     wanted = {n: built["images"][n] for n in names}
     ctr = _ctr(ctr_binary, str(address), namespace)
-    todo = to_import(wanted, parse_images(_run([*ctr, "images", "ls"])))
+    present = parse_images(_run([*ctr, "images", "ls"]))
+    old = stale(built["images"], present) if prune else []
+    if old:
+        progress(f"removing {len(old)} image(s) of earlier builds from containerd")
+        _run([*ctr, "images", "rm", "--sync", *old])
+    todo = to_import(wanted, present)
     if todo:
         layout = Layout(Path(built["layout"]))
         held = set(_run([*ctr, "content", "ls", "--quiet"]).split())
@@ -160,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace", default="k8s.io")
     parser.add_argument("--ctr", default="ctr", help="the ctr binary")
     parser.add_argument("--snapshotter")
+    parser.add_argument(
+        "--prune", action="store_true", help=f"remove {REPOSITORY} images of earlier builds"
+    )
     parser.add_argument("--cache", type=Path, help="instead of $INFERGRID_CACHE/images")
     args = parser.parse_args(argv)
     try:
@@ -170,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             namespace=args.namespace,
             snapshotter=args.snapshotter,
             cache=args.cache,
+            prune=args.prune,
         )
     except LoadError as e:
         print(f"[images] error: {e}", file=sys.stderr)

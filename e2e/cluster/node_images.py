@@ -25,7 +25,7 @@ def node_images() -> tuple[str, Callable[[Path], None]]:
 
     def load_into(socket: Path) -> None:
         try:
-            load(address=socket)
+            load(address=socket, prune=True)
         except LoadError as err:
             raise ClusterError(f"loading the images into containerd failed: {err}") from None
 

@@ -35,6 +35,7 @@ from .node_configs import (
 from .processes import ClusterError, ProcessTable, wait_until
 
 RUN_ROOT = Path("/run/infergrid")
+STORE = "real-node"  # the one containerd root under $INFERGRID_CACHE/containerd
 NODE_ROLE_BINDING = "infergrid-local:nodes"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
@@ -64,6 +65,20 @@ class RealNodes:
         self.cache = cache
 
     @property
+    def store(self) -> Path:
+        """containerd's root, kept between clusters so images are imported once: one for
+        every real node name, since one real node runs per machine."""
+        return self.cache / "containerd" / STORE
+
+    def _drop_other_stores(self) -> None:
+        """Removes containerd roots this cluster does not use (earlier layouts kept one per
+        node name): each holds gigabytes of image layers. No containerd runs on them: one
+        real node runs per machine, and this is checked before."""
+        for old in (self.cache / "containerd").glob("*"):
+            if old != self.store and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+
+    @property
     def _before_path(self) -> Path:
         return self.state / "machine-before.json"
 
@@ -73,7 +88,7 @@ class RealNodes:
             index=index,
             run_dir=RUN_ROOT / node.name,
             state_dir=self.state / "nodes" / node.name,
-            containerd_root=self.cache / "containerd" / node.name,
+            containerd_root=self.store,
             kubelet_port=_free_port(),
             kubelet_healthz_port=_free_port(),
             sandbox_image=sandbox_image,
@@ -101,6 +116,7 @@ class RealNodes:
                 "make demo-down)"
             )
         node_runtime.ensure()
+        self._drop_other_stores()
         machine_state.save(machine_state.snapshot(), self._before_path)
         _bind_nodes(api)
         layouts = [self.layout(n, i, sandbox_image) for i, n in enumerate(nodes)]

@@ -44,3 +44,27 @@ def test_only_images_missing_or_different_are_imported():
     }
     present = containerd_load.parse_images(CTR_LS)
     assert containerd_load.to_import(wanted, present) == ["pause", "operator"]
+
+
+def test_images_of_earlier_builds_are_stale_and_other_repositories_are_left_alone():
+    built = {
+        "engine": {"reference": "docker.io/infergrid/engine:0123", "digest": "sha256:aa"},
+        "pause": {"reference": "docker.io/infergrid/pause:4567", "digest": "sha256:bb"},
+    }
+    present = {
+        "docker.io/infergrid/engine:0123": "sha256:aa",  # current
+        "docker.io/infergrid/engine:old1": "sha256:a0",  # an earlier build
+        "docker.io/infergrid/pause:4567": "sha256:b0",  # same tag, other content
+        "registry.example/team/app:1": "sha256:ee",  # not ours
+        "sha256:1d0": "sha256:aa",  # the kubelet's alias of the current engine
+        "sha256:1d1": "sha256:a0",  # ... of the earlier engine
+        "sha256:1d2": "sha256:ee",  # ... of the other repository's image
+        "sha256:1d3": "sha256:99",  # ... of an image whose name was removed before
+    }
+    assert containerd_load.stale(built, present) == [
+        "docker.io/infergrid/engine:old1",
+        "docker.io/infergrid/pause:4567",
+        "sha256:1d1",
+        "sha256:1d3",
+    ]
+    assert containerd_load.stale(built, {}) == []
