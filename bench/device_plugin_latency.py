@@ -27,7 +27,7 @@ from device_plugin.fake_kubelet import FakeKubelet
 from device_plugin.kubelet import UNHEALTHY, api_pb2
 from device_plugin.nvml.fake import FakeNvml
 from device_plugin.runtime import DevicePluginRuntime
-from infergrid.assignment import AssignedGpu, ContainerAssignment, PodAssignment
+from infergrid.assignment_annotation import AssignedGpu, ContainerAssignment, PodAssignment
 from infergrid.constants import RESOURCE_GPU, RESOURCE_VGPU, SCHEDULER_NAME
 from infergrid.fleet import parse_fleet
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from infergrid.assignment import ContainerAssignment, PodAssignment, decode_assignment
+from infergrid.assignment_annotation import ContainerAssignment, PodAssignment, decode_assignment
 from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT
 from infergrid.errors import ContractError
 

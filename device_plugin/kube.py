@@ -11,7 +11,7 @@ from kubernetes.client.rest import ApiException
 from device_plugin import metrics
 from device_plugin.allocator import Grant
 from device_plugin.assignments import PodView, pod_view
-from infergrid.assignment import decode_assignment, encode_assignment, mark_allocated
+from infergrid.assignment_annotation import decode_assignment, encode_assignment, mark_allocated
 from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT
 from infergrid.errors import ContractError
 

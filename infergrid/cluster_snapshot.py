@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from kubernetes import client
 
-from infergrid.assignment import PodAssignment, decode_assignment
+from infergrid.assignment_annotation import PodAssignment, decode_assignment
 from infergrid.constants import (
     ANNOTATION_GPU_ASSIGNMENT,
     ANNOTATION_GPU_INVENTORY,

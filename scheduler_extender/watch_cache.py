@@ -24,7 +24,7 @@ from typing import Any, Final, TypeVar
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from infergrid.assignment import PodAssignment, decode_assignment
+from infergrid.assignment_annotation import PodAssignment, decode_assignment
 from infergrid.constants import (
     ANNOTATION_GPU_ASSIGNMENT,
     ANNOTATION_GPU_INVENTORY,

@@ -13,7 +13,6 @@ paper's baselines) from ``SIMULATION_SCORERS`` and ``SIMULATION_GPU_CHOICES``.
 pods (one share or whole-GPU container) on thousands of nodes at once, in numpy.
 """
 
-from infergrid.placement.assignments import reservation_from_assignment, to_pod_assignment
 from infergrid.placement.build import build_node_state, idle_usage
 from infergrid.placement.fgd_plus import model_contention, with_cluster
 from infergrid.placement.fit import FitResult, fit
@@ -31,6 +30,7 @@ from infergrid.placement.host import HostRequest, host_shortfalls, reserve_host
 from infergrid.placement.offers import OfferIndex, Rejections
 from infergrid.placement.policy import Policy, resolve_policy
 from infergrid.placement.rank import NodeScore, best_node, score_nodes
+from infergrid.placement.recorded_assignment import reservation_from_assignment, to_pod_assignment
 from infergrid.placement.reserve import apply, release
 from infergrid.placement.scoring import (
     EQUAL_SCORE,

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 from device_plugin.assignments import PodView
-from infergrid.assignment import AssignedGpu, AssignedMig, ContainerAssignment, PodAssignment
+from infergrid.assignment_annotation import (
+    AssignedGpu,
+    AssignedMig,
+    ContainerAssignment,
+    PodAssignment,
+)
 from infergrid.constants import SCHEDULER_NAME
 
 if TYPE_CHECKING:

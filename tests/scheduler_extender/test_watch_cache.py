@@ -12,7 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes.client.rest import ApiException
 
-from infergrid.assignment import AssignedGpu, ContainerAssignment, PodAssignment, encode_assignment
+from infergrid.assignment_annotation import (
+    AssignedGpu,
+    ContainerAssignment,
+    PodAssignment,
+    encode_assignment,
+)
 from infergrid.constants import (
     ANNOTATION_GPU_ASSIGNMENT,
     ANNOTATION_GPU_INVENTORY,
