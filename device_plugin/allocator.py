@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from device_plugin.assignments import GpuLoad, Ledger, Pending, PodView, pending_on
 from device_plugin.config import PluginConfig
 from device_plugin.devices import Device
+from device_plugin.ledger import GpuLoad, Ledger, Pending, pending_on
+from infergrid.records import PodRecord
 
 
 class AllocationError(Exception):
@@ -54,7 +55,7 @@ def _matches(pending: Pending, kind: str, targets: list[str]) -> bool:
     return sorted(g.uuid for g in c.gpus) == targets
 
 
-def match(devices: list[Device], node: str, pods: Iterable[PodView], ledger: Ledger) -> Pending:
+def match(devices: list[Device], node: str, pods: Iterable[PodRecord], ledger: Ledger) -> Pending:
     """The oldest unhonoured assignment on `node` for exactly these GPUs."""
     kind = devices[0].kind
     targets = sorted({d.target for d in devices})
@@ -119,7 +120,7 @@ def grant(
     device_ids: Iterable[str],
     known: dict[str, Device],
     node: str,
-    pods: Iterable[PodView],
+    pods: Iterable[PodRecord],
     ledger: Ledger,
     config: PluginConfig,
 ) -> Grant:

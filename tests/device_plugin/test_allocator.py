@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from device_plugin.allocator import AllocationError, grant
-from device_plugin.assignments import Ledger
 from device_plugin.config import PluginConfig
 from device_plugin.devices import by_id, resource_devices
+from device_plugin.ledger import Ledger
 from infergrid.fleet import parse_fleet
 from tests.device_plugin.conftest import pod, share, whole
 

@@ -1,4 +1,4 @@
-"""The pods on this node as Allocate sees them, and the ledger of what was honoured.
+"""The ledger of what Allocate honoured, and the assignments still waiting for it.
 
 A pod's `infergrid.io/gpu-assignment` annotation (written by the extender at
 bind) says which GPUs each container gets. Allocate honours an assignment at
@@ -12,54 +12,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from infergrid.assignment_annotation import ContainerAssignment, PodAssignment, decode_assignment
-from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT
-from infergrid.errors import ContractError
-
-
-@dataclass(frozen=True, slots=True)
-class PodView:
-    """The few fields of a pod that allocation reads."""
-
-    uid: str
-    namespace: str
-    name: str
-    node_name: str
-    scheduler_name: str
-    assignment: PodAssignment | None
-    assignment_error: str | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-def pod_view(pod: dict) -> PodView:
-    """A PodView from Kubernetes JSON; a bad annotation is kept as an error, not raised."""
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    text = (meta.get("annotations") or {}).get(ANNOTATION_GPU_ASSIGNMENT)
-    assignment, error = None, None
-    if text is not None:
-        try:
-            assignment = decode_assignment(text)
-        except ContractError as err:
-            error = str(err)
-    return PodView(
-        uid=meta.get("uid", ""),
-        namespace=meta.get("namespace", ""),
-        name=meta.get("name", ""),
-        node_name=spec.get("nodeName") or "",
-        scheduler_name=spec.get("schedulerName") or "default-scheduler",
-        assignment=assignment,
-        assignment_error=error,
-    )
+from infergrid.assignment_annotation import ContainerAssignment
+from infergrid.records import PodRecord
 
 
 @dataclass(frozen=True, slots=True)
 class Pending:
     """One container's assignment that Allocate has not honoured yet."""
 
-    pod: PodView
+    pod: PodRecord
     container: ContainerAssignment
     order: int
 
@@ -101,12 +62,12 @@ class Ledger:
     def honour(self, pending: Pending) -> None:
         self.honoured[pending.ref] = pending.container
 
-    def keep_only(self, pods: Iterable[PodView]) -> None:
+    def keep_only(self, pods: Iterable[PodRecord]) -> None:
         """Forgets containers of pods that are gone, so their GPUs count as free again."""
         live = {p.uid for p in pods}
         self.honoured = {k: v for k, v in self.honoured.items() if k[0] in live}
 
-    def seed(self, pods: Iterable[PodView]) -> None:
+    def seed(self, pods: Iterable[PodRecord]) -> None:
         """Adopts what annotations already mark allocated, e.g. after a plugin restart."""
         for pod in pods:
             for c in pod.assignment.containers if pod.assignment else ():
@@ -114,7 +75,7 @@ class Ledger:
                     self.honoured.setdefault((pod.uid, c.name), c)
 
 
-def pending_on(node: str, pods: Iterable[PodView], ledger: Ledger) -> list[Pending]:
+def pending_on(node: str, pods: Iterable[PodRecord], ledger: Ledger) -> list[Pending]:
     """Unhonoured container assignments on `node`, oldest assignment first."""
     found = []
     for pod in pods:
