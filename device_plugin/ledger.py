@@ -9,11 +9,19 @@ annotations say: the ledger is the plugin's own record of what it gave out.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Final
 
-from infergrid.assignment_annotation import ContainerAssignment
+from infergrid.assignment_annotation import ContainerAssignment, PodAssignment
+from infergrid.inventory import Gpu, GpuInventory
+from infergrid.placement import NodeState, build_node_state, idle_usage
 from infergrid.records import PodRecord
+
+_NODE: Final = "granted"
+"""The name of the node the ledger builds: the gate's reasons name GPUs, never it."""
+_ANY_TIME: Final = datetime(1970, 1, 1, tzinfo=UTC)
+"""No clock is read: the state is built from grants alone, at one time, so never stale."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,30 +42,26 @@ class Pending:
         return (self.pod.uid, self.container.name)
 
 
-@dataclass(slots=True)
-class GpuLoad:
-    memory_mib: int = 0
-    cores: int = 0
-    exclusive: bool = False
-    shares: int = 0
-
-
 @dataclass
 class Ledger:
-    """Containers honoured so far, and the load they put on each GPU."""
+    """Containers honoured so far; the placement core counts what they hold."""
 
     honoured: dict[tuple[str, str], ContainerAssignment] = field(default_factory=dict)
 
-    def load(self) -> dict[str, GpuLoad]:
-        loads: dict[str, GpuLoad] = {}
-        for c in self.honoured.values():
-            for g in c.gpus:
-                load = loads.setdefault(g.uuid, GpuLoad())
-                load.exclusive |= not c.shared
-                load.shares += c.shared
-                load.memory_mib += g.memory_mib
-                load.cores += g.cores
-        return loads
+    def holding(self, gpus: Iterable[Gpu], share_slots: int) -> NodeState:
+        """``gpus`` as the honoured containers hold them, for the placement core to judge.
+
+        Only grants count: measured use and health are the extender's and the
+        kubelet's to weigh, and the gate must not refuse what they let through.
+        The grants are read back as the extender reads recorded assignments: a
+        part on a GPU outside ``gpus`` is left out, a MIG instance is found by
+        its own uuid, and grants that clash are both counted, so a doubtful
+        ledger offers less, never more.
+        """
+        inventory = GpuInventory(_NODE, tuple(replace(g, healthy=True) for g in gpus), share_slots)
+        granted = PodAssignment(_NODE, _ANY_TIME, tuple(self.honoured.values()))
+        idle = idle_usage(inventory, _ANY_TIME)
+        return build_node_state(inventory, idle, (granted,), _ANY_TIME, timedelta(0))
 
     def honour(self, pending: Pending) -> None:
         self.honoured[pending.ref] = pending.container
