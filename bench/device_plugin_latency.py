@@ -21,15 +21,15 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from device_plugin.assignments import PodView
 from device_plugin.config import PluginConfig
 from device_plugin.fake_kubelet import FakeKubelet
 from device_plugin.kubelet import UNHEALTHY, api_pb2
 from device_plugin.nvml.fake import FakeNvml
 from device_plugin.runtime import DevicePluginRuntime
-from infergrid.assignment import AssignedGpu, ContainerAssignment, PodAssignment
+from infergrid.assignment_annotation import AssignedGpu, ContainerAssignment, PodAssignment
 from infergrid.constants import RESOURCE_GPU, RESOURCE_VGPU, SCHEDULER_NAME
 from infergrid.fleet import parse_fleet
+from infergrid.records import PodRecord as PodView
 
 
 class Pods:

@@ -37,7 +37,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the e2e package, when run as a file
 
-from infergrid.assignment import encode_assignment
+from infergrid.assignment_annotation import encode_assignment
 from infergrid.constants import (
     ANNOTATION_GPU_ASSIGNMENT,
     ANNOTATION_GPU_INVENTORY,

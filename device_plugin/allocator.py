@@ -3,8 +3,8 @@
 Pure over plain data. The kubelet names devices, not pods, so a request is
 matched to the oldest unhonoured assignment on this node with the same kind
 and the same GPUs (tie: pod name, then container order). The match is then
-re-checked against the ledger, so no annotation can make the plugin hand out
-more of a GPU than it has.
+re-checked against the ledger by the placement core, so no annotation can make
+the plugin hand out more of a GPU than it has.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from device_plugin.assignments import GpuLoad, Ledger, Pending, PodView, pending_on
 from device_plugin.config import PluginConfig
 from device_plugin.devices import Device
+from device_plugin.ledger import Ledger, Pending, pending_on
+from infergrid.placement import recheck
+from infergrid.records import PodRecord
 
 
 class AllocationError(Exception):
@@ -54,7 +56,7 @@ def _matches(pending: Pending, kind: str, targets: list[str]) -> bool:
     return sorted(g.uuid for g in c.gpus) == targets
 
 
-def match(devices: list[Device], node: str, pods: Iterable[PodView], ledger: Ledger) -> Pending:
+def match(devices: list[Device], node: str, pods: Iterable[PodRecord], ledger: Ledger) -> Pending:
     """The oldest unhonoured assignment on `node` for exactly these GPUs."""
     kind = devices[0].kind
     targets = sorted({d.target for d in devices})
@@ -69,35 +71,19 @@ def match(devices: list[Device], node: str, pods: Iterable[PodView], ledger: Led
     )
 
 
-def _check_capacity(devices: list[Device], pending: Pending, loads: dict[str, GpuLoad]) -> None:
-    """Refuses what would over-commit a GPU, given what was already honoured."""
-    c, gpu = pending.container, devices[0].gpu
-    if c.kind == "mig":
-        return
-    for assigned in c.gpus:
-        load = loads.get(assigned.uuid, GpuLoad())
-        if c.kind == "whole" and (load.exclusive or load.shares):
-            raise AllocationError(f"GPU {assigned.uuid} is already given to another container")
-        if c.kind == "share":
-            if load.exclusive:
-                raise AllocationError(f"GPU {assigned.uuid} is held whole by another container")
-            if load.memory_mib + assigned.memory_mib > gpu.memory_mib:
-                raise AllocationError(
-                    f"GPU {assigned.uuid}: {gpu.memory_mib - load.memory_mib} MiB unallocated, "
-                    f"assignment asks {assigned.memory_mib}"
-                )
-            if load.cores + assigned.cores > 100:
-                raise AllocationError(
-                    f"GPU {assigned.uuid}: {100 - load.cores}% of SMs unallocated, "
-                    f"assignment asks {assigned.cores}%"
-                )
+def _check_fit(devices: list[Device], pending: Pending, ledger: Ledger, slots: int) -> None:
+    """Refuses what would over-commit a GPU, given what was already honoured.
 
-
-def _mig_taken(pending: Pending, ledger: Ledger) -> bool:
-    mig = pending.container.mig
-    return mig is not None and any(
-        c.mig is not None and c.mig.uuid == mig.uuid for c in ledger.honoured.values()
-    )
+    The placement core judges, by the rules the extender placed with, so the
+    gate and the scheduler never disagree about what fits.
+    """
+    gpus = {d.gpu.uuid: d.gpu for d in devices}.values()
+    shortfalls = recheck(ledger.holding(gpus, slots), pending.container)
+    if shortfalls:
+        reasons = "; ".join(s.message for s in shortfalls)
+        raise AllocationError(
+            f"pod {pending.pod.key} does not fit beside the containers already granted: {reasons}"
+        )
 
 
 def _envs(devices: list[Device], pending: Pending, config: PluginConfig) -> dict[str, str]:
@@ -119,7 +105,7 @@ def grant(
     device_ids: Iterable[str],
     known: dict[str, Device],
     node: str,
-    pods: Iterable[PodView],
+    pods: Iterable[PodRecord],
     ledger: Ledger,
     config: PluginConfig,
 ) -> Grant:
@@ -131,9 +117,7 @@ def grant(
         raise AllocationError(
             f"pod {pending.pod.key} was not scheduled by {config.scheduler_name}; it gets no GPU"
         )
-    if _mig_taken(pending, ledger):
-        raise AllocationError(f"MIG device {devices[0].target} is already given out")
-    _check_capacity(devices, pending, ledger.load())
+    _check_fit(devices, pending, ledger, config.vgpu_slots_per_gpu)
     ledger.honour(pending)
     cdi = tuple(f"nvidia.com/gpu={t}" for t in sorted({d.target for d in devices}))
     return Grant(pending, _envs(devices, pending, config), cdi if config.cdi else ())

@@ -10,10 +10,10 @@ from kubernetes.client.rest import ApiException
 
 from device_plugin import metrics
 from device_plugin.allocator import Grant
-from device_plugin.assignments import PodView, pod_view
-from infergrid.assignment import decode_assignment, encode_assignment, mark_allocated
+from infergrid.assignment_annotation import decode_assignment, encode_assignment, mark_allocated
 from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT
 from infergrid.errors import ContractError
+from infergrid.records import PodRecord, is_live, pod_record
 
 log = logging.getLogger(__name__)
 
@@ -27,16 +27,12 @@ class KubePods:
         self.core = core
         self.node = node
 
-    def pods(self) -> list[PodView]:
+    def pods(self) -> list[PodRecord]:
         raw = self.core.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={self.node}", _preload_content=False
         )
         items = json.loads(raw.data)["items"]
-        return [
-            pod_view(p)
-            for p in items
-            if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-        ]
+        return [r for r in map(pod_record, items) if is_live(r)]
 
     def mark_allocated(self, grants: list[Grant]) -> None:
         """Marks each granted container allocated in its pod's assignment annotation."""

@@ -12,17 +12,18 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from device_plugin.allocator import AllocationError, Grant, grant
-from device_plugin.assignments import Ledger, PodView, pending_on
 from device_plugin.config import PluginConfig
 from device_plugin.devices import Device, by_id, resource_devices
+from device_plugin.ledger import Ledger, pending_on
 from device_plugin.preferred import best_for_assignment, best_whole_set
 from infergrid.inventory import GpuInventory
+from infergrid.records import PodRecord
 
 
 class PodSource(Protocol):
     """The pods bound to this node, as fresh as the caller needs for Allocate."""
 
-    def pods(self) -> list[PodView]: ...
+    def pods(self) -> list[PodRecord]: ...
 
 
 class DeviceManager:
@@ -83,7 +84,7 @@ class DeviceManager:
             chosen = best_for_assignment(offered, size, pending)
         return [d.id for d in chosen]
 
-    def _fresh_pods(self) -> list[PodView]:
+    def _fresh_pods(self) -> list[PodRecord]:
         """Reads the node's pods; forgets pods that left, adopts earlier allocations once."""
         pods = self._pods.pods()
         if not self._seeded:

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 from itertools import combinations
 from math import comb
 
-from device_plugin.assignments import Pending
 from device_plugin.devices import Device
+from device_plugin.ledger import Pending
 from infergrid.constants import LINK_NVLINK
 
 EXHAUSTIVE_LIMIT = 5000

@@ -17,7 +17,7 @@ from e2e.cluster.fake_nodes import KWOK_NODE_SELECTOR, KWOK_TOLERATION
 from e2e.cluster.processes import wait_until
 from e2e.part_process import PartProcess
 from infergrid import constants
-from infergrid.assignment import decode_assignment
+from infergrid.assignment_annotation import decode_assignment
 from infergrid.fleet import parse_fleet
 from infergrid.inventory import decode_inventory, encode_inventory
 from infergrid.usage import GpuUsage, GpuUsageSample, encode_usage

@@ -19,7 +19,7 @@ from device_plugin.kubelet import api_pb2
 from e2e.cluster.local_cluster import DEFAULT_FLEET
 from e2e.cluster.processes import wait_until
 from infergrid import constants
-from infergrid.assignment import (
+from infergrid.assignment_annotation import (
     AssignedGpu,
     ContainerAssignment,
     PodAssignment,

@@ -21,7 +21,7 @@ from e2e.extender_support import (
     share_pod,
 )
 from infergrid import constants
-from infergrid.assignment import decode_assignment
+from infergrid.assignment_annotation import decode_assignment
 from infergrid.fleet import parse_fleet
 from infergrid.inventory import decode_inventory, encode_inventory
 from infergrid.usage import GpuUsage, GpuUsageSample, encode_usage

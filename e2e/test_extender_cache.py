@@ -12,7 +12,12 @@ from kubernetes import client
 
 from e2e.cluster.processes import wait_until
 from infergrid import constants
-from infergrid.assignment import AssignedGpu, ContainerAssignment, PodAssignment, encode_assignment
+from infergrid.assignment_annotation import (
+    AssignedGpu,
+    ContainerAssignment,
+    PodAssignment,
+    encode_assignment,
+)
 from scheduler_extender.leader import LeaseElector
 from scheduler_extender.watch_cache import ClusterCache
 

@@ -50,7 +50,7 @@ from e2e.cluster.real_node import capacity_advertised
 from e2e.operator_support import on_kwok
 from e2e.part_process import PartProcess
 from e2e.real_pods import logs_of, shell_pod, wait_phase
-from infergrid.assignment import (
+from infergrid.assignment_annotation import (
     AssignedGpu,
     ContainerAssignment,
     PodAssignment,

@@ -10,7 +10,7 @@ from kubernetes import client
 from e2e.cluster.processes import wait_until
 from e2e.extender_support import audit, bound, idle_nodes, share_pod
 from infergrid import constants
-from infergrid.assignment import decode_assignment
+from infergrid.assignment_annotation import decode_assignment
 from infergrid.pod_request import parse_pod_request
 from infergrid.quantity import parse_whole_quantity
 

@@ -17,7 +17,7 @@ from e2e.cluster.processes import wait_until
 from e2e.cluster.real_node import capacity_advertised
 from e2e.real_pods import REAL_NODE_LABEL, logs_of, shell_pod, wait_phase
 from infergrid import constants
-from infergrid.assignment import decode_assignment
+from infergrid.assignment_annotation import decode_assignment
 from infergrid.fleet import FleetNode, load_fleet
 from infergrid.inventory import node_capacity
 

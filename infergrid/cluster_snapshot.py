@@ -1,29 +1,23 @@
 """The GPU state of a cluster as the API server holds it: what `infergrid placements` prints.
 
-Reads the same annotations the extender watches, once. An annotation that does not
-decode is reported by name rather than hidden, and leaves its object out.
+Reads the same annotations the extender watches, once, through the same records,
+so a node the extender would not offer (an unreadable annotation, one naming
+another node) is left out here too, and reported by name rather than hidden.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any
 
 from kubernetes import client
 
-from infergrid.assignment import PodAssignment, decode_assignment
-from infergrid.constants import (
-    ANNOTATION_GPU_ASSIGNMENT,
-    ANNOTATION_GPU_INVENTORY,
-    ANNOTATION_GPU_USAGE,
-)
-from infergrid.errors import ContractError
-from infergrid.inventory import GpuInventory, decode_inventory
-from infergrid.usage import GpuUsage, decode_usage
-
-T = TypeVar("T")
-_DONE_PHASES = ("Succeeded", "Failed")
+from infergrid.assignment_annotation import PodAssignment
+from infergrid.inventory import GpuInventory
+from infergrid.records import LIVE_PODS, is_live, node_record, pod_record
+from infergrid.usage import GpuUsage
 
 
 @dataclass
@@ -33,31 +27,34 @@ class Snapshot:
     assignments: dict[str, PodAssignment] = field(default_factory=dict)  # "namespace/name"
     problems: list[str] = field(default_factory=list)
 
-    def decode(self, where: str, text: str | None, decoder: Callable[[str], T]) -> T | None:
-        if text is None:
-            return None
-        try:
-            return decoder(text)
-        except ContractError as err:
-            self.problems.append(f"{where}: {err}")
-            return None
-
 
 def read_snapshot(api: client.ApiClient) -> Snapshot:
+    """Lists nodes and live pods once, as the extender's watch does."""
     core = client.CoreV1Api(api)
+    nodes = core.list_node(_preload_content=False)
+    pods = core.list_pod_for_all_namespaces(field_selector=LIVE_PODS, _preload_content=False)
+    return snapshot_of(_items(nodes), _items(pods))
+
+
+def _items(response: Any) -> list[dict[str, Any]]:
+    """The objects of a list response read raw: the records decode Kubernetes JSON."""
+    return json.loads(response.data).get("items") or []
+
+
+def snapshot_of(nodes: Iterable[dict[str, Any]], pods: Iterable[dict[str, Any]]) -> Snapshot:
+    """What the extender would count, from Node and Pod JSON; each problem names its object."""
     snap = Snapshot()
-    for node in core.list_node().items:
-        notes = node.metadata.annotations or {}
-        where = f"node {node.metadata.name}"
-        if inv := snap.decode(where, notes.get(ANNOTATION_GPU_INVENTORY), decode_inventory):
-            snap.inventories.append(inv)
-        if usage := snap.decode(where, notes.get(ANNOTATION_GPU_USAGE), decode_usage):
-            snap.usages[node.metadata.name] = usage
-    for pod in core.list_pod_for_all_namespaces().items:
-        if pod.status.phase in _DONE_PHASES:
+    for node in map(node_record, nodes):
+        if node.problem:
+            snap.problems.append(f"node {node.name}: {node.problem}")
             continue
-        key = f"{pod.metadata.namespace}/{pod.metadata.name}"
-        text = (pod.metadata.annotations or {}).get(ANNOTATION_GPU_ASSIGNMENT)
-        if assignment := snap.decode(f"pod {key}", text, decode_assignment):
-            snap.assignments[key] = assignment
+        if node.inventory is not None:
+            snap.inventories.append(node.inventory)
+        if node.usage is not None:
+            snap.usages[node.name] = node.usage
+    for pod in filter(is_live, map(pod_record, pods)):
+        if pod.problem:
+            snap.problems.append(f"pod {pod.key}: {pod.problem}")
+        elif pod.assignment is not None:
+            snap.assignments[pod.key] = pod.assignment
     return snap

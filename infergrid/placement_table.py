@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from infergrid.assignment import PodAssignment
+from infergrid.assignment_annotation import PodAssignment
 from infergrid.inventory import GpuInventory
 from infergrid.placement import build_node_state
 from infergrid.placement.state import GpuState

@@ -22,7 +22,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from infergrid.assignment import decode_assignment, encode_assignment
+from infergrid.assignment_annotation import decode_assignment, encode_assignment
 from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT
 from infergrid.errors import ContractError
 from infergrid.placement import fit, resolve_policy, to_pod_assignment

@@ -40,7 +40,8 @@ from infergrid.placement import (
     fit,
 )
 from infergrid.pod_request import PodGpuRequest
-from scheduler_extender.watch_cache import ClusterCache, NodeRecord
+from infergrid.records import NodeRecord
+from scheduler_extender.watch_cache import ClusterCache
 
 WORKLOAD_WINDOW: Final = 1000
 WORKLOAD_REFRESH: Final = 50

@@ -19,20 +19,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from infergrid.assignment import PodAssignment, decode_assignment
-from infergrid.constants import (
-    ANNOTATION_GPU_ASSIGNMENT,
-    ANNOTATION_GPU_INVENTORY,
-    ANNOTATION_GPU_USAGE,
-)
-from infergrid.errors import ContractError
-from infergrid.inventory import GpuInventory, decode_inventory
-from infergrid.usage import GpuUsage, decode_usage
+from infergrid.assignment_annotation import PodAssignment
+from infergrid.records import LIVE_PODS, NodeRecord, PodRecord, is_live, node_record, pod_record
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +33,6 @@ ADDED: Final = "ADDED"
 MODIFIED: Final = "MODIFIED"
 DELETED: Final = "DELETED"
 EVENT_TYPES: Final = (ADDED, MODIFIED, DELETED)
-TERMINAL_PHASES: Final = ("Succeeded", "Failed")
-LIVE_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
-"""Field selector for the pod list+watch: a pod leaving it arrives as DELETED."""
 
 LIST_PAGE: Final = 500
 CONNECT_TIMEOUT_S: Final = 10.0
@@ -54,79 +44,6 @@ HTTP_GONE: Final = 410
 CHANGE_LOG: Final = 1024
 """Commits whose touched nodes ``changed_since`` remembers; a reader further behind rereads all."""
 _UNTOUCHED: Final[frozenset[str]] = frozenset()
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class NodeRecord:
-    """A node's GPU annotations, decoded; a node with a ``problem`` offers nothing."""
-
-    name: str
-    inventory: GpuInventory | None
-    usage: GpuUsage | None
-    problem: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class PodRecord:
-    """A live pod and the assignment in its annotation, if any decodes."""
-
-    uid: str
-    namespace: str
-    name: str
-    node_name: str | None
-    scheduler_name: str
-    phase: str
-    assignment: PodAssignment | None
-    problem: str | None
-    resource_version: str
-
-
-def node_record(node: dict[str, Any]) -> NodeRecord:
-    """The record of a Node's JSON; a bad annotation becomes ``problem``, never an exception."""
-    meta = node.get("metadata") or {}
-    name = meta["name"]
-    annotations = meta.get("annotations") or {}
-    inventory, bad_inventory = _decoded(annotations, ANNOTATION_GPU_INVENTORY, decode_inventory)
-    usage, bad_usage = _decoded(annotations, ANNOTATION_GPU_USAGE, decode_usage)
-    problems = [p for p in (bad_inventory, bad_usage) if p]
-    for key, doc in ((ANNOTATION_GPU_INVENTORY, inventory), (ANNOTATION_GPU_USAGE, usage)):
-        if doc is not None and doc.node != name:
-            problems.append(f"{key}: node: names {doc.node!r}, not this node {name!r}")
-    return NodeRecord(name, inventory, usage, "; ".join(problems) or None)
-
-
-def pod_record(pod: dict[str, Any]) -> PodRecord:
-    """The record of a Pod's JSON; a bad assignment becomes ``problem``, never an exception."""
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    annotations = meta.get("annotations") or {}
-    assignment, problem = _decoded(annotations, ANNOTATION_GPU_ASSIGNMENT, decode_assignment)
-    return PodRecord(
-        uid=meta["uid"],
-        namespace=meta.get("namespace", ""),
-        name=meta.get("name", ""),
-        node_name=spec.get("nodeName") or None,
-        scheduler_name=spec.get("schedulerName", ""),
-        phase=(pod.get("status") or {}).get("phase", ""),
-        assignment=assignment,
-        problem=problem,
-        resource_version=meta.get("resourceVersion", ""),
-    )
-
-
-def _decoded(
-    annotations: dict[str, str], key: str, decode: Callable[[str], T]
-) -> tuple[T | None, str | None]:
-    """The decoded annotation, or the reason it does not decode, prefixed with its key."""
-    text = annotations.get(key)
-    if text is None:
-        return None, None
-    try:
-        return decode(text), None
-    except ContractError as err:
-        return None, str(err) if err.field.startswith(key) else f"{key}: {err}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +112,9 @@ class ClusterCache:
     def apply_pod(self, event_type: str, pod: dict[str, Any]) -> None:
         """One watch event of a Pod; a deleted or finished pod frees its GPUs."""
         _check_event(event_type)
-        record = None if event_type == DELETED else _live(pod_record(pod))
+        record = None if event_type == DELETED else pod_record(pod)
+        if record is not None and not is_live(record):
+            record = None  # finished: it holds no GPU any more
         uid = pod["metadata"]["uid"]
         with self._lock:
             before = (self._pods.get(uid), self._reservations.get(uid))
@@ -227,7 +146,7 @@ class ClusterCache:
         when the list is newer than every reservation), as its pod is gone; a
         younger one is kept, as the list may predate its pod's assignment.
         """
-        records = {r.uid: r for r in map(pod_record, pods) if _live(r)}
+        records = {r.uid: r for r in map(pod_record, pods) if is_live(r)}
         with self._lock:
             before = (dict(self._pods), dict(self._reservations))
             uids = self._pods.keys() | records.keys() | self._reservations.keys()
@@ -476,11 +395,6 @@ def _dispatch(source: _Source, event: dict[str, Any]) -> str:
 def _check_event(event_type: str) -> None:
     if event_type not in EVENT_TYPES:
         raise ValueError(f"event type {event_type!r} is not one of {', '.join(EVENT_TYPES)}")
-
-
-def _live(record: PodRecord) -> PodRecord | None:
-    """The record, or None for a finished pod: its GPUs are free again."""
-    return None if record.phase in TERMINAL_PHASES else record
 
 
 def _reservation_ends(pod: PodRecord | None, held: _Reservation, listed_at: int | None) -> bool:

@@ -6,6 +6,8 @@ each node ``fit`` (every shortfall, or the placement) and a raw score, then
 ``normalize_scores`` across the feasible nodes; ``score_nodes`` does all of it.
 ``build_node_state`` makes a node from its annotations; ``apply`` and
 ``release`` keep it current; ``to_pod_assignment`` writes what bind records.
+``recheck`` is the device plugin's gate at Allocate: the same rules, applied to
+an assignment already decided.
 The trace simulator also passes a ``HostRequest`` (CPU, memory, GPU models) on
 nodes with ``HostResources``, and runs the simulation-only policies (the FGD
 paper's baselines) from ``SIMULATION_SCORERS`` and ``SIMULATION_GPU_CHOICES``.
@@ -13,7 +15,6 @@ paper's baselines) from ``SIMULATION_SCORERS`` and ``SIMULATION_GPU_CHOICES``.
 pods (one share or whole-GPU container) on thousands of nodes at once, in numpy.
 """
 
-from infergrid.placement.assignments import reservation_from_assignment, to_pod_assignment
 from infergrid.placement.build import build_node_state, idle_usage
 from infergrid.placement.fgd_plus import model_contention, with_cluster
 from infergrid.placement.fit import FitResult, fit
@@ -31,6 +32,8 @@ from infergrid.placement.host import HostRequest, host_shortfalls, reserve_host
 from infergrid.placement.offers import OfferIndex, Rejections
 from infergrid.placement.policy import Policy, resolve_policy
 from infergrid.placement.rank import NodeScore, best_node, score_nodes
+from infergrid.placement.recheck import recheck
+from infergrid.placement.recorded_assignment import reservation_from_assignment, to_pod_assignment
 from infergrid.placement.reserve import apply, release
 from infergrid.placement.scoring import (
     EQUAL_SCORE,
@@ -92,6 +95,7 @@ __all__ = [
     "normalize_scores",
     "policy_names",
     "raw_scorer",
+    "recheck",
     "release",
     "reservation_from_assignment",
     "reserve_host",

@@ -9,10 +9,10 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from types import MappingProxyType
 
-from infergrid.assignment import PodAssignment
+from infergrid.assignment_annotation import PodAssignment
 from infergrid.errors import ContractError
 from infergrid.inventory import Gpu, GpuInventory
-from infergrid.placement.assignments import reservation_from_assignment
+from infergrid.placement.recorded_assignment import reservation_from_assignment
 from infergrid.placement.reserve import Report, apply_reporting
 from infergrid.placement.state import AssignmentIssue, GpuState, MigSlot, NodeState
 from infergrid.usage import GpuUsage, GpuUsageSample

@@ -11,7 +11,7 @@ capacity, and only for the rare pod whose init container asks for a GPU.
 
 from dataclasses import dataclass, replace
 
-from infergrid.assignment import ContainerAssignment
+from infergrid.assignment_annotation import ContainerAssignment
 from infergrid.constants import ANNOTATION_GPU_USAGE
 from infergrid.placement.host import HostRequest, host_shortfalls, reserve_host
 from infergrid.placement.placers import PLACERS

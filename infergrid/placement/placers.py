@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Final
 
-from infergrid.assignment import AssignedGpu, AssignedMig, ContainerAssignment
+from infergrid.assignment_annotation import AssignedGpu, AssignedMig, ContainerAssignment
 from infergrid.constants import (
     ANNOTATION_TOPOLOGY,
     RESOURCE_GPU,

@@ -11,7 +11,7 @@ taken twice, a GPU both shared and held whole. That is a caller's bug and raises
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from infergrid.assignment import AssignedGpu, AssignedMig, ContainerAssignment
+from infergrid.assignment_annotation import AssignedGpu, AssignedMig, ContainerAssignment
 from infergrid.errors import ContractError
 from infergrid.placement.state import GpuState, NodeState
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
 
-from infergrid.assignment import PodAssignment
+from infergrid.assignment_annotation import PodAssignment
 from infergrid.constants import DEFAULT_VGPU_SLOTS_PER_GPU, LINK_NVLINK
 
 ALL_CORES: Final = 100

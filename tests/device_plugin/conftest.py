@@ -15,9 +15,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from device_plugin.assignments import PodView
-from infergrid.assignment import AssignedGpu, AssignedMig, ContainerAssignment, PodAssignment
+from infergrid.assignment_annotation import (
+    AssignedGpu,
+    AssignedMig,
+    ContainerAssignment,
+    PodAssignment,
+)
 from infergrid.constants import SCHEDULER_NAME
+from infergrid.records import PodRecord
 
 if TYPE_CHECKING:
     from device_plugin.allocator import Grant
@@ -33,9 +38,9 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 class StaticPods:
     """The node's pods as a test sets them."""
 
-    items: list[PodView] = field(default_factory=list)
+    items: list[PodRecord] = field(default_factory=list)
 
-    def pods(self) -> list[PodView]:
+    def pods(self) -> list[PodRecord]:
         return list(self.items)
 
 
@@ -57,9 +62,9 @@ def pod(
     *containers: ContainerAssignment,
     age_s: int = 0,
     scheduler: str = SCHEDULER_NAME,
-) -> PodView:
+) -> PodRecord:
     assigned = PodAssignment(node, T0 + timedelta(seconds=age_s), containers)
-    return PodView(f"uid-{name}", "default", name, node, scheduler, assigned)
+    return PodRecord(f"uid-{name}", "default", name, node, scheduler, assigned)
 
 
 @dataclass

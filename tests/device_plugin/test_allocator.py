@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from device_plugin.allocator import AllocationError, grant
-from device_plugin.assignments import Ledger
 from device_plugin.config import PluginConfig
 from device_plugin.devices import by_id, resource_devices
+from device_plugin.ledger import Ledger
+from infergrid.assignment_annotation import PodAssignment
 from infergrid.fleet import parse_fleet
-from tests.device_plugin.conftest import pod, share, whole
+from infergrid.placement import build_node_state, idle_usage
+from tests.device_plugin.conftest import T0, mig, pod, share, whole
+from tests.placement.builders import gpu, inventory
 
 FLEET = parse_fleet(
     {
@@ -49,7 +54,7 @@ containers = st.one_of(
     st.builds(
         lambda gpu, mem, cores: share("c", UUIDS[gpu], mem, cores),
         st.integers(0, 1),
-        st.integers(1, 1000),
+        st.integers(1, 1200),
         st.integers(1, 100),
     ),
     st.builds(lambda gpu: whole("c", UUIDS[gpu], memory=1000), st.integers(0, 1)),
@@ -68,10 +73,41 @@ def test_honoured_assignments_never_over_commit_a_gpu(assigned, rnd):
             grant(device_ids(assigned[i]), DEVICES, "n", pods, ledger, CONFIG)
         except AllocationError:
             pass
-        for uuid, load in ledger.load().items():
-            assert load.memory_mib <= 1000 and load.cores <= 100
-            assert not (load.exclusive and load.shares), uuid
-            assert not load.exclusive or load.memory_mib == 1000
+        for uuid, load in tally(ledger).items():
+            assert load["memory"] <= 1000 and load["cores"] <= 100
+            assert not (load["whole"] and load["shares"]), uuid
+            assert not load["whole"] or load["memory"] == 1000
+
+
+def tally(ledger: Ledger) -> dict[str, Counter]:
+    """What the honoured containers hold on each GPU, summed apart from the code under test."""
+    loads: dict[str, Counter] = {}
+    for c in ledger.honoured.values():
+        for g in c.gpus:
+            loads.setdefault(g.uuid, Counter()).update(
+                memory=g.memory_mib, cores=g.cores, whole=not c.shared, shares=c.shared
+            )
+    return loads
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(containers, max_size=8), containers)
+def test_the_gate_admits_exactly_what_the_placement_core_would_place(held, asked):
+    """Whatever was granted before, Allocate honours an assignment exactly when the
+    extender's placers would have offered its GPU on a node holding those grants."""
+    ledger = Ledger({(f"uid-held-{i}", c.name): c for i, c in enumerate(held)})
+    try:
+        grant(device_ids(asked), DEVICES, "n", [pod("asker", "n", asked)], ledger, CONFIG)
+        granted = True
+    except AllocationError as refusal:
+        granted = False
+        assert asked.gpus[0].uuid in str(refusal)
+    inventory = replace(INVENTORY, share_slots=CONFIG.vgpu_slots_per_gpu)
+    recorded = PodAssignment("n", T0, tuple(held))
+    node = build_node_state(inventory, idle_usage(inventory, T0), [recorded], T0, timedelta(0))
+    (gpu,) = (g for g in node.gpus if g.uuid == asked.gpus[0].uuid)
+    mib, cores = asked.gpus[0].memory_mib, asked.gpus[0].cores
+    assert granted == (gpu.takes_share(mib, cores) if asked.shared else gpu.takes_whole())
 
 
 def test_a_refused_request_leaves_the_ledger_unchanged():
@@ -114,3 +150,13 @@ def test_a_restarted_plugin_adopts_allocations_marked_in_annotations():
     rival = pod("b", "n", share("c", UUIDS[0], 10), age_s=3)
     with pytest.raises(AllocationError, match="held whole"):
         grant([f"{UUIDS[0]}::vgpu-0"], DEVICES, "n", [done, rival], ledger, CONFIG)
+
+
+def test_a_mig_instance_is_given_out_once():
+    a100 = inventory(gpu(0, memory=81920, model="NVIDIA A100", mig=("3g.40gb", "3g.40gb")))
+    devices = by_id(resource_devices(a100, CONFIG, lambda uuid: True))
+    first, second = (pod(n, a100.node, mig("c", "MIG-0-0", "3g.40gb", "GPU-0")) for n in "ab")
+    ledger = Ledger()
+    grant(["MIG-0-0"], devices, a100.node, [first, second], ledger, CONFIG)
+    with pytest.raises(AllocationError, match="MIG instance MIG-0-0 is already taken"):
+        grant(["MIG-0-0"], devices, a100.node, [first, second], ledger, CONFIG)

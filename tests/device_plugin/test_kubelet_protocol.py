@@ -238,7 +238,7 @@ def test_two_pods_racing_for_one_gpu_get_it_once(start_plugin):
         results = list(pool.map(race, [0, 1]))
     assert results.count("granted") == 1
     (refusal,) = [r for r in results if r != "granted"]
-    assert f"GPU {g}" in refusal and "MiB unallocated" in refusal
+    assert f"{g} (index 0): " in refusal and "MiB free, needs" in refusal
     assert len(p.granted) == 1
 
 

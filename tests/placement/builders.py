@@ -4,7 +4,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from infergrid.assignment import AssignedGpu, AssignedMig, ContainerAssignment, PodAssignment
+from infergrid.assignment_annotation import (
+    AssignedGpu,
+    AssignedMig,
+    ContainerAssignment,
+    PodAssignment,
+)
 from infergrid.constants import LINK_NVLINK, LINK_SYSTEM
 from infergrid.inventory import Gpu, GpuInventory, GpuLink, MigInstance
 from infergrid.placement import NodeState, build_node_state, resolve_policy

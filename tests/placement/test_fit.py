@@ -5,7 +5,7 @@ from datetime import timedelta
 
 import pytest
 
-from infergrid.assignment import AssignedGpu, AssignedMig, ContainerAssignment
+from infergrid.assignment_annotation import AssignedGpu, AssignedMig, ContainerAssignment
 from infergrid.constants import (
     ANNOTATION_GPU_USAGE,
     ANNOTATION_TOPOLOGY,

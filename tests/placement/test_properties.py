@@ -10,7 +10,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infergrid.assignment import PodAssignment, decode_assignment, encode_assignment
+from infergrid.assignment_annotation import PodAssignment, decode_assignment, encode_assignment
 from infergrid.inventory import GpuInventory
 from infergrid.placement import (
     ALL_CORES,

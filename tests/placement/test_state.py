@@ -5,7 +5,12 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from infergrid.assignment import AssignedGpu, AssignedMig, ContainerAssignment, PodAssignment
+from infergrid.assignment_annotation import (
+    AssignedGpu,
+    AssignedMig,
+    ContainerAssignment,
+    PodAssignment,
+)
 from infergrid.errors import ContractError
 from infergrid.placement import (
     IDLE_USED_MIB,

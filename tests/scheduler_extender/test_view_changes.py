@@ -15,7 +15,12 @@ from unittest.mock import patch
 
 import pytest
 
-from infergrid.assignment import AssignedGpu, ContainerAssignment, PodAssignment, encode_assignment
+from infergrid.assignment_annotation import (
+    AssignedGpu,
+    ContainerAssignment,
+    PodAssignment,
+    encode_assignment,
+)
 from infergrid.constants import (
     ANNOTATION_GPU_ASSIGNMENT,
     ANNOTATION_GPU_INVENTORY,

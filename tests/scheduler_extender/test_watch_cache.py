@@ -12,13 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes.client.rest import ApiException
 
-from infergrid.assignment import AssignedGpu, ContainerAssignment, PodAssignment, encode_assignment
+from infergrid.assignment_annotation import (
+    AssignedGpu,
+    ContainerAssignment,
+    PodAssignment,
+    encode_assignment,
+)
 from infergrid.constants import (
     ANNOTATION_GPU_ASSIGNMENT,
     ANNOTATION_GPU_INVENTORY,
     ANNOTATION_GPU_USAGE,
 )
 from infergrid.inventory import Gpu, GpuInventory, encode_inventory
+from infergrid.records import LIVE_PODS, node_record, pod_record
 from infergrid.usage import GpuUsage, GpuUsageSample, encode_usage
 from scheduler_extender import watch_cache
 from scheduler_extender.watch_cache import ADDED, DELETED, MODIFIED, ClusterCache
@@ -85,69 +91,36 @@ def cache() -> ClusterCache:
     return ClusterCache()
 
 
-# Decoding.
-
-
-def test_a_gpu_node_is_decoded(cache):
-    cache.apply_node(ADDED, gpu_node("node-a", used=300))
-    record = cache.node("node-a")
-    assert record.inventory == inventory("node-a")
-    assert record.usage == usage("node-a", 300)
-    assert record.problem is None
-
-
-def test_a_node_without_annotations_has_nothing_and_no_problem(cache):
-    cache.apply_node(ADDED, node_json("cpu-0"))
-    assert cache.node("cpu-0") == watch_cache.NodeRecord("cpu-0", None, None, None)
+# Records: decoding itself is specified in tests/test_records.py.
 
 
 @pytest.mark.parametrize(
-    "annotation, text, problem",
-    [
-        (ANNOTATION_GPU_INVENTORY, "{", f"{ANNOTATION_GPU_INVENTORY}: not valid JSON"),
-        (ANNOTATION_GPU_INVENTORY, '{"version":"v1"}', f"{ANNOTATION_GPU_INVENTORY}: gpus:"),
-        (ANNOTATION_GPU_USAGE, '{"version":"v9"}', f"{ANNOTATION_GPU_USAGE}: version:"),
-    ],
+    "node",
+    [gpu_node("node-a"), node_json("cpu-0"), node_json("node-a", {ANNOTATION_GPU_USAGE: "{"})],
+    ids=["gpu node", "no annotations", "bad annotation"],
 )
-def test_a_bad_annotation_is_a_problem_not_an_exception(cache, annotation, text, problem):
-    node = gpu_node("node-a")
-    node["metadata"]["annotations"][annotation] = text
+def test_a_node_is_kept_as_its_record(cache, node):
     cache.apply_node(ADDED, node)
-    record = cache.node("node-a")
-    assert record.problem.startswith(problem)
-    assert getattr(record, annotation.rsplit("-", 1)[1]) is None
+    assert cache.node(node["metadata"]["name"]) == node_record(node)
 
 
-def test_both_bad_annotations_are_both_reported(cache):
-    bad = {ANNOTATION_GPU_INVENTORY: "[]", ANNOTATION_GPU_USAGE: "{"}
-    cache.apply_node(ADDED, node_json("node-a", bad))
-    problem = cache.node("node-a").problem
-    assert ANNOTATION_GPU_INVENTORY in problem and ANNOTATION_GPU_USAGE in problem
-
-
-def test_an_inventory_of_another_node_is_a_problem(cache):
+def test_a_node_naming_another_in_its_inventory_is_kept_with_the_problem(cache):
     node = gpu_node("node-a")
     node["metadata"]["name"] = "node-z"
     cache.apply_node(ADDED, node)
     assert "names 'node-a', not this node 'node-z'" in cache.node("node-z").problem
 
 
-def test_a_pod_is_decoded(cache):
+def test_a_pod_is_kept_as_its_record(cache):
     pod = pod_json("u1", assignment("node-a"))
-    pod["spec"]["nodeName"] = "node-a"
     cache.apply_pod(ADDED, pod)
-    record = cache.pod("u1")
-    assert (record.namespace, record.name, record.node_name) == ("ns", "pod-u1", "node-a")
-    assert (record.scheduler_name, record.phase) == ("infergrid-scheduler", "Pending")
-    assert record.assignment == assignment("node-a") and record.problem is None
+    assert cache.pod("u1") == pod_record(pod)
 
 
-def test_a_bad_assignment_is_a_problem_and_holds_nothing(cache):
+def test_a_bad_assignment_holds_nothing(cache):
     cache.apply_pod(ADDED, pod_json("u1", '{"version":"v1"}'))
-    record = cache.pod("u1")
-    assert record.assignment is None
-    assert record.problem.startswith(f"{ANNOTATION_GPU_ASSIGNMENT}: containers:")
-    assert cache.size()["assigned_pods"] == 0
+    assert cache.pod("u1").problem is not None
+    assert cache.size()["assigned_pods"] == 0 and cache.assignments_on("node-a") == []
 
 
 def test_an_unknown_event_type_is_refused(cache):
@@ -503,6 +476,4 @@ def test_the_loop_relists_on_gone_and_reconnects_after_errors(monkeypatch):
     node_calls = [c for c in core.calls if c["kind"] == "nodes"]
     versions = [c.get("resource_version") for c in node_calls[:6]]
     assert versions == [None, "10", None, None, "30", "31"]
-    assert all(
-        c["field_selector"] == watch_cache.LIVE_PODS for c in core.calls if c["kind"] == "pods"
-    )
+    assert all(c["field_selector"] == LIVE_PODS for c in core.calls if c["kind"] == "pods")

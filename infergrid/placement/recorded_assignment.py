@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
 
-from infergrid.assignment import ContainerAssignment, PodAssignment
+from infergrid.assignment_annotation import ContainerAssignment, PodAssignment
 from infergrid.placement.state import AssignmentIssue, NodeState
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infergrid.assignment import (
+from infergrid.assignment_annotation import (
     AssignedGpu,
     AssignedMig,
     ContainerAssignment,

@@ -1,0 +1,117 @@
+"""Nodes and pods as every InferGrid reader sees them: their GPU annotations, decoded.
+
+The extender's watch cache, the device plugin and `infergrid placements` all read
+the same Kubernetes JSON. Decoding it here, once, means they agree on which pods
+still hold GPUs and on which annotations count, so the table a person prints is
+what the extender offers and the pods the plugin honours are the ones it placed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from infergrid.assignment_annotation import PodAssignment, decode_assignment
+from infergrid.constants import (
+    ANNOTATION_GPU_ASSIGNMENT,
+    ANNOTATION_GPU_INVENTORY,
+    ANNOTATION_GPU_USAGE,
+)
+from infergrid.errors import ContractError
+from infergrid.inventory import GpuInventory, decode_inventory
+from infergrid.usage import GpuUsage, decode_usage
+
+TERMINAL_PHASES: Final = ("Succeeded", "Failed")
+"""A pod in one of these phases has stopped for good: its GPUs are free again."""
+LIVE_PODS: Final = ",".join(f"status.phase!={phase}" for phase in TERMINAL_PHASES)
+"""The field selector for live pods: a pod leaving it arrives in a watch as DELETED."""
+DEFAULT_SCHEDULER: Final = "default-scheduler"
+"""Kubernetes' scheduler for a pod that names none."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """A node's GPU annotations, decoded; a node with a ``problem`` offers nothing."""
+
+    name: str
+    inventory: GpuInventory | None
+    usage: GpuUsage | None
+    problem: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """A pod and the assignment in its annotation, if one decodes (else ``problem`` says why)."""
+
+    uid: str
+    namespace: str
+    name: str
+    node_name: str | None
+    scheduler_name: str
+    assignment: PodAssignment | None
+    problem: str | None = None
+    phase: str = ""
+    resource_version: str = ""
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``, as people and kubectl name the pod."""
+        return f"{self.namespace}/{self.name}"
+
+
+def node_record(node: dict[str, Any]) -> NodeRecord:
+    """The record of a Node's JSON; a bad annotation becomes ``problem``, never an exception.
+
+    An inventory or usage naming another node is a problem too: copied
+    annotations would otherwise offer one node's GPUs under two names.
+    """
+    meta = node.get("metadata") or {}
+    name = meta["name"]
+    annotations = meta.get("annotations") or {}
+    inventory, bad_inventory = _decoded(annotations, ANNOTATION_GPU_INVENTORY, decode_inventory)
+    usage, bad_usage = _decoded(annotations, ANNOTATION_GPU_USAGE, decode_usage)
+    problems = [p for p in (bad_inventory, bad_usage) if p]
+    for key, doc in ((ANNOTATION_GPU_INVENTORY, inventory), (ANNOTATION_GPU_USAGE, usage)):
+        if doc is not None and doc.node != name:
+            problems.append(f"{key}: node: names {doc.node!r}, not this node {name!r}")
+    return NodeRecord(name, inventory, usage, "; ".join(problems) or None)
+
+
+def pod_record(pod: dict[str, Any]) -> PodRecord:
+    """The record of a Pod's JSON; a bad assignment becomes ``problem``, never an exception."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    assignment, problem = _decoded(annotations, ANNOTATION_GPU_ASSIGNMENT, decode_assignment)
+    return PodRecord(
+        uid=meta["uid"],
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        node_name=spec.get("nodeName") or None,
+        scheduler_name=spec.get("schedulerName") or DEFAULT_SCHEDULER,
+        assignment=assignment,
+        problem=problem,
+        phase=(pod.get("status") or {}).get("phase", ""),
+        resource_version=meta.get("resourceVersion", ""),
+    )
+
+
+def is_live(pod: PodRecord) -> bool:
+    """Whether the pod may still hold GPUs: it has not finished, whatever its containers do."""
+    return pod.phase not in TERMINAL_PHASES
+
+
+def _decoded(
+    annotations: dict[str, str], key: str, decode: Callable[[str], T]
+) -> tuple[T | None, str | None]:
+    """The decoded annotation, or the reason it does not decode, prefixed with its key."""
+    text = annotations.get(key)
+    if text is None:
+        return None, None
+    try:
+        return decode(text), None
+    except ContractError as err:
+        return None, str(err) if err.field.startswith(key) else f"{key}: {err}"
