@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from batching_engine import metrics as m
-from batching_engine.dynamic_batcher import QueueFullError, QueueTimeoutError
+from batching_engine.errors import QueueFullError, QueueTimeoutError
 from batching_engine.server import responses as r
 from batching_engine.server.errors import RetryLaterError
 from batching_engine.server.protocol import RequestError, decode_json, parse_embedding

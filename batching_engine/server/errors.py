@@ -4,6 +4,10 @@
 OpenAI error type, and the `requests_total` status it counts as (None where it was
 counted where it was raised: the engine counts what it ended, and a 429 is counted by
 whoever knows whether it was a full queue or a queue timeout).
+
+The engine's own exception types live in `batching_engine.errors`; the ones defined here
+are the server's, which only mean something over HTTP: a model this server does not
+serve, not ready yet, retry later.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import logging
 from aiohttp import web
 
 from batching_engine import metrics as m
-from batching_engine.async_engine import EngineFailedError
+from batching_engine.errors import EngineFailedError
 from batching_engine.metrics import EngineMetrics
 from batching_engine.server.protocol import RequestError
 from batching_engine.server.responses import error_body

@@ -18,14 +18,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from batching_engine import metrics as m
-from batching_engine.async_engine import (
-    AsyncEngine,
-    Delta,
-    EngineDrainingError,
-    EngineFailedError,
-    RequestStream,
-)
-from batching_engine.scheduler import QueueFullError
+from batching_engine.async_engine import AsyncEngine, Delta, RequestStream
+from batching_engine.errors import EngineDrainingError, EngineFailedError, QueueFullError
 from batching_engine.sequence import FinishReason, Sequence
 from batching_engine.server import responses as r
 from batching_engine.server.errors import NotReadyError, RetryLaterError

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from batching_engine.async_engine import EngineFailedError
+from batching_engine.errors import EngineFailedError
 from batching_engine.sequence import SamplingParams, Sequence
 from batching_engine.server.served_model import GENERATION_TASK
 
