@@ -31,7 +31,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class EngineServer:
-    """The aiohttp application around one AsyncEngine and one embedding batcher."""
+    """The aiohttp application around one AsyncEngine and one embedding batcher.
+
+    It routes requests to the handlers in `generation` and `embeddings` and is the
+    `HandlerContext` they are given.
+    """
 
     def __init__(
         self,
@@ -67,7 +71,7 @@ class EngineServer:
     def start(self, model: ServedModel, engine: AsyncEngine) -> None:
         """The model is loaded: start the worker and the batcher; `warm_up` turns readiness on."""
         engine.start()
-        batcher = DynamicBatcher(self._batch_policy(), partial(embed_batch, self))
+        batcher = DynamicBatcher(self._batch_policy(), partial(embed_batch, engine, model.runner))
         batcher.start()
         self.metrics.track_state(
             queue_depth=lambda: engine.queue_depth + batcher.queue_depth,
@@ -129,6 +133,10 @@ class EngineServer:
         if self.batcher is None:
             raise NotReadyError("the model is still loading")
         return self.batcher
+
+    @property
+    def priority_levels(self) -> int:
+        return self.config.priority_levels
 
     # Probes, metrics, models.
 

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -23,6 +23,7 @@ from batching_engine.errors import EngineDrainingError, EngineFailedError, Queue
 from batching_engine.sequence import FinishReason, Sequence
 from batching_engine.server import responses as r
 from batching_engine.server.errors import NotReadyError, RetryLaterError
+from batching_engine.server.handler_context import HandlerContext
 from batching_engine.server.protocol import (
     GenerationRequest,
     decode_json,
@@ -32,13 +33,12 @@ from batching_engine.server.protocol import (
 from batching_engine.server.served_model import ServedModel
 from batching_engine.server.text_output import TextOutput
 
-if TYPE_CHECKING:
-    from batching_engine.server.app import EngineServer
-
 log = logging.getLogger("infergrid.engine.http")
 
 
-async def generate(server: EngineServer, request: web.Request, *, chat: bool) -> web.StreamResponse:
+async def generate(
+    server: HandlerContext, request: web.Request, *, chat: bool
+) -> web.StreamResponse:
     model, engine = server.require_model(), server.require_engine()
     model.check_generates()
     # Before even reading the body: under overload, refusing is most of the work, and it
@@ -83,7 +83,7 @@ def _prompt_ids(model: ServedModel, req: GenerationRequest) -> list[int]:
 
 
 @contextmanager
-def _refusals(server: EngineServer, engine: AsyncEngine) -> Iterator[None]:
+def _refusals(server: HandlerContext, engine: AsyncEngine) -> Iterator[None]:
     """The engine's refusals, as the errors the client gets."""
     try:
         yield
@@ -101,7 +101,7 @@ class _Answer:
         self.env, self.deltas, self.text = env, stream, text
         self.seq = stream.seq
 
-    async def collect(self, server: EngineServer) -> web.Response:
+    async def collect(self, server: HandlerContext) -> web.Response:
         delta = await self._first(server)
         while not delta.final:
             self.text.push(delta.token_ids)
@@ -113,7 +113,7 @@ class _Answer:
         return web.json_response(body)
 
     async def stream(
-        self, request: web.Request, server: EngineServer, usage: bool
+        self, request: web.Request, server: HandlerContext, usage: bool
     ) -> web.StreamResponse:
         """Server-sent events: `data: {chunk}` lines, then `data: [DONE]`."""
         delta = await self._first(server)
@@ -130,7 +130,7 @@ class _Answer:
             log.debug("the client of a stream went away")
         return response
 
-    async def _first(self, server: EngineServer) -> Delta:
+    async def _first(self, server: HandlerContext) -> Delta:
         """The first delta, checked before any byte of the response is sent."""
         delta = await anext(self.deltas)
         _raise_on_error(delta)
