@@ -19,10 +19,10 @@ from batching_engine.async_engine import AsyncEngine
 from batching_engine.config import EngineConfig
 from batching_engine.dynamic_batcher import BatchPolicy, DynamicBatcher
 from batching_engine.metrics import EngineMetrics
-from batching_engine.server import responses as r
 from batching_engine.server.embeddings import embed_batch, embeddings
 from batching_engine.server.errors import NotReadyError, error_response, http_error_response
 from batching_engine.server.generation import generate
+from batching_engine.server.responses import models_response
 from batching_engine.server.served_model import ServedModel
 from batching_engine.server.warm_up import warm_up
 
@@ -165,7 +165,7 @@ class EngineServer:
         if self.model is None:
             raise NotReadyError("the model is still loading")
         model = self.model
-        return web.json_response(r.models_response(model.name, model.created, model.max_model_len))
+        return web.json_response(models_response(model.name, model.created, model.max_model_len))
 
     # The error boundary, which also counts requests in flight for the drain.
 

@@ -11,13 +11,14 @@ import time
 
 from aiohttp import web
 
-from batching_engine import metrics as m
 from batching_engine.async_engine import AsyncEngine
 from batching_engine.errors import QueueFullError, QueueTimeoutError
-from batching_engine.server import responses as r
+from batching_engine.metrics import RequestStatus
 from batching_engine.server.errors import RetryLaterError
 from batching_engine.server.handler_context import HandlerContext
-from batching_engine.server.protocol import RequestError, decode_json, parse_embedding
+from batching_engine.server.json_fields import RequestError
+from batching_engine.server.protocol import decode_json, parse_embedding
+from batching_engine.server.responses import embeddings_response
 from batching_engine.server.served_model import Embedder, ServedModel, check_priority
 from batching_engine.throughput import retry_after_s
 
@@ -34,15 +35,13 @@ async def embeddings(server: HandlerContext, request: web.Request) -> web.Respon
         vectors = await batcher.submit(inputs, req.priority)
     except (QueueFullError, QueueTimeoutError) as err:
         full = isinstance(err, QueueFullError)
-        server.metrics.request_finished(m.REJECTED if full else m.TIMEOUT)
+        server.metrics.request_finished(RequestStatus.REJECTED if full else RequestStatus.TIMEOUT)
         rate = batcher.completed.rate(time.monotonic())
         raise RetryLaterError(str(err), retry_after_s(batcher.queue_depth, rate)) from None
-    server.metrics.request_finished(m.SUCCESS)
+    server.metrics.request_finished(RequestStatus.SUCCESS)
     server.metrics.e2e.observe(time.monotonic() - arrival)
     tokens = sum(len(ids) for ids in inputs)
-    return web.json_response(
-        r.embeddings_response(model.name, vectors, req.encoding_format, tokens)
-    )
+    return web.json_response(embeddings_response(model.name, vectors, req.encoding_format, tokens))
 
 
 async def embed_batch(

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batching_engine.sequence import SamplingParams
+from batching_engine.server.json_fields import RequestError
 from batching_engine.server.protocol import (
     ChatMessage,
     GenerationRequest,
-    RequestError,
     decode_json,
     parse_chat,
     parse_completion,
