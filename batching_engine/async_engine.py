@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from batching_engine.device import use_device
 from batching_engine.engine import LLMEngine
+from batching_engine.errors import EngineDrainingError, QueueFullError
 from batching_engine.metrics import EngineMetrics
 from batching_engine.request_ledger import RequestLedger
-from batching_engine.scheduler import QueueFullError
 from batching_engine.sequence import FinishReason, Sequence
 from batching_engine.throughput import retry_after_s
 
@@ -33,14 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("infergrid.engine")
 T = TypeVar("T")
-
-
-class EngineDrainingError(Exception):
-    """The engine is shutting down and takes no new requests."""
-
-
-class EngineFailedError(Exception):
-    """The model step raised; the request cannot go on. Our fault, not the client's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +165,7 @@ class AsyncEngine:
         return len(self._open)
 
     async def submit(self, seq: Sequence) -> RequestStream:
-        """Admit `seq`; raises the scheduler's QueueFullError or InvalidRequestError, or
+        """Admit `seq`; raises QueueFullError or InvalidRequestError, or
         EngineDrainingError, before any output."""
         if not self.accepting:
             raise EngineDrainingError("the engine is draining")

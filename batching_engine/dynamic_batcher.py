@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
+from batching_engine.errors import QueueFullError, QueueTimeoutError
 from batching_engine.throughput import RateWindow
 from infergrid.errors import ContractError
 
@@ -106,14 +107,6 @@ def next_batch(queue: Sequence[Pending], policy: BatchPolicy, now: float) -> Dis
         return Dispatch(tuple(live))
     deadlines = [queue[i].deadline for i in live if queue[i].deadline is not None]
     return Wait(min([send_at, *deadlines]))
-
-
-class QueueFullError(Exception):
-    """The batcher's queue has no room for the request; the client should retry later."""
-
-
-class QueueTimeoutError(Exception):
-    """The request waited in the queue longer than its timeout."""
 
 
 @dataclass(eq=False, slots=True)

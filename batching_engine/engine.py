@@ -15,7 +15,8 @@ from typing import Protocol
 
 from batching_engine.block_manager import BlockManager
 from batching_engine.config import EngineConfig
-from batching_engine.scheduler import InvalidRequestError, ScheduledBatch, Scheduler
+from batching_engine.errors import InvalidRequestError
+from batching_engine.scheduler import ScheduledBatch, Scheduler
 from batching_engine.sequence import FinishReason, SamplingParams, Sequence
 from batching_engine.stop import find_stop
 

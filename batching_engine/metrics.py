@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -31,13 +32,16 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
-# Values of the `status` label of requests_total.
-SUCCESS = "success"  # finished by EOS, a stop string or max_tokens
-REJECTED = "rejected"  # 429: the queue was full
-INVALID = "invalid"  # 400/404/413: the request was wrong
-ABORTED = "aborted"  # the client went away
-TIMEOUT = "timeout"  # waited in the queue past its timeout
-ERROR = "error"  # 500: our fault
+
+class RequestStatus(StrEnum):
+    """The values of the `status` label of requests_total: how a request ended."""
+
+    SUCCESS = "success"  # finished by EOS, a stop string or max_tokens
+    REJECTED = "rejected"  # 429: the queue was full
+    INVALID = "invalid"  # 400/404/413: the request was wrong
+    ABORTED = "aborted"  # the client went away
+    TIMEOUT = "timeout"  # waited in the queue past its timeout
+    ERROR = "error"  # 500: our fault
 
 
 class EngineMetrics:
@@ -97,7 +101,7 @@ class EngineMetrics:
         self.requests = Counter(
             PREFIX + "requests", "Requests by outcome.", ["status"], registry=self.registry
         )
-        for status in (SUCCESS, REJECTED, INVALID, ABORTED, TIMEOUT, ERROR):
+        for status in RequestStatus:
             self.requests.labels(status)  # every series present from the start, at 0
         self.prompt_tokens = c("prompt_tokens", "Prompt tokens of accepted requests.")
         self.generation_tokens = c("generation_tokens", "Output tokens generated.")
@@ -113,7 +117,7 @@ class EngineMetrics:
 
     # Events.
 
-    def request_finished(self, status: str) -> None:
+    def request_finished(self, status: RequestStatus) -> None:
         self.requests.labels(status).inc()
 
     def first_token(self, arrival: float, now: float) -> None:

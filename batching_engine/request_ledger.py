@@ -12,19 +12,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from batching_engine import metrics as m
 from batching_engine.engine import StepOutput
-from batching_engine.metrics import EngineMetrics
+from batching_engine.metrics import EngineMetrics, RequestStatus
 from batching_engine.sequence import FinishReason, Sequence, SequenceStatus
 from batching_engine.throughput import RateWindow
 
 S = TypeVar("S")  # what the caller keeps per request (the async engine: its stream)
 
 _STATUS = {
-    FinishReason.STOP: m.SUCCESS,
-    FinishReason.LENGTH: m.SUCCESS,
-    FinishReason.ABORT: m.ABORTED,
-    FinishReason.TIMEOUT: m.TIMEOUT,
+    FinishReason.STOP: RequestStatus.SUCCESS,
+    FinishReason.LENGTH: RequestStatus.SUCCESS,
+    FinishReason.ABORT: RequestStatus.ABORTED,
+    FinishReason.TIMEOUT: RequestStatus.TIMEOUT,
 }
 
 
@@ -76,14 +75,14 @@ class RequestLedger(Generic[S]):
         """Forget an aborted request; its owner, or None if it had already ended."""
         entry = self._entries.pop(seq_id, None)
         if entry is not None:
-            self.metrics.request_finished(m.ABORTED)
+            self.metrics.request_finished(RequestStatus.ABORTED)
         return None if entry is None else entry.owner
 
     def fail_all(self) -> Iterator[tuple[int, S]]:
         """Forget every request as failed (a step raised); yields (seq id, owner)."""
         failed, self._entries = self._entries, {}
         for seq_id, entry in failed.items():
-            self.metrics.request_finished(m.ERROR)
+            self.metrics.request_finished(RequestStatus.ERROR)
             yield seq_id, entry.owner
 
     def completions_per_s(self, now: float) -> float:

@@ -17,7 +17,6 @@ import torch
 
 from batching_engine.sequence import SamplingParams
 from batching_engine.staging import stage
-from infergrid.errors import ContractError
 
 _MASK64 = (1 << 64) - 1
 
@@ -46,18 +45,6 @@ def sample(
         noise = _exponential_noise(probs, chosen, [steps[row] for row in random_rows])
         tokens[index] = (probs / noise).argmax(dim=-1)
     return tokens.tolist()
-
-
-def check_sampling_params(params: SamplingParams, field: str = "sampling_params") -> None:
-    """Raise for settings the sampler cannot honour, naming the offending field."""
-    if not params.temperature >= 0.0:
-        raise ContractError(f"{field}.temperature", f"must be >= 0, got {params.temperature}")
-    if params.top_k < 0:
-        raise ContractError(f"{field}.top_k", f"must be >= 0 (0 turns it off), got {params.top_k}")
-    if not 0.0 < params.top_p <= 1.0:
-        raise ContractError(f"{field}.top_p", f"must be in (0, 1], got {params.top_p}")
-    if params.seed is not None and params.seed < 0:
-        raise ContractError(f"{field}.seed", f"must be >= 0, got {params.seed}")
 
 
 def step_generator(seed: int, step: int, device: torch.device) -> torch.Generator:

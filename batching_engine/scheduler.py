@@ -17,20 +17,8 @@ from dataclasses import dataclass, field
 
 from batching_engine.block_manager import BlockManager
 from batching_engine.config import EngineConfig
+from batching_engine.errors import InvalidRequestError, QueueFullError, RequestTooLongError
 from batching_engine.sequence import FinishReason, Sequence, SequenceStatus
-from infergrid.errors import ContractError
-
-
-class QueueFullError(Exception):
-    """The waiting queue is at max_queue_size; the server answers 429 with Retry-After."""
-
-
-class InvalidRequestError(ContractError):
-    """A request the engine can never serve as asked; the message names the field."""
-
-
-class RequestTooLongError(InvalidRequestError):
-    """The prompt, or the prompt plus max_tokens, does not fit the model or the KV cache."""
 
 
 @dataclass(slots=True)

@@ -19,10 +19,10 @@ from batching_engine.async_engine import AsyncEngine
 from batching_engine.config import EngineConfig
 from batching_engine.dynamic_batcher import BatchPolicy, DynamicBatcher
 from batching_engine.metrics import EngineMetrics
-from batching_engine.server import responses as r
 from batching_engine.server.embeddings import embed_batch, embeddings
 from batching_engine.server.errors import NotReadyError, error_response, http_error_response
 from batching_engine.server.generation import generate
+from batching_engine.server.responses import models_response
 from batching_engine.server.served_model import ServedModel
 from batching_engine.server.warm_up import warm_up
 
@@ -31,7 +31,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class EngineServer:
-    """The aiohttp application around one AsyncEngine and one embedding batcher."""
+    """The aiohttp application around one AsyncEngine and one embedding batcher.
+
+    It routes requests to the handlers in `generation` and `embeddings` and is the
+    `HandlerContext` they are given.
+    """
 
     def __init__(
         self,
@@ -67,7 +71,7 @@ class EngineServer:
     def start(self, model: ServedModel, engine: AsyncEngine) -> None:
         """The model is loaded: start the worker and the batcher; `warm_up` turns readiness on."""
         engine.start()
-        batcher = DynamicBatcher(self._batch_policy(), partial(embed_batch, self))
+        batcher = DynamicBatcher(self._batch_policy(), partial(embed_batch, engine, model.runner))
         batcher.start()
         self.metrics.track_state(
             queue_depth=lambda: engine.queue_depth + batcher.queue_depth,
@@ -130,6 +134,10 @@ class EngineServer:
             raise NotReadyError("the model is still loading")
         return self.batcher
 
+    @property
+    def priority_levels(self) -> int:
+        return self.config.priority_levels
+
     # Probes, metrics, models.
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -157,7 +165,7 @@ class EngineServer:
         if self.model is None:
             raise NotReadyError("the model is still loading")
         model = self.model
-        return web.json_response(r.models_response(model.name, model.created, model.max_model_len))
+        return web.json_response(models_response(model.name, model.created, model.max_model_len))
 
     # The error boundary, which also counts requests in flight for the drain.
 

@@ -8,50 +8,51 @@ steps: the device runs one thing at a time.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from batching_engine import metrics as m
-from batching_engine.dynamic_batcher import QueueFullError, QueueTimeoutError
-from batching_engine.server import responses as r
+from batching_engine.async_engine import AsyncEngine
+from batching_engine.errors import QueueFullError, QueueTimeoutError
+from batching_engine.metrics import RequestStatus
 from batching_engine.server.errors import RetryLaterError
-from batching_engine.server.protocol import RequestError, decode_json, parse_embedding
-from batching_engine.server.served_model import ServedModel, check_priority
+from batching_engine.server.handler_context import HandlerContext
+from batching_engine.server.json_fields import RequestError
+from batching_engine.server.protocol import decode_json, parse_embedding
+from batching_engine.server.responses import embeddings_response
+from batching_engine.server.served_model import Embedder, ServedModel, check_priority
 from batching_engine.throughput import retry_after_s
 
-if TYPE_CHECKING:
-    from batching_engine.server.app import EngineServer
 
-
-async def embeddings(server: EngineServer, request: web.Request) -> web.Response:
+async def embeddings(server: HandlerContext, request: web.Request) -> web.Response:
     model = server.require_model()
     arrival = time.monotonic()
     req = parse_embedding(decode_json(await request.read()))
     model.check_name(req.model)
-    check_priority(req.priority, server.config.priority_levels)
+    check_priority(req.priority, server.priority_levels)
     inputs = [_input_ids(model, item, f"input[{i}]") for i, item in enumerate(req.inputs)]
     batcher = server.require_batcher()
     try:
         vectors = await batcher.submit(inputs, req.priority)
     except (QueueFullError, QueueTimeoutError) as err:
         full = isinstance(err, QueueFullError)
-        server.metrics.request_finished(m.REJECTED if full else m.TIMEOUT)
+        server.metrics.request_finished(RequestStatus.REJECTED if full else RequestStatus.TIMEOUT)
         rate = batcher.completed.rate(time.monotonic())
         raise RetryLaterError(str(err), retry_after_s(batcher.queue_depth, rate)) from None
-    server.metrics.request_finished(m.SUCCESS)
+    server.metrics.request_finished(RequestStatus.SUCCESS)
     server.metrics.e2e.observe(time.monotonic() - arrival)
     tokens = sum(len(ids) for ids in inputs)
-    return web.json_response(
-        r.embeddings_response(model.name, vectors, req.encoding_format, tokens)
-    )
+    return web.json_response(embeddings_response(model.name, vectors, req.encoding_format, tokens))
 
 
-async def embed_batch(server: EngineServer, inputs: list[list[int]]) -> list[list[float]]:
-    """The dynamic batcher's `run`: one pass over a batch of inputs, on the worker."""
-    assert server.model is not None, "batches run only once the model is loaded"
-    runner = server.model.runner
-    return await server.require_engine().run_job(lambda: runner.embed(inputs).tolist(), len(inputs))
+async def embed_batch(
+    engine: AsyncEngine, runner: Embedder, inputs: list[list[int]]
+) -> list[list[float]]:
+    """The dynamic batcher's `run`: one pass over a batch of inputs, on the worker.
+
+    It takes the engine and the runner themselves, not the server: queued batches still run
+    while the server drains, when `require_model` already refuses new requests.
+    """
+    return await engine.run_job(lambda: runner.embed(inputs).tolist(), len(inputs))
 
 
 def _input_ids(model: ServedModel, item: str | list[int], path: str) -> list[int]:

@@ -4,6 +4,10 @@
 OpenAI error type, and the `requests_total` status it counts as (None where it was
 counted where it was raised: the engine counts what it ended, and a 429 is counted by
 whoever knows whether it was a full queue or a queue timeout).
+
+The engine's own exception types live in `batching_engine.errors`; the ones defined here
+are the server's, which only mean something over HTTP: a model this server does not
+serve, not ready yet, retry later.
 """
 
 from __future__ import annotations
@@ -12,10 +16,9 @@ import logging
 
 from aiohttp import web
 
-from batching_engine import metrics as m
-from batching_engine.async_engine import EngineFailedError
-from batching_engine.metrics import EngineMetrics
-from batching_engine.server.protocol import RequestError
+from batching_engine.errors import EngineFailedError
+from batching_engine.metrics import EngineMetrics, RequestStatus
+from batching_engine.server.json_fields import RequestError
 from batching_engine.server.responses import error_body
 from infergrid.errors import ContractError
 
@@ -39,11 +42,11 @@ class RetryLaterError(Exception):
 
 
 # First match wins, so subclasses come first.
-_ERRORS: tuple[tuple[type[BaseException], int, str, str | None], ...] = (
-    (ModelNotFoundError, 404, "invalid_request_error", m.INVALID),
-    (ContractError, 400, "invalid_request_error", m.INVALID),
+_ERRORS: tuple[tuple[type[BaseException], int, str, RequestStatus | None], ...] = (
+    (ModelNotFoundError, 404, "invalid_request_error", RequestStatus.INVALID),
+    (ContractError, 400, "invalid_request_error", RequestStatus.INVALID),
     (RetryLaterError, 429, "rate_limit_error", None),
-    (NotReadyError, 503, "service_unavailable", m.REJECTED),
+    (NotReadyError, 503, "service_unavailable", RequestStatus.REJECTED),
     (EngineFailedError, 500, "server_error", None),
 )
 
@@ -53,7 +56,7 @@ def error_response(err: Exception, metrics: EngineMetrics) -> web.Response:
     known = _classify(err)
     if known is None:
         log.exception("request failed", exc_info=err)
-        metrics.request_finished(m.ERROR)
+        metrics.request_finished(RequestStatus.ERROR)
         return json_error(500, "internal error", "server_error", None)
     status, error_type, counted_as = known
     if counted_as is not None:
@@ -73,7 +76,7 @@ def http_error_response(
 ) -> web.Response:
     """aiohttp's own refusals (body too large, no such route, wrong method) as JSON."""
     if err.status < 500:
-        metrics.request_finished(m.INVALID)
+        metrics.request_finished(RequestStatus.INVALID)
     too_large = err.status == web.HTTPRequestEntityTooLarge.status_code
     message = f"body: larger than {max_body_bytes} bytes" if too_large else err.reason
     response = json_error(
@@ -90,5 +93,5 @@ def json_error(
     return web.json_response(error_body(message, kind, param, code), status=status)
 
 
-def _classify(err: Exception) -> tuple[int, str, str | None] | None:
+def _classify(err: Exception) -> tuple[int, str, RequestStatus | None] | None:
     return next(((s, t, c) for kind, s, t, c in _ERRORS if isinstance(err, kind)), None)

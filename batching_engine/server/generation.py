@@ -13,38 +13,39 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from batching_engine import metrics as m
-from batching_engine.async_engine import (
-    AsyncEngine,
-    Delta,
-    EngineDrainingError,
-    EngineFailedError,
-    RequestStream,
-)
-from batching_engine.scheduler import QueueFullError
+from batching_engine.async_engine import AsyncEngine, Delta, RequestStream
+from batching_engine.errors import EngineDrainingError, EngineFailedError, QueueFullError
+from batching_engine.metrics import RequestStatus
 from batching_engine.sequence import FinishReason, Sequence
-from batching_engine.server import responses as r
 from batching_engine.server.errors import NotReadyError, RetryLaterError
+from batching_engine.server.handler_context import HandlerContext
 from batching_engine.server.protocol import (
     GenerationRequest,
     decode_json,
     parse_chat,
     parse_completion,
 )
+from batching_engine.server.responses import (
+    SSE_DONE,
+    Envelope,
+    error_body,
+    full_response,
+    stream_chunk,
+    usage_chunk,
+)
 from batching_engine.server.served_model import ServedModel
 from batching_engine.server.text_output import TextOutput
-
-if TYPE_CHECKING:
-    from batching_engine.server.app import EngineServer
 
 log = logging.getLogger("infergrid.engine.http")
 
 
-async def generate(server: EngineServer, request: web.Request, *, chat: bool) -> web.StreamResponse:
+async def generate(
+    server: HandlerContext, request: web.Request, *, chat: bool
+) -> web.StreamResponse:
     model, engine = server.require_model(), server.require_engine()
     model.check_generates()
     # Before even reading the body: under overload, refusing is most of the work, and it
@@ -57,7 +58,7 @@ async def generate(server: EngineServer, request: web.Request, *, chat: bool) ->
     with _refusals(server, engine):
         stream = await engine.submit(_sequence(model, req))
     answer = _Answer(
-        r.Envelope.new(chat, model.name), stream, TextOutput(model.tokenizer, req.params.stop)
+        Envelope.new(chat, model.name), stream, TextOutput(model.tokenizer, req.params.stop)
     )
     try:
         if req.stream:
@@ -89,12 +90,12 @@ def _prompt_ids(model: ServedModel, req: GenerationRequest) -> list[int]:
 
 
 @contextmanager
-def _refusals(server: EngineServer, engine: AsyncEngine) -> Iterator[None]:
+def _refusals(server: HandlerContext, engine: AsyncEngine) -> Iterator[None]:
     """The engine's refusals, as the errors the client gets."""
     try:
         yield
     except QueueFullError as err:
-        server.metrics.request_finished(m.REJECTED)
+        server.metrics.request_finished(RequestStatus.REJECTED)
         raise RetryLaterError(str(err), engine.retry_after_s()) from None
     except EngineDrainingError as err:
         raise NotReadyError(str(err)) from None
@@ -103,11 +104,11 @@ def _refusals(server: EngineServer, engine: AsyncEngine) -> Iterator[None]:
 class _Answer:
     """One request's deltas turned into an OpenAI body or event stream."""
 
-    def __init__(self, env: r.Envelope, stream: RequestStream, text: TextOutput) -> None:
+    def __init__(self, env: Envelope, stream: RequestStream, text: TextOutput) -> None:
         self.env, self.deltas, self.text = env, stream, text
         self.seq = stream.seq
 
-    async def collect(self, server: EngineServer) -> web.Response:
+    async def collect(self, server: HandlerContext) -> web.Response:
         delta = await self._first(server)
         while not delta.final:
             self.text.push(delta.token_ids)
@@ -115,11 +116,11 @@ class _Answer:
         _raise_on_error(delta)
         self.text.finish(delta.token_ids, self.seq.text_end)
         counts = (self.seq.num_prompt_tokens, len(self.seq.output_token_ids))
-        body = r.full_response(self.env, self.text.text, delta.finish_reason, *counts)
+        body = full_response(self.env, self.text.text, delta.finish_reason, *counts)
         return web.json_response(body)
 
     async def stream(
-        self, request: web.Request, server: EngineServer, usage: bool
+        self, request: web.Request, server: HandlerContext, usage: bool
     ) -> web.StreamResponse:
         """Server-sent events: `data: {chunk}` lines, then `data: [DONE]`."""
         delta = await self._first(server)
@@ -129,14 +130,14 @@ class _Answer:
         await response.prepare(request)
         try:
             if self.env.chat:
-                await _send(response, r.stream_chunk(self.env, "", first=True))
+                await _send(response, stream_chunk(self.env, "", first=True))
             await self._send_deltas(response, delta, usage)
             await response.write_eof()
         except ConnectionResetError:
             log.debug("the client of a stream went away")
         return response
 
-    async def _first(self, server: EngineServer) -> Delta:
+    async def _first(self, server: HandlerContext) -> Delta:
         """The first delta, checked before any byte of the response is sent."""
         delta = await anext(self.deltas)
         _raise_on_error(delta)
@@ -150,17 +151,17 @@ class _Answer:
         while not delta.final:
             piece = self.text.push(delta.token_ids)
             if piece:
-                await _send(response, r.stream_chunk(self.env, piece))
+                await _send(response, stream_chunk(self.env, piece))
             delta = await anext(self.deltas)
         if delta.error is not None:  # too late for a status code: an error event, no [DONE]
-            await _send(response, r.error_body(delta.error, "server_error", None))
+            await _send(response, error_body(delta.error, "server_error", None))
             return
         piece = self.text.finish(delta.token_ids, self.seq.text_end)
-        await _send(response, r.stream_chunk(self.env, piece, delta.finish_reason))
+        await _send(response, stream_chunk(self.env, piece, delta.finish_reason))
         if usage:
             counts = (self.seq.num_prompt_tokens, len(self.seq.output_token_ids))
-            await _send(response, r.usage_chunk(self.env, *counts))
-        await response.write(r.SSE_DONE)
+            await _send(response, usage_chunk(self.env, *counts))
+        await response.write(SSE_DONE)
 
 
 def _raise_on_error(delta: Delta) -> None:

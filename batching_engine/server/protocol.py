@@ -14,8 +14,24 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from batching_engine.sequence import SamplingParams
-from batching_engine.server import json_fields as f
-from batching_engine.server.json_fields import RequestError
+from batching_engine.server.json_fields import (
+    RequestError,
+    array,
+    body,
+    boolean,
+    fraction,
+    integer,
+    kind,
+    mapping,
+    number,
+    optional,
+    reject_constant,
+    required,
+    string,
+    text,
+    tokens,
+    value_or,
+)
 
 MAX_STOP_SEQUENCES: Final = 4
 MAX_TOKENS_LIMIT: Final = 1 << 20
@@ -69,22 +85,22 @@ class EmbeddingRequest:
     priority: int = 0
 
 
-def decode_json(body: bytes) -> dict[str, Any]:
+def decode_json(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object; NaN and Infinity are not JSON, whatever Python's json says."""
     try:
-        doc = json.loads(body, parse_constant=f.reject_constant)
+        doc = json.loads(raw, parse_constant=reject_constant)
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise RequestError("body", f"not valid JSON: {err}") from None
     if not isinstance(doc, dict):
-        raise RequestError("body", f"expected a JSON object, got {f.kind(doc)}")
+        raise RequestError("body", f"expected a JSON object, got {kind(doc)}")
     return doc
 
 
 def parse_completion(doc: object) -> GenerationRequest:
     """A /v1/completions body."""
-    doc = f.body(doc)
+    doc = body(doc)
     return GenerationRequest(
-        model=f.optional(doc, "model", f.string),
+        model=optional(doc, "model", string),
         prompt=_prompt(doc),
         params=_sampling(doc),
         **_common(doc),
@@ -97,9 +113,9 @@ def parse_chat(doc: object) -> GenerationRequest:
     Without either, OpenAI's chat generates until the model stops or the context is full;
     `fill_context` tells the app to set max_tokens once it knows the prompt's length.
     """
-    doc = f.body(doc)
+    doc = body(doc)
     return GenerationRequest(
-        model=f.optional(doc, "model", f.string),
+        model=optional(doc, "model", string),
         messages=_messages(doc),
         params=_sampling(doc, "max_completion_tokens"),
         fill_context=all(doc.get(k) is None for k in ("max_tokens", "max_completion_tokens")),
@@ -109,17 +125,17 @@ def parse_chat(doc: object) -> GenerationRequest:
 
 def parse_embedding(doc: object) -> EmbeddingRequest:
     """A /v1/embeddings body; `dimensions` is refused, since our models cannot shorten vectors."""
-    doc = f.body(doc)
+    doc = body(doc)
     if doc.get("dimensions") is not None:
         raise RequestError("dimensions", "is not supported by this model")
-    fmt = f.optional(doc, "encoding_format", f.string) or "float"
+    fmt = optional(doc, "encoding_format", string) or "float"
     if fmt not in ENCODING_FORMATS:
         raise RequestError("encoding_format", f"must be one of {', '.join(ENCODING_FORMATS)}")
     return EmbeddingRequest(
-        model=f.optional(doc, "model", f.string),
+        model=optional(doc, "model", string),
         inputs=_embedding_inputs(doc),
         encoding_format=fmt,
-        priority=f.optional(doc, "priority", f.integer(*_PRIORITY_RANGE)) or 0,
+        priority=optional(doc, "priority", integer(*_PRIORITY_RANGE)) or 0,
     )
 
 
@@ -129,31 +145,31 @@ def parse_embedding(doc: object) -> EmbeddingRequest:
 def _common(doc: dict[str, Any]) -> dict[str, Any]:
     _check_n(doc)
     _refuse_unsupported(doc)
-    stream = f.optional(doc, "stream", f.boolean) or False
-    options = f.optional(doc, "stream_options", f.mapping)
+    stream = optional(doc, "stream", boolean) or False
+    options = optional(doc, "stream_options", mapping)
     if options is not None and not stream:
         raise RequestError("stream_options", "is only allowed when stream is true")
-    usage = f.optional(options or {}, "include_usage", f.boolean, "stream_options.include_usage")
+    usage = optional(options or {}, "include_usage", boolean, "stream_options.include_usage")
     return {
         "stream": stream,
         "include_usage": bool(usage),
-        "priority": f.optional(doc, "priority", f.integer(*_PRIORITY_RANGE)) or 0,
+        "priority": optional(doc, "priority", integer(*_PRIORITY_RANGE)) or 0,
     }
 
 
 def _sampling(doc: dict[str, Any], max_tokens_alias: str | None = None) -> SamplingParams:
-    max_tokens = f.optional(doc, "max_tokens", f.integer(1, MAX_TOKENS_LIMIT))
+    max_tokens = optional(doc, "max_tokens", integer(1, MAX_TOKENS_LIMIT))
     if max_tokens is None and max_tokens_alias:
-        max_tokens = f.optional(doc, max_tokens_alias, f.integer(1, MAX_TOKENS_LIMIT))
+        max_tokens = optional(doc, max_tokens_alias, integer(1, MAX_TOKENS_LIMIT))
     defaults = SamplingParams()
     return SamplingParams(
-        temperature=f.value_or(doc, "temperature", f.number(0.0, 2.0), defaults.temperature),
-        top_p=f.value_or(doc, "top_p", f.fraction, defaults.top_p),
+        temperature=value_or(doc, "temperature", number(0.0, 2.0), defaults.temperature),
+        top_p=value_or(doc, "top_p", fraction, defaults.top_p),
         top_k=_top_k(doc),
         max_tokens=max_tokens if max_tokens is not None else defaults.max_tokens,
         stop=_stop(doc),
-        seed=f.optional(doc, "seed", f.integer(*_SEED_RANGE)),
-        ignore_eos=f.optional(doc, "ignore_eos", f.boolean) or False,
+        seed=optional(doc, "seed", integer(*_SEED_RANGE)),
+        ignore_eos=optional(doc, "ignore_eos", boolean) or False,
     )
 
 
@@ -173,19 +189,19 @@ def _same(value: object, neutral: object) -> bool:
 
 
 def _short(value: object) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    dumped = json.dumps(value)
+    return dumped if len(dumped) <= 40 else dumped[:37] + "..."
 
 
 def _check_n(doc: dict[str, Any]) -> None:
-    n = f.optional(doc, "n", f.integer(1, MAX_TOKENS_LIMIT))
+    n = optional(doc, "n", integer(1, MAX_TOKENS_LIMIT))
     if n not in (None, 1):
         raise RequestError("n", f"only n=1 is supported, got {n}")
 
 
 def _top_k(doc: dict[str, Any]) -> int:
     """0 or -1 turn top-k off (-1 is vLLM's spelling); internally 0 means off."""
-    value = f.optional(doc, "top_k", f.integer(-1, MAX_TOKENS_LIMIT))
+    value = optional(doc, "top_k", integer(-1, MAX_TOKENS_LIMIT))
     return 0 if value is None or value == -1 else value
 
 
@@ -194,11 +210,11 @@ def _stop(doc: dict[str, Any]) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
-        return (f.string(value, "stop"),)
-    items = f.array(value, "stop")
+        return (string(value, "stop"),)
+    items = array(value, "stop")
     if len(items) > MAX_STOP_SEQUENCES:
         raise RequestError("stop", f"at most {MAX_STOP_SEQUENCES} sequences, got {len(items)}")
-    return tuple(f.string(item, f"stop[{i}]") for i, item in enumerate(items))
+    return tuple(string(item, f"stop[{i}]") for i, item in enumerate(items))
 
 
 def _prompt(doc: dict[str, Any]) -> str | list[int]:
@@ -215,22 +231,22 @@ def _prompt(doc: dict[str, Any]) -> str | list[int]:
 
 def _one_prompt(value: object, path: str) -> str | list[int]:
     if isinstance(value, str):
-        return f.string(value, path)
-    return f.tokens(value, path)
+        return string(value, path)
+    return tokens(value, path)
 
 
 def _messages(doc: dict[str, Any]) -> tuple[ChatMessage, ...]:
     if doc.get("messages") is None:
         raise RequestError("messages", "is required")
-    items = f.array(doc["messages"], "messages")
+    items = array(doc["messages"], "messages")
     if not items:
         raise RequestError("messages", "must hold at least one message")
     return tuple(_message(item, f"messages[{i}]") for i, item in enumerate(items))
 
 
 def _message(value: object, path: str) -> ChatMessage:
-    msg = f.mapping(value, path)
-    role = f.required(msg, "role", f.string, f"{path}.role")
+    msg = mapping(value, path)
+    role = required(msg, "role", string, f"{path}.role")
     if role not in CHAT_ROLES:
         raise RequestError(f"{path}.role", f"must be one of {', '.join(CHAT_ROLES)}")
     content = msg.get("content")
@@ -245,17 +261,16 @@ def _content(value: object, path: str) -> str:
         raise RequestError(path, "is required")
     if isinstance(value, str):
         return value
-    parts = f.array(value, path)
+    parts = array(value, path)
     return "".join(_text_part(part, f"{path}[{i}]") for i, part in enumerate(parts))
 
 
 def _text_part(value: object, path: str) -> str:
-    part = f.mapping(value, path)
-    kind = f.required(part, "type", f.string, f"{path}.type")
-    if kind != "text":
-        raise RequestError(f"{path}.type", f"only text parts are supported, got {kind!r}")
-    text = f.required(part, "text", f.text, f"{path}.text")
-    return text
+    part = mapping(value, path)
+    part_type = required(part, "type", string, f"{path}.type")
+    if part_type != "text":
+        raise RequestError(f"{path}.type", f"only text parts are supported, got {part_type!r}")
+    return required(part, "text", text, f"{path}.text")
 
 
 def _embedding_inputs(doc: dict[str, Any]) -> tuple[str | list[int], ...]:
@@ -264,10 +279,10 @@ def _embedding_inputs(doc: dict[str, Any]) -> tuple[str | list[int], ...]:
         raise RequestError("input", "is required")
     value = doc["input"]
     if isinstance(value, str):
-        return (f.string(value, "input"),)
-    items = f.array(value, "input")
+        return (string(value, "input"),)
+    items = array(value, "input")
     if items and all(isinstance(v, int) and not isinstance(v, bool) for v in items):
-        return (f.tokens(items, "input"),)
+        return (tokens(items, "input"),)
     if not items:
         raise RequestError("input", "must not be empty")
     if len(items) > MAX_EMBEDDING_INPUTS:

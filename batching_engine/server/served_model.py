@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from batching_engine.server.errors import ModelNotFoundError
-from batching_engine.server.protocol import RequestError
+from batching_engine.server.json_fields import RequestError
 from batching_engine.tokenizer import Tokenizer
 
 GENERATION_TASK = "text-generation"

@@ -10,19 +10,16 @@ before any traffic reaches it.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
-from batching_engine.async_engine import EngineFailedError
+from batching_engine.errors import EngineFailedError
 from batching_engine.sequence import SamplingParams, Sequence
+from batching_engine.server.handler_context import HandlerContext
 from batching_engine.server.served_model import GENERATION_TASK
-
-if TYPE_CHECKING:
-    from batching_engine.server.app import EngineServer
 
 WARM_UP_TEXT = "Hello"
 
 
-async def warm_up(server: EngineServer) -> float:
+async def warm_up(server: HandlerContext) -> float:
     """Run one request to the end; its seconds. Raises EngineFailedError if it fails."""
     model = server.require_model()
     ids = model.tokenizer.encode(WARM_UP_TEXT)[: model.max_model_len - 1] or [0]

@@ -12,11 +12,11 @@ import threading
 
 import pytest
 
-from batching_engine.async_engine import AsyncEngine, EngineDrainingError
+from batching_engine.async_engine import AsyncEngine
 from batching_engine.config import EngineConfig
 from batching_engine.engine import LLMEngine
+from batching_engine.errors import EngineDrainingError, InvalidRequestError, QueueFullError
 from batching_engine.metrics import EngineMetrics
-from batching_engine.scheduler import InvalidRequestError, QueueFullError
 from batching_engine.sequence import FinishReason, SamplingParams, Sequence
 
 pytestmark = pytest.mark.timeout(60)

@@ -13,13 +13,12 @@ from batching_engine.dynamic_batcher import (
     Dispatch,
     DynamicBatcher,
     Pending,
-    QueueFullError,
-    QueueTimeoutError,
     Wait,
     admits,
     expired,
     next_batch,
 )
+from batching_engine.errors import QueueFullError, QueueTimeoutError
 from infergrid.errors import ContractError
 
 pytestmark = pytest.mark.timeout(60)

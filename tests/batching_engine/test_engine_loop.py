@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from batching_engine.config import EngineConfig
 from batching_engine.engine import LLMEngine, StepOutput
-from batching_engine.scheduler import InvalidRequestError
+from batching_engine.errors import InvalidRequestError
 from batching_engine.sequence import FinishReason, SamplingParams, Sequence
 
 VOCAB = 40

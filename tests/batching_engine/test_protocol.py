@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batching_engine.sequence import SamplingParams
+from batching_engine.server.json_fields import RequestError
 from batching_engine.server.protocol import (
     ChatMessage,
     GenerationRequest,
-    RequestError,
     decode_json,
     parse_chat,
     parse_completion,
@@ -111,7 +111,9 @@ def test_top_k_minus_one_means_off() -> None:
         ({"prompt": "x", "temperature": 2.5}, "temperature"),
         ({"prompt": "x", "temperature": True}, "temperature"),
         ({"prompt": "x", "temperature": 10**400}, "temperature"),
+        ({"prompt": "x", "temperature": -0.5}, "temperature"),
         ({"prompt": "x", "top_p": 0}, "top_p"),
+        ({"prompt": "x", "top_p": 1.5}, "top_p"),
         ({"prompt": "x", "top_k": -2}, "top_k"),
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"prompt": "x", "stop": ["a", 1]}, "stop[1]"),

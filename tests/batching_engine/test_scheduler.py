@@ -13,13 +13,8 @@ from hypothesis import strategies as st
 
 from batching_engine.block_manager import BlockManager
 from batching_engine.config import EngineConfig
-from batching_engine.scheduler import (
-    InvalidRequestError,
-    QueueFullError,
-    RequestTooLongError,
-    ScheduledBatch,
-    Scheduler,
-)
+from batching_engine.errors import InvalidRequestError, QueueFullError, RequestTooLongError
+from batching_engine.scheduler import ScheduledBatch, Scheduler
 from batching_engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
 
 BS = 8
