@@ -12,7 +12,8 @@ the file, the flag's when it came from a flag), never as a stuck queue at reques
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -41,8 +42,15 @@ class ConfigError(ContractError):
     """A bad engine setting; the message starts with the field's path."""
 
 
-def _defaults() -> dict[str, Any]:
-    return {s.attr: s.default for s in ENGINE_SETTINGS}
+@contextmanager
+def _as_config_error() -> Iterator[None]:
+    """The shared readers raise ContractError; callers of this module catch ConfigError."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ContractError as err:
+        raise ConfigError(err.field, err.reason) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,18 +72,16 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         values = asdict(self)
-        try:
+        with _as_config_error():
             for setting in ENGINE_SETTINGS:
                 setting.check(values[setting.attr], setting.attr)
-        except ContractError as err:
-            raise ConfigError(err.field, err.reason) from None
         check_rules(values, str)
 
     @classmethod
     def build(cls, values: Mapping[str, Any], name: Callable[[str], str]) -> EngineConfig:
         """The defaults with `values` (by attribute, each already checked alone) over them;
         a rule between settings is reported with `name`, the spelling the user wrote."""
-        merged = {**_defaults(), **values}
+        merged = {**asdict(cls()), **values}
         check_rules(merged, name)
         return cls(**merged)
 
@@ -91,11 +97,9 @@ def check_rules(values: Mapping[str, Any], name: Callable[[str], str]) -> None:
 def _check_preferred(values: Mapping[str, Any], name: Callable[[str], str]) -> None:
     """Triton's rule: preferred sizes are distinct and none exceeds the largest batch."""
     sizes, where = values["preferred_batch_sizes"], name("preferred_batch_sizes")
-    try:
+    with _as_config_error():
         for size in sizes:
             check_integer(size, where, 1, values["max_batch_size"])
-    except ContractError as err:
-        raise ConfigError(err.field, err.reason) from None
     if len(set(sizes)) != len(sizes):
         raise ConfigError(where, f"must not repeat a size, got {list(sizes)}")
 
@@ -167,12 +171,8 @@ ENGINE_FLAGS: Final = tuple(s.setting() for s in ENGINE_SETTINGS)
 
 def read_serving_file(path: str | Path) -> ServingFile:
     """The operator's file; any problem, reading it included, is a ConfigError naming it."""
-    try:
+    with _as_config_error():
         return decode(read_yaml(path))
-    except ConfigError:
-        raise
-    except ContractError as err:
-        raise ConfigError(err.field, err.reason) from None
 
 
 def file_settings(served: ServingFile) -> dict[str, Any]:

@@ -41,8 +41,8 @@ class EngineSetting:
     flag: str
     help: str
     in_crd: bool
-    low: int | None = None
-    high: int | None = None
+    low: int = 0  # bounds of an integer, and `high` of a number of seconds
+    high: int = 0
     choices: tuple[int, ...] = ()
 
     def check(self, value: object, where: str) -> Any:
@@ -50,8 +50,12 @@ class EngineSetting:
         return _READERS[self.kind](self, value, where)
 
     def read(self, doc: Mapping[str, Any], key: str) -> Any:
-        """`doc[key]` checked, as `infergrid.settings` reads a file's or a flag's value."""
-        return self.check(doc[key], key)
+        """`doc[key]` checked, as `infergrid.settings` hands over a flag's value: a list
+        arrives as "4,8", or as 8 once the flag's digits were read as a number."""
+        value = doc[key]
+        if self.kind is tuple and isinstance(value, str | int):
+            value = _comma_list(str(value), key)
+        return self.check(value, key)
 
     def setting(self) -> Setting:
         """This setting for `infergrid.settings`, which adds its flag and reads flag values."""
@@ -61,7 +65,7 @@ class EngineSetting:
 
 
 def _integer(spec: EngineSetting, value: object, where: str) -> int:
-    check_integer(value, where, spec.low or 0, spec.high or 0)
+    check_integer(value, where, spec.low, spec.high)
     if spec.choices and value not in spec.choices:
         raise ContractError(where, f"must be one of {spec.choices}")
     return value  # type: ignore[return-value]
@@ -82,16 +86,17 @@ def _boolean(spec: EngineSetting, value: object, where: str) -> bool:
 
 
 def _sizes(spec: EngineSetting, value: object, where: str) -> tuple[int, ...]:
-    """A list of integers, or one comma-separated string (the flag's form). Each size's
-    bound depends on another setting, so the engine checks the sizes themselves."""
-    if isinstance(value, str):
-        try:
-            return tuple(int(x) for x in value.split(",") if x.strip())
-        except ValueError:
-            pass
+    """A list; each size's bound depends on another setting, so the engine checks them."""
     if not isinstance(value, list | tuple):
         raise ContractError(where, f"must be a list of integers, got {value!r}")
     return tuple(value)
+
+
+def _comma_list(text: str, where: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ContractError(where, f"must be a list of integers, got {text!r}") from None
 
 
 _READERS: Final[dict[type, Callable[[EngineSetting, object, str], Any]]] = {
