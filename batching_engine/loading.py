@@ -12,11 +12,12 @@ import logging
 import os
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import torch
 
 from batching_engine.async_engine import AsyncEngine
+from batching_engine.config import EngineConfig, Settings
 from batching_engine.device import choose_device, use_device
 from batching_engine.engine import LLMEngine
 from batching_engine.memory_budget import resolve_memory_budget
@@ -27,9 +28,6 @@ from batching_engine.model_source import resolve_model_dir
 from batching_engine.server.served_model import GENERATION_TASK, ServedModel
 from batching_engine.tokenizer import Tokenizer
 from infergrid.errors import ContractError
-
-if TYPE_CHECKING:
-    from batching_engine.main import Settings
 
 log = logging.getLogger("infergrid.engine")
 
@@ -84,7 +82,7 @@ def _check_task(task: str, config: ModelConfig) -> None:
         )
 
 
-def _fit_model_len(settings: Settings, config: ModelConfig):
+def _fit_model_len(settings: Settings, config: ModelConfig) -> EngineConfig:
     """max_model_len is at most what the model's positions allow; the default shrinks to fit."""
     asked, limit = settings.engine.max_model_len, config.max_position_embeddings
     if asked <= limit:
@@ -93,7 +91,7 @@ def _fit_model_len(settings: Settings, config: ModelConfig):
     return replace(settings.engine, max_model_len=limit)
 
 
-def _runner(settings: Settings, model_dir, engine_config) -> ModelRunner:
+def _runner(settings: Settings, model_dir: Path, engine_config: EngineConfig) -> ModelRunner:
     cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
     choice = choose_device(settings.device, cuda_devices, os.environ)
     device, total = choice.device, None

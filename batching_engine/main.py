@@ -24,17 +24,23 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from batching_engine.config import CONFIG_ENV, TASKS, EngineConfig, ServingConfig
-from batching_engine.device import AUTO, check_device
+from batching_engine.config import (
+    ENGINE_FLAGS,
+    PROCESS_SETTINGS,
+    Settings,
+    engine_config,
+    file_settings,
+    read_serving_file,
+)
 from batching_engine.metrics import EngineMetrics
 from batching_engine.model_source import URI_FIELD, default_model_name, download_allowed, locate
-from batching_engine.server.app import DEFAULT_MAX_BODY_BYTES, EngineServer, start_site
+from batching_engine.server.app import EngineServer, start_site
 from infergrid.errors import ContractError
 from infergrid.process import configure_logging
-from infergrid.storage_uri import ALLOW_DOWNLOAD_ENV
+from infergrid.serving_config import CONFIG_ENV
+from infergrid.settings import add_flags, flag_values
 
 log = logging.getLogger("infergrid.engine")
 T = TypeVar("T")
@@ -42,79 +48,14 @@ EXIT_BAD_CONFIG = 2
 EXIT_LOAD_FAILED = 1
 
 
-def batch_sizes(text: str) -> tuple[int, ...]:
-    """A comma-separated list of sizes, as argparse's type (its name is in its errors)."""
-    return tuple(int(x) for x in text.split(",") if x.strip())
-
-
-# EngineConfig attribute -> (flag, argparse type, help). The file's `engine` keys are the same
-# settings in camelCase (config.py).
-_ENGINE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
-    "max_num_seqs": ("--max-num-seqs", int, "sequences generated together"),
-    "max_num_batched_tokens": ("--max-num-batched-tokens", int, "tokens per step"),
-    "max_model_len": ("--max-model-len", int, "longest prompt + output, in tokens"),
-    "block_size": ("--block-size", int, "tokens per KV-cache block (8, 16 or 32)"),
-    "max_queue_size": ("--max-queue-size", int, "waiting requests before 429s"),
-    "queue_timeout_s": ("--queue-timeout", float, "seconds a request may wait to start"),
-    "priority_levels": ("--priority-levels", int, "request priority classes (0 first)"),
-    "max_batch_size": ("--max-batch-size", int, "inputs per single-pass batch"),
-    "preferred_batch_sizes": (
-        "--preferred-batch-sizes",
-        batch_sizes,
-        "single-pass sizes sent at once, e.g. 4,8",
-    ),
-    "max_queue_delay_ms": ("--max-queue-delay-ms", int, "longest wait to fill a batch"),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    model_uri: str
-    model_name: str
-    task: str = "text-generation"
-    engine: EngineConfig = EngineConfig()
-    host: str = "0.0.0.0"
-    port: int = 8000
-    device: str = AUTO
-    dtype: str | None = None
-    kv_cache_memory: str | None = None
-    gpu_memory_utilization: float | None = None
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    cpu_threads: int | None = None  # None: every usable CPU but one
-    allow_download: bool = False
-
-
 def parser() -> argparse.ArgumentParser:
+    """`--config`, then one flag per setting of `batching_engine.config`'s tables."""
     p = argparse.ArgumentParser(
         prog="infergrid-engine",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--config", help=f"serving YAML (default: ${CONFIG_ENV})")
-    p.add_argument(
-        "--model", help="pkg://NAME, file://PATH, pvc://CLAIM/PATH, hf://ORG/NAME[@REV] or a path"
-    )
-    p.add_argument(
-        "--allow-download",
-        action="store_true",
-        default=None,
-        help=f"fetch hf:// models missing from the cache (also ${ALLOW_DOWNLOAD_ENV}=true)",
-    )
-    p.add_argument("--model-name", help="the name clients send as `model`")
-    p.add_argument("--task", choices=TASKS)
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.add_argument(
-        "--device", help="auto (default: the GPU when one is visible), cpu, cuda, cuda:N"
-    )
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--kv-cache-memory", help="KV-cache size on CPU (or a cap on GPU), e.g. 1GiB")
-    p.add_argument("--gpu-memory-utilization", type=float, help="share of the GPU budget to use")
-    p.add_argument("--max-body-bytes", type=int, help="largest request body")
-    p.add_argument("--cpu-threads", type=int, help="torch CPU threads (default: CPUs - 1)")
-    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    for attr, (flag, kind, text) in _ENGINE_FLAGS.items():
-        p.add_argument(flag, dest=attr, type=kind, help=text)
+    add_flags(p, PROCESS_SETTINGS + ENGINE_FLAGS, f"serving YAML (default: ${CONFIG_ENV})")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -122,61 +63,22 @@ def parser() -> argparse.ArgumentParser:
 def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
     """Flags over the file over defaults; raises ContractError naming the field or flag."""
     path = args.config or environ.get(CONFIG_ENV)
-    serving = ServingConfig.from_yaml_file(path) if path else None
-    uri = args.model or (serving.model.storage_uri if serving else None)
+    served = read_serving_file(path) if path else None
+    flags = flag_values(PROCESS_SETTINGS, args, name_flags=True)
+    values = {**(file_settings(served) if served else {}), **flags}
+    uri = values.get("model_uri")
     if not uri:
         raise ContractError(
             "--model", f"is required without a config file (--config or {CONFIG_ENV})"
         )
-    download = args.allow_download or download_allowed(environ)
-    locate(uri, "--model" if args.model else URI_FIELD, environ, download)
-    given = {
-        "model_name": args.model_name or (serving.model.name if serving else None),
-        "task": args.task or (serving.model.task if serving else None),
-        "host": args.host,
-        "port": args.port or (serving.port if serving else None),
-        "device": args.device,
-        "dtype": args.dtype,
-        "kv_cache_memory": args.kv_cache_memory,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "max_body_bytes": args.max_body_bytes,
-        "cpu_threads": args.cpu_threads,
-        "allow_download": download or None,
-    }
-    _check_port(given["port"])
-    if given["device"] is not None:
-        check_device(given["device"])
-    _check_at_least_1(given, "max_body_bytes", "cpu_threads")
-    engine = _engine_config(serving.engine if serving else EngineConfig(), args)
-    values = {k: v for k, v in given.items() if v is not None}
+    download = bool(flags.get("allow_download")) or download_allowed(environ)
+    locate(uri, "--model" if "model_uri" in flags else URI_FIELD, environ, download)
     values.setdefault("model_name", default_model_name(uri))
-    return Settings(model_uri=uri, engine=engine, **values)
-
-
-def _engine_config(base: EngineConfig, args: argparse.Namespace) -> EngineConfig:
-    overrides = {
-        attr: getattr(args, attr) for attr in _ENGINE_FLAGS if getattr(args, attr) is not None
-    }
-    if args.prefix_caching is not None:
-        overrides["enable_prefix_caching"] = args.prefix_caching
-    try:
-        return replace(base, **overrides)
-    except ContractError as err:  # EngineConfig names the attribute; the user typed a flag
-        flag = _ENGINE_FLAGS.get(err.field, ("--" + err.field.replace("_", "-"),))[0]
-        raise ContractError(flag if err.field in overrides else err.field, err.reason) from None
-
-
-def _check_port(port: int | None) -> None:
-    if port is not None and not 1 <= port <= 65535:
-        raise ContractError("--port", f"must be from 1 to 65535, got {port}")
-
-
-def _check_at_least_1(given: dict[str, Any], *keys: str) -> None:
-    for key in keys:
-        if given[key] is not None and given[key] < 1:
-            raise ContractError(
-                "--" + key.replace("_", "-"), f"must be at least 1, got {given[key]}"
-            )
+    values["allow_download"] = download
+    engine = engine_config(
+        served.engine if served else {}, flag_values(ENGINE_FLAGS, args, name_flags=True)
+    )
+    return Settings(engine=engine, **values)
 
 
 # Serving.

@@ -9,6 +9,7 @@ whether it came from the file or the command line.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -51,11 +52,11 @@ def boolean(doc: dict[str, Any], key: str) -> bool:
     return field(doc, key, bool)
 
 
-def whole(low: int, high: int) -> Reader:
+def whole(low: int, high: int | None = None) -> Reader:
     return lambda doc, key: integer(doc, key, low=low, high=high)
 
 
-def number(low: float, high: float) -> Reader:
+def number(low: float = -math.inf, high: float = math.inf) -> Reader:
     def read(doc: dict[str, Any], key: str) -> float:
         value = doc[key]
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -85,9 +86,13 @@ def parse_settings(doc: object, settings: Sequence[Setting]) -> dict[str, Any]:
     return {s.attr: s.read(doc, s.key) for s in settings if s.key in doc}
 
 
-def add_flags(parser: argparse.ArgumentParser, settings: Sequence[Setting]) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser,
+    settings: Sequence[Setting],
+    config_help: str = "YAML settings file (version: v1)",
+) -> None:
     """`--config FILE`, then one flag per setting; a flag left out keeps the file's value."""
-    parser.add_argument("--config", type=Path, help="YAML settings file (version: v1)")
+    parser.add_argument("--config", type=Path, help=config_help)
     for s in settings:
         if s.boolean:
             parser.add_argument(
@@ -112,6 +117,25 @@ def _from_flag(setting: Setting, raw: object) -> Any:
     return setting.read({setting.key: value}, setting.key)
 
 
+def flag_values(
+    settings: Sequence[Setting], args: argparse.Namespace, name_flags: bool = False
+) -> dict[str, Any]:
+    """The attributes the flags set, each checked by its reader. A bad value is named by the
+    file's key, or by the flag with `name_flags` (for a part whose users mostly type flags)."""
+    values: dict[str, Any] = {}
+    for s in settings:
+        raw = getattr(args, s.attr, None)
+        if raw is None:
+            continue
+        try:
+            values[s.attr] = _from_flag(s, raw)
+        except ContractError as err:
+            if not name_flags:
+                raise
+            raise ContractError(s.flag, err.reason) from None
+    return values
+
+
 def load_settings(
     defaults: T, settings: Sequence[Setting], args: argparse.Namespace, **overrides: Any
 ) -> T:
@@ -119,8 +143,5 @@ def load_settings(
     values: dict[str, Any] = {k: v for k, v in overrides.items() if v}
     if getattr(args, "config", None):
         values.update(parse_settings(read_yaml(args.config), settings))
-    for s in settings:
-        raw = getattr(args, s.attr, None)
-        if raw is not None:
-            values[s.attr] = _from_flag(s, raw)
+    values.update(flag_values(settings, args))
     return replace(defaults, **values)  # type: ignore[type-var]

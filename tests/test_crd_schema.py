@@ -9,6 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infergrid.serving_config import (
+    CRD_SETTINGS,
+    FORMATS,
+    MODEL_NAME_MAX_LENGTH,
+    OPERATOR_ONLY,
+    TASKS,
+    EngineSetting,
+)
 from infergrid.storage_uri import CRD_PATTERN, MAX_LENGTH
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,3 +245,40 @@ def test_shared_sample_matches_its_description():
         1,
         4,
     )
+
+
+KINDS = {int: "integer", float: "number", bool: "boolean", tuple: "array"}
+
+
+def crd_spec(path: Path) -> dict:
+    (only,) = yaml.safe_load(path.read_text())["spec"]["versions"]
+    return only["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+
+
+def expected_node(setting: EngineSetting) -> dict:
+    """What the CRD must say of one setting of the shared table, description aside."""
+    node = {"type": KINDS[setting.kind], "default": setting.default}
+    if setting.choices:
+        node["enum"] = list(setting.choices)
+    else:
+        node |= {"minimum": setting.low, "maximum": setting.high}
+    return node
+
+
+@pytest.mark.parametrize("path", CRD_COPIES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_spec_engine_is_the_serving_tables(path):
+    """Every property of spec.engine is a setting of infergrid.serving_config marked in_crd
+    (or the operator's own image), with the table's type, bounds, enum and default."""
+    properties = crd_spec(path)["engine"]["properties"]
+    assert list(properties) == [*OPERATOR_ONLY, *(s.key for s in CRD_SETTINGS)]
+    for setting in CRD_SETTINGS:
+        node = {k: v for k, v in properties[setting.key].items() if k != "description"}
+        assert node == expected_node(setting), setting.key
+
+
+@pytest.mark.parametrize("path", CRD_COPIES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_spec_model_is_what_the_serving_file_reads(path):
+    model = crd_spec(path)["model"]["properties"]
+    assert (model["format"]["enum"], model["format"]["default"]) == (list(FORMATS), FORMATS[0])
+    assert (model["task"]["enum"], model["task"]["default"]) == (list(TASKS), TASKS[0])
+    assert model["name"]["maxLength"] == MODEL_NAME_MAX_LENGTH

@@ -16,7 +16,7 @@ from functools import partial
 from aiohttp import web
 
 from batching_engine.async_engine import AsyncEngine
-from batching_engine.config import EngineConfig
+from batching_engine.config import DEFAULT_MAX_BODY_BYTES, EngineConfig
 from batching_engine.dynamic_batcher import BatchPolicy, DynamicBatcher
 from batching_engine.metrics import EngineMetrics
 from batching_engine.server.embeddings import embed_batch, embeddings
@@ -26,7 +26,6 @@ from batching_engine.server.responses import models_response
 from batching_engine.server.served_model import ServedModel
 from batching_engine.server.warm_up import warm_up
 
-DEFAULT_MAX_BODY_BYTES = 4 << 20
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from infergrid import settings as s
 from infergrid.constants import SCHEDULER_NAME
 from infergrid.errors import ContractError
+from infergrid.settings import Setting, boolean, number, text, whole
 from infergrid.storage_uri import parse_storage_uri
 
 DEFAULT_ENGINE_IMAGE: Final = "infergrid/engine:0.1.0"
@@ -39,7 +39,7 @@ def names(doc: dict[str, Any], key: str) -> tuple[str, ...]:
 
 def url_template(doc: dict[str, Any], key: str) -> str:
     """A URL with {pod_ip}, {pod_name} or {namespace} in it, checked once at start."""
-    value = s.text(doc, key)
+    value = text(doc, key)
     try:
         value.format(**URL_FIELDS)
     except (KeyError, IndexError, ValueError) as err:
@@ -53,7 +53,7 @@ def claim_name(doc: dict[str, Any], key: str) -> str:
     """A PersistentVolumeClaim's name, checked as pvc:// checks it; empty means none."""
     if doc[key] == "":
         return ""
-    value = s.text(doc, key)
+    value = text(doc, key)
     try:
         claim = parse_storage_uri(f"pvc://{value}", key)
     except ContractError:
@@ -66,21 +66,21 @@ def claim_name(doc: dict[str, Any], key: str) -> str:
 
 
 SETTINGS: Final = (
-    s.Setting("schedulerName", "scheduler_name", s.text,
-              "scheduler of engine pods whose spec names none"),
-    s.Setting("engineImage", "engine_image", s.text,
-              "engine image of services whose spec names none"),
-    s.Setting("namespaces", "namespaces", names,
-              "namespaces to serve, comma-separated (default: all)"),
-    s.Setting("metricsUrlTemplate", "metrics_url_template", url_template,
-              "where an engine pod's metrics are read, e.g. http://{pod_ip}:8000/metrics"),
-    s.Setting("scrapeTimeoutSeconds", "scrape_timeout_s", s.number(0.1, 60),
-              "how long one scrape of a pod may take"),
-    s.Setting("livenessEndpoint", "liveness_endpoint", s.text,
-              "URL the liveness probe is served on"),
-    s.Setting("maxWorkers", "max_workers", s.whole(1, 256), "threads for the handlers"),
-    s.Setting("hfCacheClaim", "hf_cache_claim", claim_name,
-              "claim in each service's namespace holding an HF_HOME cache, for hf:// models"),
-    s.Setting("allowModelDownload", "allow_model_download", s.boolean,
-              "let engines download hf:// models their cache lacks", boolean=True),
+    Setting("schedulerName", "scheduler_name", text,
+            "scheduler of engine pods whose spec names none"),
+    Setting("engineImage", "engine_image", text,
+            "engine image of services whose spec names none"),
+    Setting("namespaces", "namespaces", names,
+            "namespaces to serve, comma-separated (default: all)"),
+    Setting("metricsUrlTemplate", "metrics_url_template", url_template,
+            "where an engine pod's metrics are read, e.g. http://{pod_ip}:8000/metrics"),
+    Setting("scrapeTimeoutSeconds", "scrape_timeout_s", number(0.1, 60),
+            "how long one scrape of a pod may take"),
+    Setting("livenessEndpoint", "liveness_endpoint", text,
+            "URL the liveness probe is served on"),
+    Setting("maxWorkers", "max_workers", whole(1, 256), "threads for the handlers"),
+    Setting("hfCacheClaim", "hf_cache_claim", claim_name,
+            "claim in each service's namespace holding an HF_HOME cache, for hf:// models"),
+    Setting("allowModelDownload", "allow_model_download", boolean,
+            "let engines download hf:// models their cache lacks", boolean=True),
 )  # fmt: skip

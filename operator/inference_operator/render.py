@@ -21,10 +21,10 @@ from infergrid.constants import (
     RESOURCE_GPU_CORES,
     RESOURCE_GPU_MEMORY,
     RESOURCE_VGPU,
-    SCHEMA_VERSION,
     mig_resource,
 )
 from infergrid.errors import ContractError
+from infergrid.serving_config import CONFIG_ENV, DEFAULT_PORT, ModelRef, encode
 from infergrid.storage_uri import (
     ALLOW_DOWNLOAD_ENV,
     HF_HOME_ENV,
@@ -43,10 +43,9 @@ ENGINE_APP = "infergrid-engine"
 STABLE, CANARY = "stable", "canary"
 TRACKS = (STABLE, CANARY)
 
-ENGINE_PORT = 8000
+ENGINE_PORT = DEFAULT_PORT
 SERVICE_PORT = 80
 CONFIG_DIR = "/etc/infergrid"
-CONFIG_ENV = "INFERGRID_ENGINE_CONFIG"
 CONFIG_KEYS = {STABLE: "engine.yaml", CANARY: "engine-canary.yaml"}
 CONFIG_VOLUME = "engine-config"
 HF_HOME_VOLUME = "hf-home"
@@ -133,17 +132,7 @@ def engine_config(spec: ServiceSpec, track: str) -> dict[str, Any]:
     """What the engine reads from INFERGRID_ENGINE_CONFIG: its model and batching settings."""
     model = spec.model
     uri, _ = track_uri(spec, track)
-    return {
-        "version": SCHEMA_VERSION,
-        "port": ENGINE_PORT,
-        "model": {
-            "name": model.name,
-            "storageUri": uri,
-            "format": model.format,
-            "task": model.task,
-        },
-        "engine": dict(spec.engine),
-    }
+    return encode(ModelRef(model.name, uri, model.format, model.task), spec.engine, ENGINE_PORT)
 
 
 def render_configmap(spec: ServiceSpec, name: str, namespace: str) -> dict[str, Any]:

@@ -17,35 +17,22 @@ from typing import Any
 from infergrid.codec import expect, field, integer, join
 from infergrid.constants import DEFAULT_POLICY, PLACEMENT_POLICIES, TOPOLOGIES
 from infergrid.errors import ContractError
+from infergrid.serving_config import FORMATS, TASKS, one_of, read_crd_engine
 from infergrid.storage_uri import parse_storage_uri
 
-FORMATS = ("huggingface", "safetensors", "gguf")
-TASKS = ("text-generation", "embedding", "classification")
-BLOCK_SIZES = (8, 16, 32)
 MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]+gb$")
 # How long a model may take to load (spec.model.loadTimeoutSeconds): bounds and default.
 LOAD_TIMEOUT_S = (30, 7200, 600)
 # The engine has no tensor parallelism yet: a replica serves from one GPU.
 MAX_GPUS_PER_REPLICA = 1
 
-# Engine settings passed through to the engine's config file: key -> (low, high, default).
-ENGINE_SETTINGS: dict[str, tuple[int, int, int]] = {
-    "maxNumSeqs": (1, 4096, 64),
-    "maxNumBatchedTokens": (16, 1048576, 4096),
-    "maxModelLen": (16, 1048576, 2048),
-    "blockSize": (8, 32, 16),
-    "maxBatchSize": (1, 4096, 32),
-    "maxQueueDelayMs": (0, 10000, 5),
-    "maxQueueSize": (1, 100000, 256),
-}
-
 
 @dataclass(frozen=True, slots=True)
 class Model:
     name: str
     storage_uri: str
-    format: str = "huggingface"
-    task: str = "text-generation"
+    format: str = FORMATS[0]
+    task: str = TASKS[0]
     load_timeout_s: int = LOAD_TIMEOUT_S[2]
 
 
@@ -98,7 +85,7 @@ class Canary:
 class ServiceSpec:
     model: Model
     image: str
-    engine: Mapping[str, int]
+    engine: Mapping[str, Any]  # spec.engine by key, defaulted: what the engine's file gets
     resources: Resources
     scheduling: Scheduling
     replicas: int
@@ -113,7 +100,7 @@ def parse_spec(doc: object, default_image: str, default_scheduler: str) -> Servi
     return ServiceSpec(
         model=_model(field(doc, "model", dict, "spec")),
         image=field(engine, "image", str, "spec.engine", default_image),
-        engine=_engine(engine),
+        engine=read_crd_engine(engine, "spec.engine"),
         resources=_resources(field(doc, "resources", dict, "spec")),
         scheduling=_scheduling(field(doc, "scheduling", dict, "spec", {}), default_scheduler),
         replicas=integer(doc, "replicas", "spec", low=0, high=1000, default=1),
@@ -128,21 +115,10 @@ def _model(doc: dict[str, Any]) -> Model:
     return Model(
         name=field(doc, "name", str, path),
         storage_uri=_uri(doc, path),
-        format=_one_of(doc, "format", FORMATS, path, "huggingface"),
-        task=_one_of(doc, "task", TASKS, path, "text-generation"),
+        format=one_of(doc, "format", FORMATS, path, FORMATS[0]),
+        task=one_of(doc, "task", TASKS, path, TASKS[0]),
         load_timeout_s=integer(doc, "loadTimeoutSeconds", path, low, high, default),
     )
-
-
-def _engine(doc: dict[str, Any]) -> dict[str, int]:
-    path = "spec.engine"
-    values = {
-        key: integer(doc, key, path, low=low, high=high, default=default)
-        for key, (low, high, default) in ENGINE_SETTINGS.items()
-    }
-    if values["blockSize"] not in BLOCK_SIZES:
-        raise ContractError(join(path, "blockSize"), f"must be one of {BLOCK_SIZES}")
-    return values
 
 
 def _resources(doc: dict[str, Any]) -> Resources:
@@ -155,7 +131,7 @@ def _resources(doc: dict[str, Any]) -> Resources:
         gpu_memory_mib=_optional(doc, "gpuMemoryMiB", path, 256, 1048576),
         gpu_cores=_optional(doc, "gpuCores", path, 1, 100),
         mig_profile=_mig_profile(doc, path),
-        topology=_one_of(doc, "topology", TOPOLOGIES, path, None),
+        topology=one_of(doc, "topology", TOPOLOGIES, path, None),
         cpu=field(doc, "cpu", str, path, None),
         memory=field(doc, "memory", str, path, None),
     )
@@ -188,7 +164,7 @@ def _mig_profile(doc: dict[str, Any], path: str) -> str | None:
 def _scheduling(doc: dict[str, Any], default_scheduler: str) -> Scheduling:
     path = "spec.scheduling"
     return Scheduling(
-        policy=_one_of(doc, "policy", PLACEMENT_POLICIES, path, DEFAULT_POLICY),
+        policy=one_of(doc, "policy", PLACEMENT_POLICIES, path, DEFAULT_POLICY),
         scheduler_name=field(doc, "schedulerName", str, path, default_scheduler),
         priority_class_name=_priority_class(doc, path),
         tolerations=tuple(
@@ -216,8 +192,8 @@ def _toleration(item: object, path: str) -> dict[str, Any]:
     for key in ("key", "value"):
         if doc.get(key):
             toleration[key] = field(doc, key, str, path)
-    toleration["operator"] = _one_of(doc, "operator", TOLERATION_OPERATORS, path, "Equal")
-    if effect := _one_of(doc, "effect", TAINT_EFFECTS, path, None):
+    toleration["operator"] = one_of(doc, "operator", TOLERATION_OPERATORS, path, "Equal")
+    if effect := one_of(doc, "effect", TAINT_EFFECTS, path, None):
         toleration["effect"] = effect
     if doc.get("tolerationSeconds") is not None:
         toleration["tolerationSeconds"] = integer(doc, "tolerationSeconds", path, low=0)
@@ -274,10 +250,3 @@ def _uri(doc: dict[str, Any], path: str) -> str:
 
 def _optional(doc: dict[str, Any], key: str, path: str, low: int, high: int) -> int | None:
     return None if doc.get(key) is None else integer(doc, key, path, low=low, high=high)
-
-
-def _one_of(doc: dict[str, Any], key: str, options: tuple, path: str, default: Any) -> Any:
-    value = field(doc, key, str, path, default)
-    if value is not None and value not in options:
-        raise ContractError(join(path, key), f"{value!r} is not one of {', '.join(options)}")
-    return value

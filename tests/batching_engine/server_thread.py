@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from batching_engine.config import Settings
 from batching_engine.loading import load
-from batching_engine.main import Settings
 from batching_engine.metrics import EngineMetrics
 from batching_engine.server.app import EngineServer, start_site
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from batching_engine.config import EngineConfig
-from batching_engine.main import Settings, parser, settings_from
+from batching_engine.config import EngineConfig, Settings
+from batching_engine.main import parser, settings_from
 from batching_engine.metrics import EngineMetrics
 from batching_engine.server.app import EngineServer, start_site
 from tests.batching_engine.server_thread import ServerThread

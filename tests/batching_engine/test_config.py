@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from batching_engine.config import ConfigError, EngineConfig, ModelConfig, ServingConfig
+from batching_engine.config import ConfigError, EngineConfig, engine_config, read_serving_file
+from infergrid.serving_config import ModelRef, ServingFile
 
 
 def serving_doc(**engine: Any) -> dict[str, Any]:
@@ -19,6 +21,14 @@ def serving_doc(**engine: Any) -> dict[str, Any]:
                   "task": "text-generation"},
         "engine": engine,
     }  # fmt: skip
+
+
+def load(tmp_path: Path, doc: object) -> tuple[ServingFile, EngineConfig]:
+    """The file as the engine reads it at start, and its batching limits without flags."""
+    path = tmp_path / "engine.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    served = read_serving_file(path)
+    return served, engine_config(served.engine, {})
 
 
 def test_defaults_match_the_crd():
@@ -37,30 +47,28 @@ def test_operator_file_loads(tmp_path):
     doc = serving_doc(maxNumSeqs=8, maxNumBatchedTokens=512, maxModelLen=1024, blockSize=32,
                       maxBatchSize=4, maxQueueDelayMs=0, maxQueueSize=10,
                       image="x/engine:1")  # fmt: skip
-    path = tmp_path / "engine.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    config = ServingConfig.from_env({"INFERGRID_ENGINE_CONFIG": str(path)})
-    assert config.model == ModelConfig("tiny", "pkg://llm-tiny", "safetensors", "text-generation")
-    assert config.port == 8000
-    assert config.engine == EngineConfig(
+    served, engine = load(tmp_path, doc)
+    assert served.model == ModelRef("tiny", "pkg://llm-tiny", "safetensors", "text-generation")
+    assert served.port == 8000
+    assert engine == EngineConfig(
         max_num_seqs=8, max_num_batched_tokens=512, max_model_len=1024, block_size=32,
         max_batch_size=4, max_queue_delay_ms=0, max_queue_size=10,
     )  # fmt: skip
 
 
-def test_engine_section_and_model_defaults_are_optional():
+def test_engine_section_and_model_defaults_are_optional(tmp_path):
     doc = {"version": "v1", "model": {"name": "m", "storageUri": "hf://org/m"}}
-    config = ServingConfig.from_mapping(doc)
-    assert config.engine == EngineConfig()
-    assert (config.model.format, config.model.task, config.port) == (
+    served, engine = load(tmp_path, doc)
+    assert engine == EngineConfig()
+    assert (served.model.format, served.model.task, served.port) == (
         "huggingface", "text-generation", 8000,
     )  # fmt: skip
 
 
-def test_engine_only_settings_load():
+def test_engine_only_settings_load(tmp_path):
     doc = serving_doc(queueTimeoutSeconds=2.5, enablePrefixCaching=False, priorityLevels=3,
                       preferredBatchSizes=[4, 8])  # fmt: skip
-    engine = ServingConfig.from_mapping(doc).engine
+    _, engine = load(tmp_path, doc)
     assert engine.queue_timeout_s == 2.5 and not engine.enable_prefix_caching
     assert engine.priority_levels == 3 and engine.preferred_batch_sizes == (4, 8)
 
@@ -88,9 +96,9 @@ def test_engine_only_settings_load():
         ({"maxNumSeq": 8}, "engine.maxNumSeq: unknown field"),
     ],
 )  # fmt: skip
-def test_bad_engine_values_name_the_field(engine, message):
+def test_bad_engine_values_name_the_field(tmp_path, engine, message):
     with pytest.raises(ConfigError) as caught:
-        ServingConfig.from_mapping(serving_doc(**engine))
+        load(tmp_path, serving_doc(**engine))
     assert str(caught.value).startswith(message)
 
 
@@ -109,9 +117,9 @@ def test_bad_engine_values_name_the_field(engine, message):
         ({"model": {"name": "m", "storageUri": "pkg://m", "uri": "x"}}, "model.uri: unknown field"),
     ],
 )  # fmt: skip
-def test_bad_serving_values_name_the_field(change, message):
+def test_bad_serving_values_name_the_field(tmp_path, change, message):
     with pytest.raises(ConfigError) as caught:
-        ServingConfig.from_mapping({**serving_doc(), **change})
+        load(tmp_path, {**serving_doc(), **change})
     assert str(caught.value).startswith(message)
 
 
@@ -128,20 +136,19 @@ def test_direct_construction_names_the_attribute():
         EngineConfig(block_size=12)
 
 
-def test_missing_env_or_file_is_named(tmp_path):
-    with pytest.raises(ConfigError, match=r"^INFERGRID_ENGINE_CONFIG: is not set"):
-        ServingConfig.from_env({})
+def test_a_missing_or_unreadable_file_is_named(tmp_path):
     missing = tmp_path / "absent.yaml"
     with pytest.raises(ConfigError, match=r"absent.yaml: cannot read"):
-        ServingConfig.from_yaml_file(missing)
+        read_serving_file(missing)
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: [v1\n")
     with pytest.raises(ConfigError, match=r"bad.yaml: not valid YAML"):
-        ServingConfig.from_yaml_file(bad)
+        read_serving_file(bad)
 
 
-def test_what_the_operator_renders_is_what_the_engine_reads():
-    from inference_operator.render import STABLE, engine_config
+def test_what_the_operator_renders_is_what_the_engine_reads(tmp_path):
+    from inference_operator.render import STABLE
+    from inference_operator.render import engine_config as render_engine_config
     from inference_operator.spec import parse_spec
 
     spec = parse_spec(
@@ -149,6 +156,6 @@ def test_what_the_operator_renders_is_what_the_engine_reads():
          "engine": {"maxNumSeqs": 4, "blockSize": 8}},
         "infergrid/engine:0.1.0", "infergrid-scheduler",
     )  # fmt: skip
-    config = ServingConfig.from_mapping(yaml.safe_load(yaml.safe_dump(engine_config(spec, STABLE))))
-    assert config.engine.max_num_seqs == 4 and config.engine.block_size == 8
-    assert config.model.storage_uri == "pkg://llm-tiny"
+    served, engine = load(tmp_path, render_engine_config(spec, STABLE))
+    assert engine.max_num_seqs == 4 and engine.block_size == 8
+    assert served.model.storage_uri == "pkg://llm-tiny"

@@ -73,6 +73,10 @@ def test_without_a_file_the_model_flag_is_enough_and_names_the_model(model_dir):
         (["--port", "70000"], "--port"),
         (["--cpu-threads", "0"], "--cpu-threads"),
         (["--device", "tpu"], "--device"),
+        (["--max-num-seqs", "many"], "--max-num-seqs"),
+        (["--task", "chat"], "--task"),
+        (["--queue-timeout", "0"], "--queue-timeout"),
+        (["--max-body-bytes", "0"], "--max-body-bytes"),
     ],
 )
 def test_a_bad_setting_is_named(model_dir, flags: list[str], field: str):
@@ -88,6 +92,33 @@ def test_a_bad_file_names_the_field_in_the_files_spelling(tmp_path, model_dir):
     with pytest.raises(ContractError) as err:
         read(["--config", str(path)])
     assert err.value.field == "engine.maxNumSeqs"
+
+
+def test_a_rule_broken_by_a_flag_over_the_file_names_the_flag(tmp_path, model_dir):
+    path = operator_file(tmp_path, model_dir, maxNumSeqs=256)
+    with pytest.raises(ContractError) as err:
+        read(["--config", str(path), "--max-num-batched-tokens", "128"])
+    assert err.value.field == "--max-num-batched-tokens"
+    assert "engine.maxNumSeqs (256)" in err.value.reason
+
+
+def test_process_flags_and_engine_only_flags_are_read(model_dir):
+    flags = ["--model", str(model_dir), "--device", "cpu", "--host", "127.0.0.1",
+             "--kv-cache-memory", "64MiB", "--cpu-threads", "2", "--queue-timeout", "2.5",
+             "--priority-levels", "3", "--dtype", "float32", "--task", "embedding"]  # fmt: skip
+    settings = read(flags)
+    assert (settings.device, settings.host, settings.kv_cache_memory) == (
+        "cpu", "127.0.0.1", "64MiB",
+    )  # fmt: skip
+    assert (settings.cpu_threads, settings.dtype, settings.task) == (2, "float32", "embedding")
+    assert settings.engine.queue_timeout_s == 2.5 and settings.engine.priority_levels == 3
+
+
+def test_downloads_are_allowed_by_the_flag_or_the_environment(model_dir):
+    assert not read(["--model", str(model_dir)]).allow_download
+    assert read(["--model", str(model_dir), "--allow-download"]).allow_download
+    environ = {"INFERGRID_ALLOW_DOWNLOAD": "true"}
+    assert read(["--model", str(model_dir)], environ).allow_download
 
 
 def test_bad_settings_exit_2_with_one_line_naming_the_field(model_dir, capsys):
