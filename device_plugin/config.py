@@ -12,9 +12,20 @@ from pathlib import Path
 from typing import Final
 
 from device_plugin.kubelet import DEVICE_PLUGIN_DIR
-from infergrid import settings as s
+from infergrid import settings
 from infergrid.constants import DEFAULT_VGPU_SLOTS_PER_GPU, SCHEDULER_NAME
 from infergrid.errors import ContractError
+from infergrid.settings import (
+    Setting,
+    boolean,
+    choice,
+    load_settings,
+    number,
+    parse_settings,
+    path,
+    text,
+    whole,
+)
 
 MIG_STRATEGIES: Final = ("none", "single", "mixed")
 
@@ -40,37 +51,37 @@ class PluginConfig:
 
 
 SETTINGS: Final = (
-    s.Setting("nodeName", "node_name", s.text, "this node's name (or env NODE_NAME)", cli="--node"),
-    s.Setting("schedulerName", "scheduler_name", s.text,
+    Setting("nodeName", "node_name", text, "this node's name (or env NODE_NAME)", cli="--node"),
+    Setting("schedulerName", "scheduler_name", text,
               "only pods this scheduler bound get GPUs (the extender's)"),
-    s.Setting("pluginDir", "plugin_dir", s.path, "the kubelet's device-plugin folder"),
-    s.Setting("fakeFleet", "fake_fleet", s.path, "fleet file: run on fake NVML"),
-    s.Setting("gpuReplicas", "gpu_replicas", s.whole(1, 64), "time-sliced replicas per GPU"),
-    s.Setting("vgpuSlotsPerGpu", "vgpu_slots_per_gpu", s.whole(1, 128), "share slots per GPU"),
-    s.Setting("migStrategy", "mig_strategy", s.choice(MIG_STRATEGIES), "none, single or mixed"),
-    s.Setting("mps", "mps", s.boolean, "return MPS limits for shares", boolean=True),
-    s.Setting("cdi", "cdi", s.boolean, "also return CDI device names", boolean=True),
-    s.Setting("healthQuietPeriodSeconds", "health_quiet_period_s", s.number(0, 86400),
+    Setting("pluginDir", "plugin_dir", path, "the kubelet's device-plugin folder"),
+    Setting("fakeFleet", "fake_fleet", path, "fleet file: run on fake NVML"),
+    Setting("gpuReplicas", "gpu_replicas", whole(1, 64), "time-sliced replicas per GPU"),
+    Setting("vgpuSlotsPerGpu", "vgpu_slots_per_gpu", whole(1, 128), "share slots per GPU"),
+    Setting("migStrategy", "mig_strategy", choice(MIG_STRATEGIES), "none, single or mixed"),
+    Setting("mps", "mps", boolean, "return MPS limits for shares", boolean=True),
+    Setting("cdi", "cdi", boolean, "also return CDI device names", boolean=True),
+    Setting("healthQuietPeriodSeconds", "health_quiet_period_s", number(0, 86400),
               "a GPU recovers after this long without a fault"),
-    s.Setting("usageIntervalSeconds", "usage_interval_s", s.number(0.1, 10),
+    Setting("usageIntervalSeconds", "usage_interval_s", number(0.1, 10),
               "seconds between usage heartbeats"),
-    s.Setting("metricsPort", "metrics_port", s.whole(0, 65535), "0 turns /metrics off"),
-    s.Setting("publish", "publish", s.boolean, "write node annotations", boolean=True),
+    Setting("metricsPort", "metrics_port", whole(0, 65535), "0 turns /metrics off"),
+    Setting("publish", "publish", boolean, "write node annotations", boolean=True),
 )  # fmt: skip
 
 
 def parse_config(doc: object) -> dict:
     """The fields a config document sets, checked; absent ones keep their defaults."""
-    return s.parse_settings(doc, SETTINGS)
+    return parse_settings(doc, SETTINGS)
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    s.add_flags(parser, SETTINGS)
+    settings.add_flags(parser, SETTINGS)
 
 
 def load_config(args: argparse.Namespace, env_node: str | None = None) -> PluginConfig:
     """File, then flags, each checked by the same reader."""
-    config = s.load_settings(PluginConfig(), SETTINGS, args, node_name=env_node)
+    config = load_settings(PluginConfig(), SETTINGS, args, node_name=env_node)
     if not config.node_name:
         raise ContractError("nodeName", "is required (flag --node or env NODE_NAME)")
     return config

@@ -86,6 +86,14 @@ def each(
     return [(expect(item, kind, join(where, i)), join(where, i)) for i, item in enumerate(items)]
 
 
+def one_of(doc: Mapping[str, Any], key: str, options: tuple, path: str, default: Any) -> Any:
+    """`doc[key]`, one of `options`; absent or null gives `default` (which may be None)."""
+    value = field(doc, key, str, path, default)
+    if value is not None and value not in options:
+        raise ContractError(join(path, key), f"{value!r} is not one of {', '.join(options)}")
+    return value
+
+
 def reject_unknown(obj: Mapping[str, Any], allowed: Iterable[str], path: str = "") -> None:
     """Fail on a key outside ``allowed``: in a hand-written file a typo must not pass unseen."""
     known = set(allowed)

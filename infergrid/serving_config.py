@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from infergrid.codec import check_version, expect, field, integer, join, reject_unknown
+from infergrid.codec import check_version, expect, field, integer, join, one_of, reject_unknown
 from infergrid.constants import SCHEMA_VERSION
 from infergrid.errors import ContractError
 from infergrid.settings import Setting
@@ -219,11 +219,3 @@ def _model(doc: dict[str, Any]) -> ModelRef:
         format=one_of(doc, "format", FORMATS, "model", FORMATS[0]),
         task=one_of(doc, "task", TASKS, "model", TASKS[0]),
     )
-
-
-def one_of(doc: Mapping[str, Any], key: str, options: tuple, path: str, default: Any) -> Any:
-    """`doc[key]`, one of `options`; absent or null gives `default` (which may be None)."""
-    value = field(doc, key, str, path, default)
-    if value is not None and value not in options:
-        raise ContractError(join(path, key), f"{value!r} is not one of {', '.join(options)}")
-    return value

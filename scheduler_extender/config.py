@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from infergrid import settings as s
 from infergrid.constants import DEFAULT_POLICY, PLACEMENT_POLICIES
+from infergrid.settings import Setting, boolean, choice, number, path, text, whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,20 +34,20 @@ class ExtenderConfig:
 
 
 SETTINGS: Final = (
-    s.Setting("host", "host", s.text, "address to listen on"),
-    s.Setting("port", "port", s.whole(1, 65535), "port to listen on"),
-    s.Setting("defaultPolicy", "default_policy", s.choice(PLACEMENT_POLICIES),
+    Setting("host", "host", text, "address to listen on"),
+    Setting("port", "port", whole(1, 65535), "port to listen on"),
+    Setting("defaultPolicy", "default_policy", choice(PLACEMENT_POLICIES),
               "policy for pods without the placement-policy annotation"),
-    s.Setting("staleAfterSeconds", "stale_after_s", s.number(1, 3600),
+    Setting("staleAfterSeconds", "stale_after_s", number(1, 3600),
               "a node whose usage heartbeat is older offers nothing"),
-    s.Setting("leaderElection", "leader_election", s.boolean,
+    Setting("leaderElection", "leader_election", boolean,
               "take a Lease; only the leader binds and is ready", boolean=True),
-    s.Setting("leaseNamespace", "lease_namespace", s.text, "namespace of the Lease"),
-    s.Setting("leaseName", "lease_name", s.text, "name of the Lease"),
-    s.Setting("identity", "identity", s.text, "name in the Lease (default POD_NAME)"),
-    s.Setting("tlsCertFile", "tls_cert_file", s.path, "serve HTTPS with this certificate"),
-    s.Setting("tlsKeyFile", "tls_key_file", s.path, "and this key"),
-    s.Setting("resyncSeconds", "resync_s", s.number(10, 86400), "full relist period of the cache"),
-    s.Setting("bindWaitSeconds", "bind_wait_s", s.number(0, 10),
+    Setting("leaseNamespace", "lease_namespace", text, "namespace of the Lease"),
+    Setting("leaseName", "lease_name", text, "name of the Lease"),
+    Setting("identity", "identity", text, "name in the Lease (default POD_NAME)"),
+    Setting("tlsCertFile", "tls_cert_file", path, "serve HTTPS with this certificate"),
+    Setting("tlsKeyFile", "tls_key_file", path, "and this key"),
+    Setting("resyncSeconds", "resync_s", number(10, 86400), "full relist period of the cache"),
+    Setting("bindWaitSeconds", "bind_wait_s", number(0, 10),
               "longest a filter waits for pods that passed filter to be bound (0: never)"),
 )  # fmt: skip

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from infergrid.codec import expect, field, integer, join
+from infergrid.codec import expect, field, integer, join, one_of
 from infergrid.constants import DEFAULT_POLICY, PLACEMENT_POLICIES, TOPOLOGIES
 from infergrid.errors import ContractError
-from infergrid.serving_config import FORMATS, TASKS, one_of, read_crd_engine
+from infergrid.serving_config import FORMATS, TASKS, read_crd_engine
 from infergrid.storage_uri import parse_storage_uri
 
 MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]+gb$")
