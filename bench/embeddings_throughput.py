@@ -42,9 +42,7 @@ from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package, as a file
-
-from batching_engine.testing.engine_process import EngineProcess  # noqa: E402
+from batching_engine.testing.engine_process import EngineProcess
 
 WORDS = (
     "the sea river stone light cloud engine batch paged cache token model query vector north"

@@ -22,9 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package, as a file
-
-from batching_engine.testing.engine_process import EngineProcess, overload  # noqa: E402
+from batching_engine.testing.engine_process import EngineProcess, overload
 
 
 def main() -> int:

@@ -50,8 +50,6 @@ from pathlib import Path
 import torch
 import transformers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from batching_engine.config import EngineConfig
 from batching_engine.engine import LLMEngine
 from batching_engine.model.gguf_import import import_gguf
