@@ -14,7 +14,7 @@ kube-scheduler bound to the same extender:
 
 binpack wants the fewest GPUs (6 shares fill a 24 GiB GPU), spread a GPU per pod, then nodes.
 
-    .venv/bin/python bench/burst_placement.py [--pods 8] [--rounds 3] [--json]
+    .venv/bin/python -m bench.burst_placement [--pods 8] [--rounds 3] [--json]
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the e2e package, when run as a file
-
-from infergrid import constants  # noqa: E402
+from infergrid import constants
 
 FLEET = """version: v1
 nodes:

@@ -22,9 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package, as a file
-
-from tests.batching_engine.engine_process import EngineProcess, overload  # noqa: E402
+from batching_engine.testing.engine_process import EngineProcess, overload
 
 
 def main() -> int:
@@ -32,7 +30,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if args.tiny:
-            from tests.batching_engine.tiny_model_dir import write_tiny_model
+            from batching_engine.testing.tiny_model_dir import write_tiny_model
 
             model = str(write_tiny_model(Path(tmp) / "tiny"))
         row = run(args, model, Path(tmp) / "engine.log")

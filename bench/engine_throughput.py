@@ -50,15 +50,13 @@ from pathlib import Path
 import torch
 import transformers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from batching_engine.config import EngineConfig
 from batching_engine.engine import LLMEngine
 from batching_engine.model.gguf_import import import_gguf
 from batching_engine.model.layers import Linear, linear
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams, Sequence
-from tests.batching_engine.tiny_llama import save_tiny_llama
+from batching_engine.testing.tiny_llama import save_tiny_llama
 
 DTYPE = torch.float32
 KV_CACHE_BYTES = 1 << 30

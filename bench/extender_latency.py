@@ -14,7 +14,7 @@ infergrid-scheduler with the extender, against the default scheduler without
 it, and their ratio; and once more with the extender's bindWaitSeconds 0, to
 show what its wait for earlier pods' binds costs. (--cluster-nodes 0 skips it.)
 
-    .venv/bin/python bench/extender_latency.py --nodes 100,1000,5000 [--pods 200] [--json]
+    .venv/bin/python -m bench.extender_latency --nodes 100,1000,5000 [--pods 200] [--json]
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import json
 import multiprocessing
 import random
 import statistics
-import sys
 import tempfile
 import time
 import urllib.request
@@ -34,8 +33,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from aiohttp import web
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the e2e package, when run as a file
 
 from infergrid.assignment_annotation import encode_assignment
 from infergrid.constants import (

@@ -137,7 +137,7 @@ else:
     print("nvidia-smi: missing")
 '
 
-run_step nvml_probe 30 "$PYTHON" bench/nvml_probe.py "${PROBE_FLAGS[@]}"
+run_step nvml_probe 30 "$PYTHON" -m bench.nvml_probe "${PROBE_FLAGS[@]}"
 
 if "$PYTHON" -c 'import pytest' >/dev/null 2>&1; then
     run_step real_nvml_tests 60 "$PYTHON" -m pytest -q -p no:cacheprovider -o addopts= \
@@ -146,13 +146,13 @@ else
     skip_step real_nvml_tests "pytest is missing for $PYTHON"
 fi
 
-run_step kernels_correctness 200 "$PYTHON" bench/kernels_gpu.py ${KERNEL_FLAGS[@]+"${KERNEL_FLAGS[@]}"} \
+run_step kernels_correctness 200 "$PYTHON" -m bench.kernels_gpu ${KERNEL_FLAGS[@]+"${KERNEL_FLAGS[@]}"} \
     --sections correctness,parity
-run_step cuda_graphs_decode 90 "$PYTHON" bench/kernels_gpu.py ${KERNEL_FLAGS[@]+"${KERNEL_FLAGS[@]}"} \
+run_step cuda_graphs_decode 90 "$PYTHON" -m bench.kernels_gpu ${KERNEL_FLAGS[@]+"${KERNEL_FLAGS[@]}"} \
     --sections decode_step
-run_step engine_decode 60 "$PYTHON" bench/kernels_gpu.py ${KERNEL_FLAGS[@]+"${KERNEL_FLAGS[@]}"} \
+run_step engine_decode 60 "$PYTHON" -m bench.kernels_gpu ${KERNEL_FLAGS[@]+"${KERNEL_FLAGS[@]}"} \
     --sections engine
-run_step memory_budget 90 "$PYTHON" bench/kernels_gpu.py ${KERNEL_FLAGS[@]+"${KERNEL_FLAGS[@]}"} \
+run_step memory_budget 90 "$PYTHON" -m bench.kernels_gpu ${KERNEL_FLAGS[@]+"${KERNEL_FLAGS[@]}"} \
     --sections memory_budget
 
 echo

@@ -1,7 +1,7 @@
 """The engine's GPU kernels on a CUDA device: right first, then fast, against measured ceilings.
 
-    .venv/bin/python bench/kernels_gpu.py [--json] [--sections ceilings,correctness,...]
-    .venv/bin/python bench/kernels_gpu.py --dry-run   # CPU, Triton's interpreter, tiny shapes
+    .venv/bin/python -m bench.kernels_gpu [--json] [--sections ceilings,correctness,...]
+    .venv/bin/python -m bench.kernels_gpu --dry-run   # CPU, Triton's interpreter, tiny shapes
 
 Sections, each guarded (an error is printed and recorded, and the next section runs):
 
@@ -49,9 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project, uninstalled
-
-from bench.nvml_probe import print_versions  # noqa: E402
+from bench.nvml_probe import print_versions
 
 if __name__ == "__main__":  # the versions first, even where torch is missing
     print_versions(file=sys.stderr if "--json" in sys.argv else sys.stdout)
@@ -59,7 +57,7 @@ if __name__ == "__main__":  # the versions first, even where torch is missing
         print("torch is missing: the GPU kernel benchmark cannot run", file=sys.stderr)
         sys.exit(2)
 
-import torch  # noqa: E402
+import torch
 
 SECTIONS = ("ceilings", "correctness", "parity", "kernels", "tuning", "decode_step", "engine",
             "memory_budget")  # fmt: skip
@@ -419,7 +417,7 @@ def parity(report: Report, clock: Clock, s: Sizes) -> None:
     The model is the tests' tiny Llama (peaked logits, llama3 rope scaling)."""
     from batching_engine.kernels import dispatch
     from batching_engine.model_runner import ModelRunner
-    from tests.batching_engine.tiny_llama import (
+    from batching_engine.testing.tiny_llama import (
         LLAMA3_ROPE,
         hf_greedy,
         runner_greedy,

@@ -1,6 +1,6 @@
 """Discovery through the real NVML backend: prints this machine's GPU inventory as JSON.
 
-    python bench/nvml_probe.py [--node NAME] [--usage] [--fake FLEET.yaml]
+    python -m bench.nvml_probe [--node NAME] [--usage] [--fake FLEET.yaml]
 
 The same code path the device plugin publishes from, run by hand on a GPU machine, from the
 repository root with whatever Python is there (no install of the project needed). It prints
@@ -21,10 +21,6 @@ import sys
 import time
 from datetime import UTC, datetime
 from importlib import metadata
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the project's packages, without an editable install
 
 # (distribution, module): what the GPU scripts depend on, as pip names them.
 PACKAGES = (("torch", "torch"), ("triton", "triton"), ("nvidia-ml-py", "pynvml"))

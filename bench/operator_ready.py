@@ -7,7 +7,7 @@ the Deployment existing, every pod bound by infergrid-scheduler, every pod
 Ready (KWOK), and the service's Ready condition as the operator reports it.
 Printed as a table (or --json); nothing is asserted.
 
-    .venv/bin/python bench/operator_ready.py [--replicas 1,20] [--runs 3] [--json]
+    .venv/bin/python -m bench.operator_ready [--replicas 1,20] [--runs 3] [--json]
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from pathlib import Path
 
 import yaml
 from kubernetes import client
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the e2e package, when run as a file
 
 from e2e.cluster.local_cluster import REPO, LocalCluster
 from e2e.extender_support import ExtenderProcess

@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from infergrid.simulate.cli import parse_seeds, simulate
 from infergrid.simulate.metrics import LAST_BIN
 from infergrid.simulate.policies import SIM_POLICIES, sim_policy

@@ -65,7 +65,7 @@ def test_the_nvml_probe_prints_versions_first_and_runs_from_anywhere(tmp_path):
 
 def test_without_pynvml_the_probe_says_so_after_the_versions(tmp_path):
     env = hiding(tmp_path, "pynvml")
-    done = run([sys.executable, "bench/nvml_probe.py"], env)
+    done = run([sys.executable, "-m", "bench.nvml_probe"], env)
     assert done.returncode == 1
     assert done.stdout.startswith("versions: python=")
     assert "driver=missing" in done.stdout
@@ -74,7 +74,7 @@ def test_without_pynvml_the_probe_says_so_after_the_versions(tmp_path):
 
 def test_without_torch_the_kernel_bench_says_so_after_the_versions(tmp_path):
     env = hiding(tmp_path, "torch")
-    done = run([sys.executable, "bench/kernels_gpu.py", "--dry-run"], env)
+    done = run([sys.executable, "-m", "bench.kernels_gpu", "--dry-run"], env)
     assert done.returncode == 2
     assert done.stdout.startswith("versions: python=")
     assert "torch is missing" in done.stderr

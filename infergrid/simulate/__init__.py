@@ -5,7 +5,7 @@ openb trace (``shared/traces/openb``): per seed, shuffled nodes and pods,
 inflation to 130% of the cluster's GPUs, one attempt per pod, no departures.
 Every placement is the core's (``fit``, the scorer tables); this package only
 reads the trace (``trace``), maps it onto the core's types (``cluster``),
-orders arrivals (``protocol``), picks among scored nodes as kube-scheduler
+orders arrivals (``arrivals``), picks among scored nodes as kube-scheduler
 does (``policies``), replays (``replay``), measures (``metrics``) and reports
 (``report``, ``cli``).
 """

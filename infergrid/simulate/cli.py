@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Final
 
 from infergrid.errors import ContractError
+from infergrid.simulate.arrivals import DEFAULT_INFLATION
 from infergrid.simulate.metrics import DEFAULT_CHECKPOINTS, LAST_BIN
 from infergrid.simulate.policies import SIM_POLICIES, SimPolicy, parse_policies
-from infergrid.simulate.protocol import DEFAULT_INFLATION
 from infergrid.simulate.replay import RunResult, Scenario, replay
 from infergrid.simulate.report import PolicyResult, TraceInfo, dumps, table, to_json, write_png
 from infergrid.simulate.trace import MILLI_GPU, TraceNode, TracePod, load_nodes, load_pods

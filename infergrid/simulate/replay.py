@@ -35,10 +35,10 @@ from infergrid.placement import (
     with_cluster,
 )
 from infergrid.pod_request import PodGpuRequest
+from infergrid.simulate.arrivals import DEFAULT_INFLATION, Arrivals, arrivals
 from infergrid.simulate.cluster import node_state, pod_request
 from infergrid.simulate.metrics import Curves, Measurement, curves
 from infergrid.simulate.policies import SimPolicy, typical_workload
-from infergrid.simulate.protocol import DEFAULT_INFLATION, Arrivals, arrivals
 from infergrid.simulate.trace import MILLI_GPU, TraceNode, TracePod
 
 SCORE_DIGITS: Final = 9

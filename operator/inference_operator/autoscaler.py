@@ -25,7 +25,9 @@ History = tuple[tuple[float, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
-class Policy:
+class ScalingPolicy:
+    """An InferenceService's autoscaling spec as the numbers the rule uses (fractions, seconds)."""
+
     min_replicas: int
     max_replicas: int
     tolerance: float = 0.1
@@ -34,7 +36,7 @@ class Policy:
     warm_pool: int = 0
 
     @classmethod
-    def from_spec(cls, spec: Autoscaling) -> Policy:
+    def from_spec(cls, spec: Autoscaling) -> ScalingPolicy:
         return cls(
             min_replicas=spec.min_replicas,
             max_replicas=spec.max_replicas,
@@ -46,7 +48,9 @@ class Policy:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class ScaleDecision:
+    """One tick's outcome: the replica count to set, and what the next tick decides from."""
+
     replicas: int  # what spec.replicas should be now
     recommendation: int  # what the metrics alone ask for
     history: History  # to pass to the next call
@@ -64,7 +68,7 @@ def ratios(metrics: ServiceMetrics, spec: Autoscaling) -> dict[str, float]:
 
 
 def recommend(
-    current: int, reporting: int, metric_ratios: Mapping[str, float], policy: Policy
+    current: int, reporting: int, metric_ratios: Mapping[str, float], policy: ScalingPolicy
 ) -> int:
     """Replicas the metrics ask for, warm pool included, within min/max.
 
@@ -84,10 +88,10 @@ def desired_replicas(
     current: int,
     reporting: int,
     metric_ratios: Mapping[str, float],
-    policy: Policy,
+    policy: ScalingPolicy,
     history: History,
     now: float,
-) -> Decision:
+) -> ScaleDecision:
     """The next replica count, and the history to keep for the next call.
 
     An empty history counts as the current count recommended now, so an
@@ -99,13 +103,13 @@ def desired_replicas(
     history = (*kept, (now, recommendation))
     reason = _reason(metric_ratios)
     if not policy.min_replicas <= current <= policy.max_replicas:
-        return Decision(_clamp(current, policy), recommendation, history, "outside min..max")
+        return ScaleDecision(_clamp(current, policy), recommendation, history, "outside min..max")
     if recommendation >= current:
-        return Decision(recommendation, recommendation, history, reason)
+        return ScaleDecision(recommendation, recommendation, history, reason)
     stabilized = max(r for _, r in history)
     step = max(1, current * policy.scale_down_max_percent // 100)
     replicas = _clamp(max(stabilized, current - step), policy)
-    return Decision(min(replicas, current), recommendation, history, reason)
+    return ScaleDecision(min(replicas, current), recommendation, history, reason)
 
 
 def history_after(history: History, last_set: int | None, current: int) -> History:
@@ -115,7 +119,7 @@ def history_after(history: History, last_set: int | None, current: int) -> Histo
     return history if last_set is None or last_set == current else ()
 
 
-def _clamp(replicas: int, policy: Policy) -> int:
+def _clamp(replicas: int, policy: ScalingPolicy) -> int:
     return min(max(replicas, policy.min_replicas), policy.max_replicas)
 
 

@@ -28,7 +28,14 @@ from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
 from infergrid.errors import ContractError
 from infergrid.process import kube_api
 
-from .autoscaler import Decision, History, Policy, desired_replicas, history_after, ratios
+from .autoscaler import (
+    History,
+    ScaleDecision,
+    ScalingPolicy,
+    desired_replicas,
+    history_after,
+    ratios,
+)
 from .conditions import (
     compute_status,
     invalid_spec_conditions,
@@ -247,7 +254,7 @@ async def autoscale_once(
     scaling = service.autoscaling
     history = history_after(state.history, state.replicas, service.replicas)
     decision = desired_replicas(
-        service.replicas, metrics.pods, ratios(metrics, scaling), Policy.from_spec(scaling),
+        service.replicas, metrics.pods, ratios(metrics, scaling), ScalingPolicy.from_spec(scaling),
         history, time.monotonic(),
     )  # fmt: skip
     if decision.replicas != service.replicas:
@@ -260,7 +267,7 @@ async def autoscale_once(
     return ScalerState(decision.history, latency, decision.replicas)
 
 
-def metrics_status(metrics: ServiceMetrics, decision: Decision) -> dict[str, Any]:
+def metrics_status(metrics: ServiceMetrics, decision: ScaleDecision) -> dict[str, Any]:
     """status.metrics; a metric no pod exported is removed (None in a merge patch)."""
     return {
         "queueDepth": metrics.queue_depth,

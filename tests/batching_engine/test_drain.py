@@ -9,8 +9,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.batching_engine.engine_process import EngineProcess, readiness
-from tests.batching_engine.tiny_model_dir import write_tiny_model
+from batching_engine.testing.engine_process import EngineProcess, readiness
+from batching_engine.testing.tiny_model_dir import write_tiny_model
 
 pytestmark = pytest.mark.timeout(300)
 STREAMS = 50

@@ -19,9 +19,9 @@ from safetensors.torch import load_file
 from tokenizers import pre_tokenizers
 
 from batching_engine.model.gguf_import import import_gguf
+from batching_engine.testing.tiny_llama import TINY, save_tiny_llama
 from batching_engine.tokenizer import Tokenizer
 from infergrid.errors import ContractError
-from tests.batching_engine.tiny_llama import TINY, save_tiny_llama
 
 SPECIALS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 BYTES = sorted(pre_tokenizers.ByteLevel.alphabet())

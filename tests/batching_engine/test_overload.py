@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.batching_engine.engine_process import EngineProcess, overload
-from tests.batching_engine.tiny_model_dir import write_tiny_model
+from batching_engine.testing.engine_process import EngineProcess, overload
+from batching_engine.testing.tiny_model_dir import write_tiny_model
 
 pytestmark = pytest.mark.timeout(300)
 MAX_NUM_SEQS, MAX_QUEUE_SIZE = 4, 8

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from batching_engine.testing.tiny_model_dir import write_bpe_tokenizer
 from batching_engine.tokenizer import ChatMessageLike, Tokenizer
 from infergrid.errors import ContractError
 from tests.batching_engine.tiny_bert import write_wordpiece_tokenizer
-from tests.batching_engine.tiny_model_dir import write_bpe_tokenizer
 
 CORPUS = ["hello world, the quick brown fox jumps over the lazy dog"] * 20 + ["café naïve 123"] * 5
 TEMPLATE = (

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inference_operator.autoscaler import (
-    Policy,
+    ScalingPolicy,
     desired_replicas,
     history_after,
     ratios,
@@ -16,11 +16,11 @@ from inference_operator.metrics_scrape import ServiceMetrics
 from inference_operator.spec import Autoscaling
 
 TICK = 15.0
-POLICY = Policy(min_replicas=1, max_replicas=20, tolerance=0.1, stabilization_s=300,
+POLICY = ScalingPolicy(min_replicas=1, max_replicas=20, tolerance=0.1, stabilization_s=300,
                 scale_down_max_percent=20)  # fmt: skip
 
 
-def run(loads: list[float], policy: Policy = POLICY, start: int = 4) -> list[int]:
+def run(loads: list[float], policy: ScalingPolicy = POLICY, start: int = 4) -> list[int]:
     """Replicas after each tick, for a total load given in replicas working at target.
 
     Every pod reports and the load spreads evenly, so each pod's ratio is load / replicas.
@@ -73,7 +73,7 @@ def test_scale_down_removes_at_most_20_percent_a_step():
 
 
 def test_small_services_still_shrink_one_replica_a_step():
-    assert run([1.0] * 25, Policy(1, 10, stabilization_s=0), start=4)[:4] == [3, 2, 1, 1]
+    assert run([1.0] * 25, ScalingPolicy(1, 10, stabilization_s=0), start=4)[:4] == [3, 2, 1, 1]
 
 
 def test_a_spike_inside_the_window_restarts_the_wait():
@@ -86,7 +86,7 @@ def test_a_spike_inside_the_window_restarts_the_wait():
 
 
 def test_warm_pool_keeps_spares_above_the_load_without_growing():
-    policy = Policy(1, 20, stabilization_s=0, warm_pool=2)
+    policy = ScalingPolicy(1, 20, stabilization_s=0, warm_pool=2)
     seen = run([3.0] * 20, policy, start=1)
     assert seen[0] == 5 and set(seen) == {5}
     assert recommend(current=5, reporting=5, metric_ratios={"queueDepth": 0.6},
@@ -94,7 +94,7 @@ def test_warm_pool_keeps_spares_above_the_load_without_growing():
 
 
 def test_warm_pool_alone_when_idle():
-    policy = Policy(0, 20, stabilization_s=0, warm_pool=1)
+    policy = ScalingPolicy(0, 20, stabilization_s=0, warm_pool=1)
     assert run([0.0] * 10, policy, start=4)[-1] == 1
 
 

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from inference_operator.autoscaler import Policy
+from inference_operator.autoscaler import ScalingPolicy
 from inference_operator.config import SETTINGS, OperatorConfig
 from inference_operator.spec import Autoscaling
 from infergrid.errors import ContractError
@@ -74,6 +74,6 @@ def test_bad_values_are_named(argv):
 
 
 def test_policy_reads_percentages_as_fractions():
-    policy = Policy.from_spec(Autoscaling(tolerance_percent=15, warm_pool=2))
+    policy = ScalingPolicy.from_spec(Autoscaling(tolerance_percent=15, warm_pool=2))
     assert policy.tolerance == 0.15 and policy.warm_pool == 2
     assert (policy.min_replicas, policy.max_replicas, policy.stabilization_s) == (1, 4, 300)

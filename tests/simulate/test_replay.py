@@ -4,8 +4,8 @@ import random
 
 import pytest
 
+from infergrid.simulate.arrivals import Arrivals, arrivals
 from infergrid.simulate.policies import SIM_POLICIES, sim_policy
-from infergrid.simulate.protocol import Arrivals, arrivals
 from infergrid.simulate.replay import Scenario, play, replay
 from infergrid.simulate.trace import TraceNode, TracePod
 

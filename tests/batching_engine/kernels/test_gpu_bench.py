@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-SCRIPT = ROOT / "bench" / "kernels_gpu.py"
 
 
 def run_bench(*args: str, cuda_visible: bool = True) -> subprocess.CompletedProcess:
@@ -21,7 +20,7 @@ def run_bench(*args: str, cuda_visible: bool = True) -> subprocess.CompletedProc
     if not cuda_visible:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
+        [sys.executable, "-m", "bench.kernels_gpu", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -3,7 +3,7 @@
 import pytest
 
 from infergrid.errors import ContractError
-from infergrid.simulate.protocol import arrivals
+from infergrid.simulate.arrivals import arrivals
 from infergrid.simulate.trace import TracePod
 
 

@@ -1,7 +1,7 @@
 """`infergrid-engine` as a real process, and an overload client to throw at it.
 
-Used by test_drain and test_overload, and by bench/engine_overload.py, which runs the same
-overload for longer and prints what it saw.
+Used by test_drain and test_overload, by bench/engine_overload.py, which runs the same
+overload for longer and prints what it saw, and by bench/embeddings_throughput.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The paper's replay protocol: which nodes, in which order, and which pods arrive when.
+"""The paper's replay order as one seed's arrivals: which nodes, in which order, and which pods
+arrive when.
 
 Per seed (the README of ``shared/traces/openb``, "How the simulator replays"):
 
