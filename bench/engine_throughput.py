@@ -56,7 +56,7 @@ from batching_engine.model.gguf_import import import_gguf
 from batching_engine.model.layers import Linear, linear
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams, Sequence
-from batching_engine.testing.tiny_llama import save_tiny_llama
+from harness.tiny_llama import save_tiny_llama
 
 DTYPE = torch.float32
 KV_CACHE_BYTES = 1 << 30

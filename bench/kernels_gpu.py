@@ -417,7 +417,7 @@ def parity(report: Report, clock: Clock, s: Sizes) -> None:
     The model is the tests' tiny Llama (peaked logits, llama3 rope scaling)."""
     from batching_engine.kernels import dispatch
     from batching_engine.model_runner import ModelRunner
-    from batching_engine.testing.tiny_llama import (
+    from harness.tiny_llama import (
         LLAMA3_ROPE,
         hf_greedy,
         runner_greedy,

@@ -14,7 +14,7 @@ from batching_engine.model.activation_profile import ActivationPeaks, activation
 from batching_engine.model.attention import DenseAttentionMetadata
 from batching_engine.model.kv_cache import KVCacheLayout
 from batching_engine.model.loader import load_model
-from batching_engine.testing.tiny_llama import save_tiny_llama
+from harness.tiny_llama import save_tiny_llama
 
 MAX_MODEL_LEN, MAX_NUM_SEQS, TOKEN_BUDGET = 48, 3, 100
 

@@ -20,7 +20,7 @@ from batching_engine.config import EngineConfig, Settings
 from batching_engine.main import parser, settings_from
 from batching_engine.metrics import EngineMetrics
 from batching_engine.server.app import EngineServer, start_site
-from batching_engine.testing.tiny_model_dir import write_tiny_model
+from harness.tiny_model_dir import write_tiny_model
 from tests.batching_engine.server_thread import ServerThread
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,7 +17,7 @@ from batching_engine.config import EngineConfig
 from batching_engine.engine import LLMEngine
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams, Sequence
-from batching_engine.testing.tiny_llama import LLAMA3_ROPE, hf_greedy, save_tiny_llama
+from harness.tiny_llama import LLAMA3_ROPE, hf_greedy, save_tiny_llama
 
 BLOCK_BYTES = 8192  # one 16-token block of the tiny model: 2 layers x (K, V) x 16 x 2 x 16 x 4 B
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from batching_engine.testing.engine_process import EngineProcess, readiness
-from batching_engine.testing.tiny_model_dir import write_tiny_model
+from harness.engine_process import EngineProcess, readiness
+from harness.tiny_model_dir import write_tiny_model
 
 pytestmark = pytest.mark.timeout(300)
 STREAMS = 50

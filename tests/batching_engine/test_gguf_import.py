@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 from tokenizers import pre_tokenizers
 
 from batching_engine.model.gguf_import import import_gguf
-from batching_engine.testing.tiny_llama import TINY, save_tiny_llama
 from batching_engine.tokenizer import Tokenizer
+from harness.tiny_llama import TINY, save_tiny_llama
 from infergrid.errors import ContractError
 
 SPECIALS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]

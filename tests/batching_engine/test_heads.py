@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from transformers import LlamaForSequenceClassification, LlamaModel
 
 from batching_engine.model_runner import ModelRunner
-from batching_engine.testing.tiny_llama import save_tiny_llama
+from harness.tiny_llama import save_tiny_llama
 from infergrid.errors import ContractError
 
 INPUTS = [[5, 9, 200, 17], [3], [44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54], [250, 1]]

@@ -30,7 +30,7 @@ from batching_engine.kernels.rmsnorm import _fused_add_rmsnorm_kernel
 from batching_engine.model.attention import decode_buffers
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams, Sequence
-from batching_engine.testing.tiny_llama import LLAMA3_ROPE, hf_greedy, save_tiny_llama
+from harness.tiny_llama import LLAMA3_ROPE, hf_greedy, save_tiny_llama
 
 PROMPT_LENGTHS = [3, 21, 9, 30]
 MAX_TOKENS = 5

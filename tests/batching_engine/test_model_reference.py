@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from batching_engine.model.loader import load_model
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams, Sequence
-from batching_engine.testing.tiny_llama import (
+from harness.tiny_llama import (
     LLAMA3_ROPE,
     hf_greedy,
     runner_greedy,

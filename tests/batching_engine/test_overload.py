@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from batching_engine.testing.engine_process import EngineProcess, overload
-from batching_engine.testing.tiny_model_dir import write_tiny_model
+from harness.engine_process import EngineProcess, overload
+from harness.tiny_model_dir import write_tiny_model
 
 pytestmark = pytest.mark.timeout(300)
 MAX_NUM_SEQS, MAX_QUEUE_SIZE = 4, 8

@@ -15,8 +15,8 @@ from transformers import LlamaForCausalLM
 
 from batching_engine.model.gguf_import import import_gguf
 from batching_engine.model_runner import ModelRunner
-from batching_engine.testing.tiny_llama import hf_greedy, runner_greedy
 from batching_engine.tokenizer import Tokenizer
+from harness.tiny_llama import hf_greedy, runner_greedy
 
 QUESTIONS = [
     "What is the capital of France?",

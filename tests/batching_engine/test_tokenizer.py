@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from batching_engine.testing.tiny_model_dir import write_bpe_tokenizer
 from batching_engine.tokenizer import ChatMessageLike, Tokenizer
+from harness.tiny_model_dir import write_bpe_tokenizer
 from infergrid.errors import ContractError
 from tests.batching_engine.tiny_bert import write_wordpiece_tokenizer
 
