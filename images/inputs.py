@@ -3,7 +3,6 @@ package it carries, and the digest of a binary. `images.plan` hashes these into 
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 from pathlib import Path
 
@@ -23,28 +22,31 @@ def file_digest(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def wheel_packages(pyproject: dict) -> list[str]:
+    """The wheel's packages, as paths from the repository root (hatchling's `packages`)."""
+    return pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+
+
 def package_dir(root: Path, pyproject: dict, package: str) -> Path:
-    """Where a top-level package lives: the `where` folders of setuptools' package finder."""
-    wheres = pyproject["tool"]["setuptools"]["packages"]["find"].get("where", ["."])
-    for where in wheres:
-        candidate = root / where / package
-        if (candidate / "__init__.py").is_file():
+    """Where a top-level package lives: the wheel's entry whose last part is its name
+    (hatchling installs `operator/inference_operator` as `inference_operator`)."""
+    paths = wheel_packages(pyproject)
+    for path in paths:
+        candidate = root / path
+        if candidate.name == package and (candidate / "__init__.py").is_file():
             return candidate
-    raise FileNotFoundError(f"package {package!r} is in none of {wheres} under {root}")
+    raise FileNotFoundError(f"package {package!r} is none of the wheel's {paths} under {root}")
 
 
 def package_files(root: Path, pyproject: dict, package: str) -> list[tuple[str, Path]]:
-    """(path inside site-packages, file) of what a wheel would carry of one package: its
-    .py files and the package-data patterns of pyproject.toml; never __pycache__."""
+    """(path inside site-packages, file) of what the wheel carries of one package: every
+    file of its folder (the kubelet API's .proto beside its stubs), bytecode never."""
     top = package_dir(root, pyproject, package)
-    data = pyproject["tool"]["setuptools"].get("package-data", {}).get(package, [])
     found = []
     for path in sorted(top.rglob("*")):
-        if not path.is_file() or "__pycache__" in path.parts:
+        if not path.is_file() or "__pycache__" in path.parts or path.suffix == ".pyc":
             continue
-        rel = path.relative_to(top).as_posix()
-        if path.suffix == ".py" or any(fnmatch.fnmatch(rel, p) for p in data):
-            found.append((f"{package}/{rel}", path))
+        found.append((f"{package}/{path.relative_to(top).as_posix()}", path))
     return found
 
 

@@ -15,21 +15,15 @@ def pyproject() -> dict:
 
 @pytest.fixture
 def tree(tmp_path) -> tuple[Path, dict]:
-    """A repository with two packages, one in a `where` folder, and package data."""
+    """A repository with two packages, one in a folder of its own, and a data file."""
     (tmp_path / "alpha" / "sub").mkdir(parents=True)
     (tmp_path / "alpha" / "__init__.py").write_text("")
     (tmp_path / "alpha" / "main.py").write_text("def main():\n    return 0\n")
     (tmp_path / "alpha" / "sub" / "__init__.py").write_text("")
     (tmp_path / "alpha" / "sub" / "api.proto").write_text("syntax = 'proto3';\n")
-    (tmp_path / "alpha" / "notes.txt").write_text("not shipped\n")
     (tmp_path / "nested" / "beta").mkdir(parents=True)
     (tmp_path / "nested" / "beta" / "__init__.py").write_text("X = 1\n")
-    pyproject = {
-        "tool": {
-            "setuptools": {
-                "packages": {"find": {"where": [".", "nested"]}},
-                "package-data": {"alpha": ["sub/*.proto"]},
-            }
-        }
-    }
+    pyproject = {"tool": {"hatch": {"build": {"targets": {"wheel": {
+        "packages": ["alpha", "nested/beta"]
+    }}}}}}  # fmt: skip
     return tmp_path, pyproject

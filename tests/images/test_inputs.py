@@ -9,7 +9,7 @@ from images import inputs
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_package_files_are_py_and_package_data(tree):
+def test_package_files_are_every_file_of_the_package(tree):
     root, pyproject = tree
     names = [name for name, _ in inputs.package_files(root, pyproject, "alpha")]
     assert names == ["alpha/__init__.py", "alpha/main.py", "alpha/sub/__init__.py",
@@ -45,7 +45,8 @@ def test_digest_ignores_bytecode_and_files_no_wheel_carries(tree):
     start = digest_of(root, pyproject)
     (root / "alpha" / "__pycache__").mkdir()
     (root / "alpha" / "__pycache__" / "main.cpython-311.pyc").write_bytes(b"\0")
-    (root / "alpha" / "notes.txt").write_text("edited\n")
+    (root / "alpha" / "sub" / "stale.pyc").write_bytes(b"\0")
+    (root / "notes.txt").write_text("outside every package\n")
     (root / "alpha" / "main.py").touch()
     assert digest_of(root, pyproject) == start
 
