@@ -29,14 +29,14 @@ from device_plugin.runtime import DevicePluginRuntime
 from infergrid.assignment_annotation import AssignedGpu, ContainerAssignment, PodAssignment
 from infergrid.constants import RESOURCE_GPU, RESOURCE_VGPU, SCHEDULER_NAME
 from infergrid.fleet import parse_fleet
-from infergrid.records import PodRecord as PodView
+from infergrid.records import PodRecord
 
 
 class Pods:
     def __init__(self):
-        self.items: list[PodView] = []
+        self.items: list[PodRecord] = []
 
-    def pods(self) -> list[PodView]:
+    def pods(self) -> list[PodRecord]:
         return self.items
 
 
@@ -64,8 +64,8 @@ def node(gpus: int):
     return parse_fleet(doc, "bench").nodes[0]
 
 
-def assigned(name: str, container: ContainerAssignment, at: datetime) -> PodView:
-    return PodView(
+def assigned(name: str, container: ContainerAssignment, at: datetime) -> PodRecord:
+    return PodRecord(
         f"uid-{name}", "bench", name, "bench", SCHEDULER_NAME,
         PodAssignment("bench", at, (container,)),
     )  # fmt: skip
