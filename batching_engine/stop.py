@@ -1,28 +1,37 @@
 """Stop strings: where generated text must end, and how much of it is safe to stream.
 
 A stop string can span tokens, so matching works on the detokenized text, and only the
-newest stretch needs searching: a match must end in text that appeared this step.
+newest stretch needs searching: a match must end in text that appeared this step, so it
+starts at most the longest stop's length before it (`search_from`). The protocol caps a
+stop string's length (`MAX_STOP_LENGTH`), so each step's check is bounded by the new text
+plus that cap, and a whole output's checks are linear in its length, not quadratic.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+MAX_STOP_LENGTH: Final = 1000  # characters; a longer stop string is a 400 naming it
 
 
-def find_stop(text: str, stops: Iterable[str], checked: int = 0) -> int | None:
+def search_from(checked: int, stops: Iterable[str]) -> int:
+    """The first index a new match can start at, when `checked` characters were already
+    searched without a match: any stop string found afresh must end past `checked`."""
+    longest = max((len(stop) for stop in stops), default=0)
+    return max(0, checked - longest + 1)
+
+
+def find_stop(text: str, stops: Sequence[str], checked: int = 0) -> int | None:
     """Where the earliest stop string starts in `text`, or None.
 
     `checked` is how much of `text` an earlier call already searched without a match;
-    only matches that end past it are new.
+    only `text[search_from(checked, stops):]` is searched.
     """
-    found: int | None = None
-    for stop in stops:
-        if not stop:
-            continue
-        at = text.find(stop, max(0, checked - len(stop) + 1))
-        if at != -1 and (found is None or at < found):
-            found = at
-    return found
+    start = search_from(checked, stops)
+    window = text[start:]
+    found = [at for stop in stops if stop and (at := window.find(stop)) != -1]
+    return start + min(found) if found else None
 
 
 def safe_text_end(text: str, stops: Iterable[str]) -> int:
@@ -31,10 +40,29 @@ def safe_text_end(text: str, stops: Iterable[str]) -> int:
     A streaming server holds back a tail that could still grow into a stop string, which
     the client must never see.
     """
-    end = len(text)
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:size]):
-                end = min(end, len(text) - size)
-                break
-    return end
+    held = max((_held_back(text, stop) for stop in stops if stop), default=0)
+    return len(text) - held
+
+
+def _held_back(text: str, stop: str) -> int:
+    """The longest proper prefix of `stop` that `text` ends with, in time linear in
+    `len(stop)`: Knuth-Morris-Pratt over the text's last `len(stop) - 1` characters, too
+    few to hold the whole stop string."""
+    border = _borders(stop)
+    matched = 0
+    for char in text[max(0, len(text) - len(stop) + 1) :]:
+        while matched and stop[matched] != char:
+            matched = border[matched - 1]
+        matched += stop[matched] == char
+    return matched
+
+
+def _borders(stop: str) -> list[int]:
+    """border[i]: the length of the longest proper prefix of stop[: i + 1] that ends it."""
+    border = [0] * len(stop)
+    for i in range(1, len(stop)):
+        k = border[i - 1]
+        while k and stop[i] != stop[k]:
+            k = border[k - 1]
+        border[i] = k + (stop[i] == stop[k])
+    return border

@@ -32,6 +32,7 @@ from batching_engine.server.json_fields import (
     tokens,
     value_or,
 )
+from batching_engine.stop import MAX_STOP_LENGTH
 
 MAX_STOP_SEQUENCES: Final = 4
 MAX_TOKENS_LIMIT: Final = 1 << 20
@@ -210,11 +211,19 @@ def _stop(doc: dict[str, Any]) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
-        return (string(value, "stop"),)
+        return (_stop_string(value, "stop"),)
     items = array(value, "stop")
     if len(items) > MAX_STOP_SEQUENCES:
         raise RequestError("stop", f"at most {MAX_STOP_SEQUENCES} sequences, got {len(items)}")
-    return tuple(string(item, f"stop[{i}]") for i, item in enumerate(items))
+    return tuple(_stop_string(item, f"stop[{i}]") for i, item in enumerate(items))
+
+
+def _stop_string(value: object, path: str) -> str:
+    """Capped, since every step searches back as far as the longest stop string."""
+    stop = string(value, path)
+    if len(stop) > MAX_STOP_LENGTH:
+        raise RequestError(path, f"at most {MAX_STOP_LENGTH} characters, got {len(stop)}")
+    return stop
 
 
 def _prompt(doc: dict[str, Any]) -> str | list[int]:

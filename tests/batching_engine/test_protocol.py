@@ -118,6 +118,8 @@ def test_top_k_minus_one_means_off() -> None:
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"prompt": "x", "stop": ["a", 1]}, "stop[1]"),
         ({"prompt": "x", "stop": ""}, "stop"),
+        ({"prompt": "x", "stop": "s" * 1001}, "stop"),
+        ({"prompt": "x", "stop": ["ok", "s" * 1001]}, "stop[1]"),
         ({"prompt": "x", "seed": -1}, "seed"),
         ({"prompt": "x", "n": 2}, "n"),
         ({"prompt": "x", "stream": "yes"}, "stream"),
