@@ -18,6 +18,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from batching_engine.token_bound import max_chars_per_token
 from infergrid.errors import ContractError
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -60,6 +61,8 @@ class Tokenizer:
         }
         self.eos_token_ids = frozenset(self._eos_ids(model_dir))
         self._template = _compile_template(_chat_template(model_dir, self._config))
+        # None: this tokenizer may drop characters, so length alone proves nothing.
+        self.max_chars_per_token = max_chars_per_token(json.loads(self._tokenizer.to_str()))
 
     @property
     def vocab_size(self) -> int:
@@ -67,8 +70,10 @@ class Tokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; special tokens written in the text (e.g. from a chat template)
-        become their ids."""
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        become their ids. Through `encode_batch`, which, unlike `encode`, lets go of the GIL:
+        a long text tokenized on a worker thread then leaves the event loop free."""
+        batch = self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
+        return batch[0].ids
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)

@@ -7,6 +7,7 @@ steps: the device runs one thing at a time.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from aiohttp import web
@@ -29,7 +30,7 @@ async def embeddings(server: HandlerContext, request: web.Request) -> web.Respon
     req = parse_embedding(decode_json(await request.read()))
     model.check_name(req.model)
     check_priority(req.priority, server.priority_levels)
-    inputs = [_input_ids(model, item, f"input[{i}]") for i, item in enumerate(req.inputs)]
+    inputs = await asyncio.to_thread(_all_input_ids, model, req.inputs)  # may take a while
     batcher = server.require_batcher()
     try:
         vectors = await batcher.submit(inputs, req.priority)
@@ -53,6 +54,15 @@ async def embed_batch(
     while the server drains, when `require_model` already refuses new requests.
     """
     return await engine.run_job(lambda: runner.embed(inputs).tolist(), len(inputs))
+
+
+def _all_input_ids(model: ServedModel, inputs: tuple[str | list[int], ...]) -> list[list[int]]:
+    """On a worker thread: every input's ids, or the first bad input's error; every text's
+    length is checked before any is tokenized."""
+    for i, item in enumerate(inputs):
+        if isinstance(item, str):
+            model.check_chars(item, f"input[{i}]", model.max_model_len)
+    return [_input_ids(model, item, f"input[{i}]") for i, item in enumerate(inputs)]
 
 
 def _input_ids(model: ServedModel, item: str | list[int], path: str) -> list[int]:

@@ -8,6 +8,7 @@ the request end (the client left, a write failed) aborts it, and the engine free
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Iterator
@@ -55,8 +56,9 @@ async def generate(
     body = decode_json(await request.read())
     req = parse_chat(body) if chat else parse_completion(body)
     model.check_name(req.model)
+    seq = await asyncio.to_thread(_sequence, model, req)  # tokenizing may take a while
     with _refusals(server, engine):
-        stream = await engine.submit(_sequence(model, req))
+        stream = await engine.submit(seq)
     answer = _Answer(
         Envelope.new(chat, model.name), stream, TextOutput(model.tokenizer, req.params.stop)
     )
@@ -78,11 +80,14 @@ def _sequence(model: ServedModel, req: GenerationRequest) -> Sequence:
 
 
 def _prompt_ids(model: ServedModel, req: GenerationRequest) -> list[int]:
-    tokenizer = model.tokenizer
+    """On a worker thread. A prompt leaves room for one output token, hence the - 1."""
+    tokenizer, most = model.tokenizer, model.max_model_len - 1
     if req.messages is not None:
         text = tokenizer.apply_chat_template(req.messages)
+        model.check_chars(text, "messages", most)
         return tokenizer.encode(text, add_special_tokens=False)  # the template has its specials
     if isinstance(req.prompt, str):
+        model.check_chars(req.prompt, "prompt", most)
         return tokenizer.encode(req.prompt)
     assert req.prompt is not None, "parse_completion requires a prompt"
     model.check_tokens(req.prompt, "prompt")

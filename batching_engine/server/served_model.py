@@ -46,6 +46,16 @@ class ServedModel:
                 "model", f"{self.name!r} is a {self.task} model; it does not generate text"
             )
 
+    def check_chars(self, text: str, path: str, max_tokens: int) -> None:
+        """Before tokenizing: a text whose length alone proves it over `max_tokens` tokens
+        is refused at once, since tokenizing megabytes takes seconds (`token_bound`)."""
+        bound = self.tokenizer.max_chars_per_token
+        if bound is not None and len(text) > max_tokens * bound:
+            raise RequestError(
+                path, f"must hold at most {max_tokens} tokens; its {len(text)} characters are "
+                f"more, since no token of this model covers more than {bound}"
+            )  # fmt: skip
+
     def check_tokens(self, ids: list[int], path: str) -> None:
         for i, token in enumerate(ids):
             if token >= self.vocab_size:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import json
 import threading
 import time
@@ -471,3 +472,56 @@ def test_an_embedding_engine_embeds_and_refuses_to_generate(model_dir: Path) -> 
         refused = request(served.url + "/v1/completions", "POST", {"prompt": "hello"})
     assert embedded[0] == 200 and len(embedded[2]["data"]) == 2
     assert refused[0] == 400 and refused[2]["error"]["param"] == "model"
+
+
+# Requests too big or too slow to be worth the server's time.
+
+HUGE = "x" * (4 << 20)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": HUGE}, "prompt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": HUGE}]}, "messages"),
+        ("/v1/embeddings", {"input": ["ok", HUGE]}, "input[1]"),
+    ],
+)
+def test_a_4_mib_prompt_is_refused_by_its_length_before_it_is_tokenized(
+    model_dir: Path, path: str, body: Any, param: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ServerThread(settings(model_dir, "--max-body-bytes", str(8 << 20))) as served:
+        assert served.server is not None and served.server.model is not None
+        tokenizer = served.server.model.tokenizer
+
+        def never(text: str, **_: Any) -> list[int]:
+            raise AssertionError(f"tokenized {len(text)} characters")
+
+        monkeypatch.setattr(tokenizer, "encode", never)
+        status, _, doc = request(served.url + path, "POST", body)
+    assert status == 400, doc
+    assert doc["error"]["param"] == param and "characters" in doc["error"]["message"]
+
+
+def test_liveness_answers_while_a_prompt_is_being_tokenized(
+    served: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert served.server is not None and served.server.model is not None
+    tokenizer = served.server.model.tokenizer
+    encode, entered, release = tokenizer.encode, threading.Event(), threading.Event()
+
+    def slow_encode(text: str, **kwargs: Any) -> list[int]:
+        entered.set()
+        release.wait(timeout=60)
+        return encode(text, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode", slow_encode)
+    body = {"prompt": "hello", "max_tokens": 2, **GREEDY}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        completion = pool.submit(request, served.url + "/v1/completions", "POST", body)
+        assert entered.wait(timeout=30)
+        health, _, _ = request(served.url + "/healthz")
+        assert not completion.done()  # still tokenizing while liveness answered
+        release.set()
+        status, _, doc = completion.result(timeout=60)
+    assert health == 200 and status == 200, doc
