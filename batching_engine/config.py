@@ -36,6 +36,7 @@ from infergrid.yamlfile import read_yaml
 
 DTYPES: Final = ("float32", "bfloat16", "float16")
 DEFAULT_MAX_BODY_BYTES: Final = 4 << 20
+DEFAULT_READ_TIMEOUT_S: Final = 30.0
 
 
 class ConfigError(ContractError):
@@ -133,6 +134,7 @@ class Settings:
     kv_cache_memory: str | None = None
     gpu_memory_utilization: float | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     cpu_threads: int | None = None  # None: every usable CPU but one
     allow_download: bool = False
 
@@ -161,6 +163,9 @@ PROCESS_SETTINGS: Final = (
     Setting("gpuMemoryUtilization", "gpu_memory_utilization", number(),
             "share of the GPU budget to use"),
     Setting("maxBodyBytes", "max_body_bytes", whole(1), "largest request body"),
+    Setting("readTimeoutS", "read_timeout_s", number(0.01, 3600),
+            "seconds a client may take to send a request, headers and body (a 408 after "
+            "that), and an idle connection stays open"),
     Setting("cpuThreads", "cpu_threads", whole(1), "torch CPU threads (default: CPUs - 1)"),
     Setting("allowDownload", "allow_download", boolean,
             f"fetch hf:// models missing from the cache (also ${ALLOW_DOWNLOAD_ENV}=true)",

@@ -89,7 +89,9 @@ async def serve(settings: Settings) -> int:
     from batching_engine.loading import load  # torch: imported once the flags are checked
 
     metrics = EngineMetrics()
-    server = EngineServer(settings.engine, metrics, settings.max_body_bytes)
+    server = EngineServer(
+        settings.engine, metrics, settings.max_body_bytes, settings.read_timeout_s
+    )
     try:
         site = await start_site(server, settings.host, settings.port)
     except OSError as err:  # the port is taken, or the host is not ours

@@ -16,7 +16,7 @@ from functools import partial
 from aiohttp import web
 
 from batching_engine.async_engine import AsyncEngine
-from batching_engine.config import DEFAULT_MAX_BODY_BYTES, EngineConfig
+from batching_engine.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_READ_TIMEOUT_S, EngineConfig
 from batching_engine.dynamic_batcher import BatchPolicy, DynamicBatcher
 from batching_engine.metrics import EngineMetrics
 from batching_engine.server.embeddings import embed_batch, embeddings
@@ -26,6 +26,7 @@ from batching_engine.server.responses import models_response
 from batching_engine.server.served_model import ServedModel
 from batching_engine.server.warm_up import warm_up
 
+_LINGERING_S = 10.0  # aiohttp's default
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -41,10 +42,12 @@ class EngineServer:
         config: EngineConfig,
         metrics: EngineMetrics,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     ) -> None:
         self.config = config
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        self.read_timeout_s = read_timeout_s  # for a request's headers, and for its body
         self.model: ServedModel | None = None
         self.engine: AsyncEngine | None = None
         self.batcher: DynamicBatcher[list[int], list[float]] | None = None
@@ -190,8 +193,19 @@ class EngineServer:
 
 
 async def start_site(server: EngineServer, host: str, port: int) -> web.AppRunner:
-    """Listen on host:port (0: any free port; see `runner.addresses`)."""
-    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
+    """Listen on host:port (0: any free port; see `runner.addresses`).
+
+    The read timeout bounds every wait on a client (`body.py`): a connection that has not
+    sent a whole request within it is closed, and so is one whose unread body (after an
+    early refusal, or a 408) still trickles in: aiohttp's lingering, 10 s by default.
+    """
+    runner = web.AppRunner(
+        server.app(),
+        handler_cancellation=True,
+        access_log=None,
+        keepalive_timeout=server.read_timeout_s,
+        lingering_time=min(_LINGERING_S, server.read_timeout_s),
+    )
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner

@@ -15,6 +15,7 @@ from aiohttp import web
 from batching_engine.async_engine import AsyncEngine
 from batching_engine.errors import QueueFullError, QueueTimeoutError
 from batching_engine.metrics import RequestStatus
+from batching_engine.server.body import read_body
 from batching_engine.server.errors import RetryLaterError
 from batching_engine.server.handler_context import HandlerContext
 from batching_engine.server.json_fields import RequestError
@@ -27,7 +28,7 @@ from batching_engine.throughput import retry_after_s
 async def embeddings(server: HandlerContext, request: web.Request) -> web.Response:
     model = server.require_model()
     arrival = time.monotonic()
-    req = parse_embedding(decode_json(await request.read()))
+    req = parse_embedding(decode_json(await read_body(request, server.read_timeout_s)))
     model.check_name(req.model)
     check_priority(req.priority, server.priority_levels)
     inputs = await asyncio.to_thread(_all_input_ids, model, req.inputs)  # may take a while

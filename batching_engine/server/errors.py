@@ -29,6 +29,10 @@ class ModelNotFoundError(RequestError):
     """The body names a model this engine does not serve."""
 
 
+class BodyTimeoutError(RequestError):
+    """The client sent its body too slowly (`body.read_body`)."""
+
+
 class NotReadyError(Exception):
     """The model is still loading, or the server is draining."""
 
@@ -44,6 +48,7 @@ class RetryLaterError(Exception):
 # First match wins, so subclasses come first.
 _ERRORS: tuple[tuple[type[BaseException], int, str, RequestStatus | None], ...] = (
     (ModelNotFoundError, 404, "invalid_request_error", RequestStatus.INVALID),
+    (BodyTimeoutError, 408, "invalid_request_error", RequestStatus.INVALID),
     (ContractError, 400, "invalid_request_error", RequestStatus.INVALID),
     (RetryLaterError, 429, "rate_limit_error", None),
     (NotReadyError, 503, "service_unavailable", RequestStatus.REJECTED),
@@ -68,6 +73,8 @@ def error_response(err: Exception, metrics: EngineMetrics) -> web.Response:
         response.headers["Retry-After"] = str(err.retry_after)
     elif isinstance(err, NotReadyError):
         response.headers["Retry-After"] = "1"
+    elif isinstance(err, BodyTimeoutError):
+        response.force_close()  # the rest of a slow body is not worth waiting for
     return response
 
 

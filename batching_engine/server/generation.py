@@ -22,6 +22,7 @@ from batching_engine.async_engine import AsyncEngine, Delta, RequestStream
 from batching_engine.errors import EngineDrainingError, EngineFailedError, QueueFullError
 from batching_engine.metrics import RequestStatus
 from batching_engine.sequence import FinishReason, Sequence
+from batching_engine.server.body import read_body
 from batching_engine.server.errors import NotReadyError, RetryLaterError
 from batching_engine.server.handler_context import HandlerContext
 from batching_engine.server.protocol import (
@@ -53,7 +54,7 @@ async def generate(
     # must leave the worker thread (which shares the GIL) its CPU.
     with _refusals(server, engine):
         engine.check_room()
-    body = decode_json(await request.read())
+    body = decode_json(await read_body(request, server.read_timeout_s))
     req = parse_chat(body) if chat else parse_completion(body)
     model.check_name(req.model)
     seq = await asyncio.to_thread(_sequence, model, req)  # tokenizing may take a while

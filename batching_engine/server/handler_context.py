@@ -17,13 +17,17 @@ from batching_engine.server.served_model import ServedModel
 
 class HandlerContext(Protocol):
     """The served model, the engine and the batcher, each a 503 (NotReadyError) while it is
-    not there; the metrics a handler counts its refusals in; the engine's priority classes."""
+    not there; the metrics a handler counts its refusals in; the engine's priority classes;
+    how long a request's body may take to arrive."""
 
     @property
     def metrics(self) -> EngineMetrics: ...
 
     @property
     def priority_levels(self) -> int: ...
+
+    @property
+    def read_timeout_s(self) -> float: ...
 
     def require_model(self) -> ServedModel: ...
 

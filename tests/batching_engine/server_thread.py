@@ -55,7 +55,8 @@ class ServerThread:
 
     async def _start(self) -> None:
         metrics = EngineMetrics()
-        self.server = EngineServer(self.settings.engine, metrics, self.settings.max_body_bytes)
+        s = self.settings
+        self.server = EngineServer(s.engine, metrics, s.max_body_bytes, s.read_timeout_s)
         self._site = await start_site(self.server, "127.0.0.1", 0)
         self.port = self._site.addresses[0][1]
         model, engine = load(self.settings, metrics)

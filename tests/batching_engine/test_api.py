@@ -525,3 +525,37 @@ def test_liveness_answers_while_a_prompt_is_being_tokenized(
         release.set()
         status, _, doc = completion.result(timeout=60)
     assert health == 200 and status == 200, doc
+
+
+async def send_slowly(port: int, first: bytes) -> bytes:
+    """Send `first` and then nothing more, as a slowloris client does; all the server says
+    until it closes the connection (the limit only turns a hang into a failure)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(first)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), timeout=30)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/embeddings"])
+def test_a_body_slower_than_the_read_timeout_gets_a_408_and_the_connection_closes(
+    model_dir: Path, path: str
+) -> None:
+    with ServerThread(settings(model_dir, "--read-timeout", "0.2")) as served:
+        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+        answer = asyncio.run(send_slowly(served.port, head.encode() + b'{"prompt": "'))
+        status_line, _, rest = answer.partition(b"\r\n")
+        body = json.loads(rest.partition(b"\r\n\r\n")[2])
+        assert status_line.split()[1] == b"408"
+        assert body["error"]["param"] == "body"
+        assert request(served.url + "/healthz")[0] == 200  # the server itself is fine
+
+
+def test_a_request_whose_headers_never_end_is_closed_after_the_read_timeout(
+    model_dir: Path,
+) -> None:
+    with ServerThread(settings(model_dir, "--read-timeout", "0.2")) as served:
+        answer = asyncio.run(send_slowly(served.port, b"POST /v1/completions HTTP/1.1\r\nHo"))
+    assert answer == b""  # closed, without a word
