@@ -18,7 +18,7 @@ from batching_engine.config import EngineConfig
 from batching_engine.errors import InvalidRequestError
 from batching_engine.scheduler import ScheduledBatch, Scheduler
 from batching_engine.sequence import FinishReason, SamplingParams, Sequence
-from batching_engine.stop import find_stop
+from batching_engine.stop import StopWatch, TextStream
 
 
 class Runner(Protocol):
@@ -63,27 +63,27 @@ class LLMEngine:
         config: EngineConfig,
         runner: Runner,
         eos_token_ids: Iterable[int],
-        detokenize: Callable[[list[int]], str] | None = None,
+        detokenizer: Callable[[], TextStream] | None = None,
     ) -> None:
         self.config = config
         self.runner = runner
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.detokenize = detokenize
+        self.detokenizer = detokenizer  # a new output text stream, for stop strings
         self.block_manager = BlockManager(
             runner.num_kv_blocks, config.block_size, config.enable_prefix_caching
         )
         self.scheduler = Scheduler(config, self.block_manager)
         self.stats = EngineStats()
-        self._stop_checked: dict[int, int] = {}  # seq id -> output text already searched
+        self._stop_watches: dict[int, StopWatch] = {}  # by seq id
 
     def add_request(self, seq: Sequence) -> None:
         """Queue `seq`; raises QueueFullError or InvalidRequestError, leaving nothing behind."""
-        if seq.params.stop and self.detokenize is None:
+        if seq.params.stop and self.detokenizer is None:
             raise InvalidRequestError("stop", "stop strings need a tokenizer to detokenize")
         self.scheduler.add(seq)
 
     def abort(self, seq_id: int) -> bool:
-        self._stop_checked.pop(seq_id, None)
+        self._stop_watches.pop(seq_id, None)
         return self.scheduler.abort(seq_id) is not None
 
     def has_unfinished(self) -> bool:
@@ -129,7 +129,7 @@ class LLMEngine:
             reason = self._finish_reason(seq)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
-                self._stop_checked.pop(seq.seq_id, None)
+                self._stop_watches.pop(seq.seq_id, None)
             outputs.append(StepOutput(seq, [token], reason is not None, reason))
         return outputs
 
@@ -147,10 +147,11 @@ class LLMEngine:
 
     def _matches_stop(self, seq: Sequence) -> bool:
         """Search the new text only; on a match, record where the returned text ends."""
-        assert self.detokenize is not None, "add_request refuses stop strings without one"
-        text = self.detokenize(seq.output_token_ids)
-        at = find_stop(text, seq.params.stop, self._stop_checked.get(seq.seq_id, 0))
-        self._stop_checked[seq.seq_id] = len(text)
+        watch = self._stop_watches.get(seq.seq_id)
+        if watch is None:
+            assert self.detokenizer is not None, "add_request refuses stop strings without one"
+            watch = self._stop_watches[seq.seq_id] = StopWatch(seq.params.stop, self.detokenizer())
+        at = watch.check(seq.output_token_ids)
         if at is None:
             return False
         seq.text_end = at

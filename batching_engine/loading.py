@@ -44,7 +44,7 @@ def load(settings: Settings, metrics: EngineMetrics) -> tuple[ServedModel, Async
     engine = None
     if settings.task == GENERATION_TASK:
         eos = tokenizer.eos_token_ids | set(model_config.eos_token_ids)
-        engine = LLMEngine(engine_config, runner, eos, tokenizer.decode)
+        engine = LLMEngine(engine_config, runner, eos, tokenizer.detokenizer)
     served = ServedModel(
         name=settings.model_name,
         task=settings.task,

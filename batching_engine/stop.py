@@ -4,15 +4,45 @@ A stop string can span tokens, so matching works on the detokenized text, and on
 newest stretch needs searching: a match must end in text that appeared this step, so it
 starts at most the longest stop's length before it (`search_from`). The protocol caps a
 stop string's length (`MAX_STOP_LENGTH`), so each step's check is bounded by the new text
-plus that cap, and a whole output's checks are linear in its length, not quadratic.
+plus that cap, and a whole output's checks are linear in its length, not quadratic; the
+text itself grows a token at a time (`StopWatch`), never re-decoded whole.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import Final, Protocol
 
 MAX_STOP_LENGTH: Final = 1000  # characters; a longer stop string is a 400 naming it
+
+
+class TextStream(Protocol):
+    """Output text grown a token at a time and never taken back: the tokenizer's
+    `IncrementalDetokenizer`, the same the server streams with, so indices agree."""
+
+    text: str
+
+    def push(self, token_id: int) -> str: ...
+
+
+class StopWatch:
+    """One sequence's stop-string search: each check detokenizes only the tokens added since
+    the last one and searches only the tail a new match can end in."""
+
+    def __init__(self, stops: Sequence[str], text: TextStream) -> None:
+        self._stops, self._text = stops, text
+        self._pushed = self._checked = 0
+
+    def check(self, output_ids: Sequence[int]) -> int | None:
+        """Where the earliest stop string starts in the output text, or None; `output_ids`
+        is the sequence's output so far, which only grows."""
+        for token_id in output_ids[self._pushed :]:
+            self._text.push(token_id)
+        self._pushed = len(output_ids)
+        text = self._text.text
+        at = find_stop(text, self._stops, self._checked)
+        self._checked = len(text)
+        return at
 
 
 def search_from(checked: int, stops: Iterable[str]) -> int:

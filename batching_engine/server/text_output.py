@@ -7,8 +7,9 @@ ends the request in the same step, so it reaches `finish`, never `push`; `finish
 text where the engine found it (`Sequence.text_end`), so, as with OpenAI, the stop string
 itself is never sent.
 
-The engine finds stop strings in `tokenizer.decode(output_token_ids)`; the detokenizer here
-starts from no context too, so the two texts agree and `text_end` indexes both.
+The engine finds stop strings in the text of its own incremental detokenizer (`StopWatch`);
+the one here is the same kind and starts from no context too, so the two texts agree and
+`text_end` indexes both.
 """
 
 from __future__ import annotations

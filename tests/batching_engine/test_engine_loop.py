@@ -69,9 +69,21 @@ def detokenize(ids: list[int]) -> str:
     return "".join(chr(ord("a") + t % 26) for t in ids)
 
 
+class Letters:
+    """`detokenize` a token at a time: the engine's output text stream in these tests."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def push(self, token_id: int) -> str:
+        piece = detokenize([token_id])
+        self.text += piece
+        return piece
+
+
 def engine(num_kv_blocks: int = 256, **config: object) -> LLMEngine:
     cfg = EngineConfig(**{"block_size": 8, "max_model_len": 256, **config})  # type: ignore[arg-type]
-    return LLMEngine(cfg, KVRunner(num_kv_blocks, cfg.block_size), [EOS], detokenize)
+    return LLMEngine(cfg, KVRunner(num_kv_blocks, cfg.block_size), [EOS], Letters)
 
 
 def drive(eng: LLMEngine, seqs: list[Sequence]) -> tuple[list[StepOutput], dict[str, int]]:

@@ -6,7 +6,13 @@ from __future__ import annotations
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from batching_engine.stop import MAX_STOP_LENGTH, find_stop, safe_text_end, search_from
+from batching_engine.stop import (
+    MAX_STOP_LENGTH,
+    StopWatch,
+    find_stop,
+    safe_text_end,
+    search_from,
+)
 
 texts = st.text(alphabet="ab", max_size=40)
 stop_lists = st.lists(st.text(alphabet="ab", min_size=1, max_size=6), min_size=1, max_size=4)
@@ -52,3 +58,26 @@ def test_the_held_back_tail_is_the_longest_that_could_grow_into_a_stop(
 def test_a_long_stop_string_is_held_back_in_linear_time() -> None:
     stop = "a" * (MAX_STOP_LENGTH - 1) + "b"
     assert safe_text_end("x" + "a" * 5000, [stop]) == 5001 - (MAX_STOP_LENGTH - 1)
+
+
+class CountingText:
+    """One letter a token, counting the tokens it is given."""
+
+    def __init__(self) -> None:
+        self.text, self.pushed = "", 0
+
+    def push(self, token_id: int) -> str:
+        self.pushed += 1
+        self.text += chr(ord("a") + token_id)
+        return self.text[-1]
+
+
+def test_a_stop_watch_detokenizes_each_token_once_and_finds_a_stop_across_tokens() -> None:
+    text = CountingText()
+    watch = StopWatch(["cd"], text)
+    output: list[int] = []
+    found = []
+    for token in [0, 1, 2, 3]:  # a b c d
+        output.append(token)
+        found.append(watch.check(output))
+    assert found == [None, None, None, 2] and text.pushed == 4
