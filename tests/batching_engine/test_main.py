@@ -77,6 +77,7 @@ def test_without_a_file_the_model_flag_is_enough_and_names_the_model(model_dir):
         (["--task", "chat"], "--task"),
         (["--queue-timeout", "0"], "--queue-timeout"),
         (["--max-body-bytes", "0"], "--max-body-bytes"),
+        (["--read-timeout", "0"], "--read-timeout"),
     ],
 )
 def test_a_bad_setting_is_named(model_dir, flags: list[str], field: str):
