@@ -74,11 +74,23 @@ def test_a_health_flip_is_streamed_and_recovers_after_the_quiet_period(start_plu
     stream = p.kubelet.plugin(RESOURCE_GPU).ListAndWatch(api_pb2.Empty(), timeout=20)
     assert all(d.health == HEALTHY for d in next(stream).devices)
     uuid = p.gpu(2).uuid
-    p.nvml.inject_xid(2, 79)  # GPU has fallen off the bus
+    p.nvml.inject_xid(2, 32)  # a transient fault: in neither XID list
     flipped = next(stream).devices
     assert [d.ID for d in flipped if d.health == UNHEALTHY] == [uuid]
     recovered = next(stream).devices
     assert all(d.health == HEALTHY for d in recovered)
+    stream.cancel()
+
+
+def test_a_gpu_that_needs_a_reset_stays_unhealthy_past_the_quiet_period(start_plugin):
+    p = start_plugin("l4-0", health_quiet_period_s=0.2)
+    p.kubelet.wait_registered({RESOURCE_GPU})
+    stream = p.kubelet.plugin(RESOURCE_GPU).ListAndWatch(api_pb2.Empty(), timeout=20)
+    next(stream)
+    p.nvml.inject_xid(2, 48)  # double-bit ECC error
+    assert [d.ID for d in next(stream).devices if d.health == UNHEALTHY] == [p.gpu(2).uuid]
+    time.sleep(1.0)
+    assert not p.runtime.tracker.is_healthy(p.gpu(2).uuid)
     stream.cancel()
 
 
