@@ -7,9 +7,10 @@ not take a GPU out until the node reboots. An XID that needs a GPU reset
 (``device_plugin.xid``: double-bit ECC, a GPU off the bus, ...) is not
 transient: the GPU stays unhealthy however quiet it stays, until the plugin
 restarts. The restart is how a reset is seen: NVML reports no reset to a
-process that keeps running, and resetting a GPU (``nvidia-smi -r``) needs
-every process holding it stopped, this plugin's included, so the procedure is
-drain, reset, restart the plugin's pod. ListAndWatch waits on
+process that keeps running, and a reset (``nvidia-smi -r``) is done with the
+GPU's clients stopped anyway, so the procedure is drain, reset, restart the
+plugin's pod. A plugin that restarts without a reset forgets the XID, as
+NVIDIA's does. ListAndWatch waits on
 ``wait_for_change`` and re-sends the device list when the version moves.
 """
 
