@@ -130,7 +130,7 @@ def run(gpus: int, slots: int, rounds: int) -> dict:
         for i in range(min(rounds, 100)):
             index = i % gpus
             started = time.perf_counter()
-            nvml.inject_xid(index, 79)
+            nvml.inject_xid(index, 32)  # transient: it recovers after the quiet period
             for message in stream:
                 if any(d.ID == uuids[index] and d.health == UNHEALTHY for d in message.devices):
                     flips.append(time.perf_counter() - started)

@@ -56,19 +56,46 @@ def _matches(pending: Pending, kind: str, targets: list[str]) -> bool:
     return sorted(g.uuid for g in c.gpus) == targets
 
 
-def match(devices: list[Device], node: str, pods: Iterable[PodRecord], ledger: Ledger) -> Pending:
-    """The oldest unhonoured assignment on `node` for exactly these GPUs."""
+def match(
+    devices: list[Device], node: str, pods: Iterable[PodRecord], ledger: Ledger, scheduler: str
+) -> Pending:
+    """The oldest unhonoured assignment on `node` for these GPUs, of a pod `scheduler` bound.
+
+    A pod another scheduler bound is passed over, so it never stands in front of
+    one of ours; when only such pods match, the refusal names one of them.
+    """
+    pods = list(pods)
     kind = devices[0].kind
     targets = sorted({d.target for d in devices})
     pending = pending_on(node, pods, ledger)
-    for item in pending:
-        if _matches(item, kind, targets):
-            return item
+    found = [item for item in pending if _matches(item, kind, targets)]
+    ours = [item for item in found if item.pod.scheduler_name == scheduler]
+    if ours:
+        return ours[0]
+    if found:
+        raise AllocationError(
+            f"pod {found[0].pod.key} was not scheduled by {scheduler}; it gets no GPU"
+        )
+    raise AllocationError(_no_match(kind, targets, node, pods, pending))
+
+
+def _no_match(
+    kind: str, targets: list[str], node: str, pods: list[PodRecord], pending: list[Pending]
+) -> str:
+    """Why nothing matched: what is waiting here, and every assignment that does not decode.
+
+    The kubelet shows this message in the pod's events, so a pod whose own
+    annotation is malformed learns which field is wrong.
+    """
     waiting = ", ".join(f"{p.pod.key}/{p.container.name}" for p in pending) or "none"
-    raise AllocationError(
+    message = (
         f"no unallocated {kind} assignment on node {node} for {', '.join(targets)} "
         f"(unallocated assignments here: {waiting})"
     )
+    unreadable = [f"{p.key}: {p.problem}" for p in pods if p.problem and p.node_name == node]
+    if unreadable:
+        message += f"; assignments that do not decode: {'; '.join(unreadable)}"
+    return message
 
 
 def _check_fit(devices: list[Device], pending: Pending, ledger: Ledger, slots: int) -> None:
@@ -112,11 +139,7 @@ def grant(
     """Decides one container request; honours it in `ledger` only when it succeeds."""
     pods = list(pods)
     devices = _devices(device_ids, known)
-    pending = match(devices, node, pods, ledger)
-    if pending.pod.scheduler_name != config.scheduler_name:
-        raise AllocationError(
-            f"pod {pending.pod.key} was not scheduled by {config.scheduler_name}; it gets no GPU"
-        )
+    pending = match(devices, node, pods, ledger, config.scheduler_name)
     _check_fit(devices, pending, ledger, config.vgpu_slots_per_gpu)
     ledger.honour(pending)
     cdi = tuple(f"nvidia.com/gpu={t}" for t in sorted({d.target for d in devices}))

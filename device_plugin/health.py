@@ -3,7 +3,14 @@
 A critical XID or a failed NVML call makes a GPU unhealthy. Unlike NVIDIA's
 device plugin, where a GPU never comes back, ours is healthy again once
 ``quiet_period_s`` has passed with no new bad event, so a transient fault does
-not take a GPU out until the node reboots. ListAndWatch waits on
+not take a GPU out until the node reboots. An XID that needs a GPU reset
+(``device_plugin.xid``: double-bit ECC, a GPU off the bus, ...) is not
+transient: the GPU stays unhealthy however quiet it stays, until the plugin
+restarts. The restart is how a reset is seen: NVML reports no reset to a
+process that keeps running, and a reset (``nvidia-smi -r``) is done with the
+GPU's clients stopped anyway, so the procedure is drain, reset, restart the
+plugin's pod. A plugin that restarts without a reset forgets the XID, as
+NVIDIA's does. ListAndWatch waits on
 ``wait_for_change`` and re-sends the device list when the version moves.
 """
 
@@ -16,34 +23,26 @@ from dataclasses import dataclass
 from typing import Final
 
 from device_plugin.nvml.backend import NvmlBackend, NvmlError
+from device_plugin.xid import XidKind, classify_xid, describe_xid
 
 log = logging.getLogger(__name__)
-
-APPLICATION_XIDS: Final = frozenset(
-    {
-        13,  # graphics engine exception: the application ran an illegal instruction or address
-        31,  # GPU memory page fault: the application touched memory it does not own
-        43,  # GPU stopped processing: a fault in the application's context, the GPU is fine
-        45,  # preemptive cleanup: the driver tore down the context of a process that ended
-        68,  # video decoder exception: raised by the stream the application fed NVDEC
-        109,  # context switch timeout: usually the application's long-running kernel
-    }
-)
-"""XIDs caused by an application, not the GPU; they leave the GPU healthy.
-
-NVML reports these through the same critical-XID event as hardware faults, but
-the next pod runs fine on the same GPU, so marking it unhealthy would only waste it.
-"""
 
 DEFAULT_PROBE_INTERVAL_S: Final = 0.5
 
 
 @dataclass(frozen=True, slots=True)
 class _Fault:
-    """Why a GPU is unhealthy, and the clock time it recovers unless something new goes wrong."""
+    """Why a GPU is unhealthy, and the clock time it recovers unless something new goes wrong.
+
+    ``until`` is infinite for a GPU that needs a reset: it never recovers in this process.
+    """
 
     reason: str
     until: float
+
+    @property
+    def needs_reset(self) -> bool:
+        return self.until == math.inf
 
 
 class HealthTracker:
@@ -51,7 +50,8 @@ class HealthTracker:
 
     The version moves when a GPU turns unhealthy and when it recovers, not when
     a GPU that is already unhealthy gets another bad event (which only pushes
-    its recovery back). Thread-safe.
+    its recovery back, or cancels it for an XID that needs a reset). A GPU that
+    needs a reset keeps its first such reason whatever comes after. Thread-safe.
     """
 
     def __init__(self, quiet_period_s: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -72,15 +72,18 @@ class HealthTracker:
             return self._version
 
     def record_xid(self, uuid: str, xid: int) -> None:
-        """A critical XID on GPU ``uuid``; application XIDs are logged and ignored."""
-        if xid in APPLICATION_XIDS:
+        """A critical XID on GPU ``uuid``, handled as ``classify_xid`` says."""
+        kind = classify_xid(xid)
+        if kind is XidKind.APPLICATION:
             log.info("GPU %s: XID %d is an application error; GPU stays healthy", uuid, xid)
-            return
-        self._mark(uuid, f"XID {xid}")
+        elif kind is XidKind.NEEDS_RESET:
+            self._mark(uuid, f"{describe_xid(xid)}: needs a GPU reset", math.inf)
+        else:
+            self._mark(uuid, describe_xid(xid), self._clock() + self._quiet_period_s)
 
     def record_failure(self, uuid: str, reason: str) -> None:
-        """An NVML call on GPU ``uuid`` failed."""
-        self._mark(uuid, reason)
+        """An NVML call on GPU ``uuid`` failed: a transient fault, renewed while it lasts."""
+        self._mark(uuid, reason, self._clock() + self._quiet_period_s)
 
     def is_healthy(self, uuid: str) -> bool:
         """Whether GPU ``uuid`` may be offered; a GPU never seen is healthy."""
@@ -109,13 +112,23 @@ class HealthTracker:
                     return self._version
                 self._changed.wait(min(left, self._until_next_recovery()))
 
-    def _mark(self, uuid: str, reason: str) -> None:
+    def _mark(self, uuid: str, reason: str, until: float) -> None:
         with self._lock:
             self._expire()
-            if uuid not in self._faults:
+            known = self._faults.get(uuid)
+            if known is not None and known.needs_reset:
+                return
+            if until == math.inf:
+                log.error(
+                    "GPU %s is unhealthy until it is reset and this plugin restarted: %s",
+                    uuid,
+                    reason,
+                )
+            elif known is None:
                 log.warning("GPU %s is unhealthy: %s", uuid, reason)
+            if known is None:
                 self._bump()
-            self._faults[uuid] = _Fault(reason, self._clock() + self._quiet_period_s)
+            self._faults[uuid] = _Fault(reason, until)
 
     def _expire(self) -> None:
         """Bring back every GPU whose quiet period has passed; the lock is held."""

@@ -21,7 +21,11 @@ from infergrid.records import PodRecord
 
 
 class PodSource(Protocol):
-    """The pods bound to this node, as fresh as the caller needs for Allocate."""
+    """The pods bound to this node, as fresh as the caller needs for Allocate.
+
+    ``pods`` raises AllocationError when it cannot read them: the plugin then
+    refuses rather than grant what it cannot check.
+    """
 
     def pods(self) -> list[PodRecord]: ...
 
@@ -80,7 +84,10 @@ class DeviceManager:
             chosen = best_whole_set(offered, [known[i] for i in must], size)
         else:
             with self._lock:
-                pending = pending_on(self.config.node_name, self._fresh_pods(), self.ledger)
+                ours = [
+                    p for p in self._fresh_pods() if p.scheduler_name == self.config.scheduler_name
+                ]
+                pending = pending_on(self.config.node_name, ours, self.ledger)
             chosen = best_for_assignment(offered, size, pending)
         return [d.id for d in chosen]
 

@@ -11,6 +11,7 @@ import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import grpc
 import pytest
 from kubernetes import client
 
@@ -142,6 +143,47 @@ def test_a_pod_with_an_assignment_gets_the_matching_allocation(cluster, namespac
         return decode_assignment(text).containers[0].allocated
 
     wait_until(marked, 30, "the container marked allocated in the annotation")
+
+
+def test_a_malformed_assignment_is_refused_naming_its_field(cluster, namespace, plugin):
+    """The refusal, which the kubelet puts in the pod's events, carries the decode error."""
+    kubelet, _ = plugin
+    core = client.CoreV1Api(cluster.api)
+    gpu = load_fleet(DEFAULT_FLEET).nodes[2].inventory.gpus[0]
+    assignment = PodAssignment(
+        NODE, datetime.now(UTC), (ContainerAssignment("engine", (AssignedGpu(gpu.uuid, 1, 100),)),)
+    )
+    malformed = encode_assignment(assignment).replace('"memoryMiB":1', '"memoryMiB":0')
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {
+                "name": "malformed",
+                "annotations": {constants.ANNOTATION_GPU_ASSIGNMENT: malformed},
+            },
+            "spec": {
+                "schedulerName": constants.SCHEDULER_NAME,
+                "nodeName": NODE,
+                "containers": [
+                    {
+                        "name": "engine",
+                        "image": "infergrid/engine",
+                        "resources": {"limits": {constants.RESOURCE_GPU: "1"}},
+                    }
+                ],
+            },
+        },
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        kubelet.plugin(constants.RESOURCE_GPU).Allocate(
+            api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[gpu.uuid])]
+            ),
+            timeout=10,
+        )
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"{namespace}/malformed: " in refused.value.details()
+    assert "containers[0].gpus[0].memoryMiB" in refused.value.details()
 
 
 def test_sigterm_stops_the_plugin_and_removes_its_sockets(plugin):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from device_plugin.config import SETTINGS as PLUGIN_SETTINGS
 from e2e.cluster import binaries
 from e2e.cluster.components import extender_resources, infergrid_profile
 from inference_operator.config import SETTINGS as OPERATOR_SETTINGS
@@ -318,6 +319,20 @@ def test_device_plugin_daemonset(default):
     )
     assert config["pluginDir"] == "/var/lib/kubelet/device-plugins"
     assert "nodeName" not in config  # from NODE_NAME
+
+
+@needs_helm
+def test_the_device_plugin_gives_gpus_to_pods_of_the_scheduler_the_chart_runs():
+    """Renaming the scheduler renames it for the plugin's Allocate check too."""
+    objects = render("--set", "schedulerName=infergrid-chart")
+    scheduler = yaml.safe_load(
+        one(objects, "ConfigMap", "-scheduler")["data"]["scheduler-config.yaml"]
+    )
+    assert [p["schedulerName"] for p in scheduler["profiles"]] == ["infergrid-chart"]
+    plugin = yaml.safe_load(
+        one(objects, "ConfigMap", "-device-plugin")["data"]["device-plugin.yaml"]
+    )
+    assert parse_settings(plugin, PLUGIN_SETTINGS)["scheduler_name"] == "infergrid-chart"
 
 
 def test_device_plugin_is_privileged_only_when_asked():

@@ -27,6 +27,7 @@ from infergrid.records import PodRecord
 if TYPE_CHECKING:
     from device_plugin.allocator import Grant
     from device_plugin.fake_kubelet import FakeKubelet
+    from device_plugin.manager import PodSource
     from device_plugin.nvml.fake import FakeNvml
     from device_plugin.runtime import DevicePluginRuntime
 
@@ -72,7 +73,7 @@ class Running:
     kubelet: FakeKubelet
     runtime: DevicePluginRuntime
     nvml: FakeNvml
-    pods: StaticPods
+    pods: StaticPods  # or the PodSource the test passed
     granted: list[Grant]
 
     def gpu(self, index: int):
@@ -98,13 +99,16 @@ def start_plugin(short_dir):
     from device_plugin.runtime import DevicePluginRuntime
     from infergrid.fleet import load_fleet
 
-    def start(node: str = "l4-0", fleet: Path = SAMPLE, **settings) -> Running:
+    def start(
+        node: str = "l4-0", fleet: Path = SAMPLE, pods: PodSource | None = None, **settings
+    ) -> Running:
+        """A plugin on ``node``; ``pods`` (StaticPods by default) is where it reads the pods."""
         fleet_node = next(n for n in load_fleet(fleet).nodes if n.name == node)
         nvml = FakeNvml(fleet_node)
         kubelet = FakeKubelet(short_dir)
         kubelet.start()
         config = PluginConfig(node_name=node, plugin_dir=short_dir, metrics_port=0, **settings)
-        pods, granted = StaticPods(), []
+        pods, granted = pods or StaticPods(), []
         runtime = DevicePluginRuntime(
             config,
             nvml,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import replace
 from datetime import timedelta
@@ -14,9 +15,11 @@ from device_plugin.allocator import AllocationError, grant
 from device_plugin.config import PluginConfig
 from device_plugin.devices import by_id, resource_devices
 from device_plugin.ledger import Ledger
-from infergrid.assignment_annotation import PodAssignment
+from infergrid.assignment_annotation import PodAssignment, encode_assignment
+from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT, SCHEDULER_NAME
 from infergrid.fleet import parse_fleet
 from infergrid.placement import build_node_state, idle_usage
+from infergrid.records import pod_record
 from tests.device_plugin.conftest import T0, mig, pod, share, whole
 from tests.placement.builders import gpu, inventory
 
@@ -131,6 +134,37 @@ def test_only_pods_of_the_configured_scheduler_get_gpus():
     stock = [pod("a", "n", whole("c", UUIDS[0], memory=1000))]
     with pytest.raises(AllocationError, match="was not scheduled by infergrid-chart"):
         grant([UUIDS[0]], DEVICES, "n", stock, Ledger(), config)
+
+
+def test_an_older_pod_of_another_scheduler_does_not_stand_in_front_of_ours():
+    rogue = pod("rogue", "n", whole("c", UUIDS[0], memory=1000), scheduler="default-scheduler")
+    ours = pod("ours", "n", whole("c", UUIDS[0], memory=1000), age_s=5)
+    granted = grant([UUIDS[0]], DEVICES, "n", [rogue, ours], Ledger(), CONFIG)
+    assert granted.pending.pod.key == "default/ours"
+
+
+def test_a_malformed_assignment_is_refused_with_its_decode_error():
+    """The kubelet puts the refusal in the pod's events: the owner sees which field is wrong."""
+    text = encode_assignment(pod("bad", "n", whole("c", UUIDS[0], memory=1000)).assignment)
+    doc = json.loads(text)
+    doc["containers"][0]["gpus"][0]["memoryMiB"] = -5
+    bad = pod_record(
+        {
+            "metadata": {
+                "uid": "u",
+                "namespace": "team",
+                "name": "bad",
+                "annotations": {ANNOTATION_GPU_ASSIGNMENT: json.dumps(doc)},
+            },
+            "spec": {"nodeName": "n", "schedulerName": SCHEDULER_NAME},
+        }
+    )
+    with pytest.raises(AllocationError) as refused:
+        grant([UUIDS[0]], DEVICES, "n", [bad], Ledger(), CONFIG)
+    assert str(refused.value).endswith(
+        "assignments that do not decode: team/bad: "
+        f"{ANNOTATION_GPU_ASSIGNMENT}: containers[0].gpus[0].memoryMiB: must be at least 1, got -5"
+    )
 
 
 def test_pods_that_leave_free_their_gpus():

@@ -89,7 +89,7 @@ def test_the_health_tracker_decides_and_learns_health():
     assert healthy(discover(fake, "h100", tracker)) == [False, False]
     assert tracker.unhealthy() == {
         uuids[0]: "memory_used_mib on GPU 0: injected failure",
-        uuids[1]: "XID 79",
+        uuids[1]: "XID 79 (GPU has fallen off the bus): needs a GPU reset",
     }
 
 

@@ -1,19 +1,23 @@
-"""GPU health: faults flip a GPU unhealthy, quiet brings it back, waiters wake on both."""
+"""GPU health: faults flip a GPU unhealthy, quiet brings it back unless the GPU needs a reset."""
 
 import threading
 from pathlib import Path
 
 import pytest
 
-from device_plugin.health import APPLICATION_XIDS, HealthMonitor, HealthTracker
+from device_plugin.health import HealthMonitor, HealthTracker
 from device_plugin.nvml.backend import XidEvent
 from device_plugin.nvml.fake import FakeNvml
+from device_plugin.xid import APPLICATION_XIDS, RESET_XIDS
 from infergrid.fleet import load_fleet
 
 SAMPLE = Path(__file__).parents[2] / "e2e" / "fleets" / "sample.yaml"
 NODES = {node.name: node for node in load_fleet(SAMPLE).nodes}
 H100 = [gpu.uuid for gpu in NODES["h100"].inventory.gpus]
 GPU = "GPU-test"
+PASSING = 32  # an XID in neither list: a transient fault
+PASSING_2 = 8
+OFF_THE_BUS = "XID 79 (GPU has fallen off the bus): needs a GPU reset"
 
 
 class FakeClock:
@@ -38,9 +42,9 @@ def tracker(clock: FakeClock) -> HealthTracker:
 
 def test_a_critical_xid_makes_a_gpu_unhealthy(tracker):
     assert tracker.is_healthy(GPU)
-    tracker.record_xid(GPU, 79)
+    tracker.record_xid(GPU, PASSING)
     assert not tracker.is_healthy(GPU)
-    assert tracker.unhealthy() == {GPU: "XID 79"}
+    assert tracker.unhealthy() == {GPU: "XID 32"}
     assert tracker.version == 1
 
 
@@ -62,31 +66,58 @@ def test_a_gpu_recovers_after_the_quiet_period(tracker, clock):
 
 
 def test_a_new_fault_restarts_the_quiet_period_without_a_new_version(tracker, clock):
-    tracker.record_xid(GPU, 79)
+    tracker.record_xid(GPU, PASSING)
     clock.now += 20
-    tracker.record_xid(GPU, 48)
+    tracker.record_xid(GPU, PASSING_2)
     assert tracker.version == 1
     clock.now += 20
-    assert tracker.unhealthy() == {GPU: "XID 48"}
+    assert tracker.unhealthy() == {GPU: "XID 8"}
     clock.now += 10
     assert tracker.is_healthy(GPU)
 
 
 def test_a_critical_xid_after_recovery_flips_the_gpu_again(tracker, clock):
-    tracker.record_xid(GPU, 79)
+    tracker.record_xid(GPU, PASSING)
     clock.now += 30
     assert tracker.is_healthy(GPU)
-    tracker.record_xid(GPU, 94)
+    tracker.record_xid(GPU, PASSING_2)
     assert not tracker.is_healthy(GPU)
     assert tracker.version == 3
 
 
 def test_gpus_are_tracked_apart(tracker, clock):
-    tracker.record_xid("GPU-a", 79)
+    tracker.record_xid("GPU-a", PASSING)
     clock.now += 15
-    tracker.record_xid("GPU-b", 79)
+    tracker.record_xid("GPU-b", PASSING)
     clock.now += 15
-    assert tracker.unhealthy() == {"GPU-b": "XID 79"}
+    assert tracker.unhealthy() == {"GPU-b": "XID 32"}
+
+
+@pytest.mark.parametrize("xid", sorted(RESET_XIDS))
+def test_an_xid_that_needs_a_reset_outlasts_any_quiet_period(tracker, clock, xid):
+    tracker.record_xid(GPU, xid)
+    clock.now += 86400
+    assert not tracker.is_healthy(GPU)
+    assert tracker.unhealthy()[GPU].endswith("needs a GPU reset")
+    assert tracker.version == 1
+
+
+def test_a_gpu_that_needs_a_reset_keeps_its_reason_through_later_faults(tracker, clock):
+    tracker.record_xid(GPU, 48)
+    tracker.record_xid(GPU, PASSING)
+    tracker.record_failure(GPU, "memory_used_mib on GPU 0: GPU is lost")
+    tracker.record_xid(GPU, 79)
+    clock.now += 3600
+    assert tracker.unhealthy() == {GPU: "XID 48 (double-bit ECC error): needs a GPU reset"}
+    assert tracker.version == 1
+
+
+def test_a_transient_fault_turns_into_a_needed_reset_without_a_new_version(tracker, clock):
+    tracker.record_xid(GPU, PASSING)
+    tracker.record_xid(GPU, 95)
+    clock.now += 3600
+    assert tracker.unhealthy() == {GPU: "XID 95 (uncontained ECC error): needs a GPU reset"}
+    assert tracker.version == 1
 
 
 def test_a_negative_quiet_period_is_refused():
@@ -95,7 +126,7 @@ def test_a_negative_quiet_period_is_refused():
 
 
 def test_wait_for_change_returns_at_once_when_the_version_moved(tracker):
-    tracker.record_xid(GPU, 79)
+    tracker.record_xid(GPU, PASSING)
     assert tracker.wait_for_change(0, timeout=10) == 1
 
 
@@ -104,21 +135,26 @@ def test_wait_for_change_returns_the_same_version_on_timeout(tracker):
 
 
 def test_wait_for_change_sees_a_recovery_on_the_trackers_clock(tracker, clock):
-    tracker.record_xid(GPU, 79)
+    tracker.record_xid(GPU, PASSING)
     clock.now += 30
     assert tracker.wait_for_change(1, timeout=0) == 2
 
 
 def test_wait_for_change_wakes_when_another_thread_records_a_fault(tracker):
-    threading.Timer(0.02, tracker.record_xid, (GPU, 79)).start()
+    threading.Timer(0.02, tracker.record_xid, (GPU, PASSING)).start()
     assert tracker.wait_for_change(0, timeout=10) == 1
 
 
 def test_wait_for_change_wakes_at_the_recovery_deadline():
     tracker = HealthTracker(quiet_period_s=0.05)
-    tracker.record_xid(GPU, 79)
+    tracker.record_xid(GPU, PASSING)
     assert tracker.wait_for_change(1, timeout=10) == 2
     assert tracker.is_healthy(GPU)
+
+
+def test_wait_for_change_does_not_wake_for_a_gpu_that_needs_a_reset(tracker):
+    tracker.record_xid(GPU, 48)
+    assert tracker.wait_for_change(1, timeout=0.05) == 1
 
 
 def monitor_of(fake: FakeNvml, tracker: HealthTracker) -> HealthMonitor:
@@ -130,7 +166,25 @@ def test_the_monitor_records_xid_events(tracker):
     fake.inject_xid(1, 79)
     fake.inject_xid(0, 43)
     monitor_of(fake, tracker).check_once()
-    assert tracker.unhealthy() == {H100[1]: "XID 79"}
+    assert tracker.unhealthy() == {
+        H100[1]: "XID 79 (GPU has fallen off the bus): needs a GPU reset"
+    }
+
+
+def test_a_double_bit_ecc_error_holds_a_gpu_until_the_plugin_restarts(tracker, clock):
+    """XID 48 outlasts the quiet period that clears a passing XID; a restart, after the
+    reset it stands for, starts with every GPU healthy."""
+    fake = FakeNvml(NODES["h100"])
+    fake.inject_xid(0, 48)
+    fake.inject_xid(1, PASSING)
+    monitor_of(fake, tracker).check_once()
+    assert set(tracker.unhealthy()) == {H100[0], H100[1]}
+    clock.now += 31
+    monitor_of(fake, tracker).check_once()
+    assert tracker.unhealthy() == {H100[0]: "XID 48 (double-bit ECC error): needs a GPU reset"}
+    restarted = HealthTracker(quiet_period_s=30, clock=clock)
+    monitor_of(fake, restarted).check_once()
+    assert restarted.unhealthy() == {}
 
 
 def test_the_monitor_marks_a_gpu_that_fails_its_probe(tracker):
@@ -168,7 +222,9 @@ def test_the_monitor_thread_reports_faults_and_stops_promptly():
     stop.set()
     thread.join(timeout=10)
     assert not thread.is_alive()
-    assert tracker.unhealthy() == {H100[0]: "XID 79"}
+    assert tracker.unhealthy() == {
+        H100[0]: "XID 79 (GPU has fallen off the bus): needs a GPU reset"
+    }
 
 
 class BrokenNvml(FakeNvml):

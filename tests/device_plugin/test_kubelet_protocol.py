@@ -9,9 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from device_plugin.kube import API_TIMEOUT_S, KubePods
 from device_plugin.kubelet import API_VERSION, HEALTHY, UNHEALTHY, api_pb2
 from infergrid.constants import RESOURCE_GPU, RESOURCE_VGPU, SCHEDULER_NAME
 from tests.device_plugin.conftest import mig, pod, share, whole
+from tests.device_plugin.test_kube import FakeCore, timed_out
 
 
 def allocate(stub, *device_lists):
@@ -74,11 +76,23 @@ def test_a_health_flip_is_streamed_and_recovers_after_the_quiet_period(start_plu
     stream = p.kubelet.plugin(RESOURCE_GPU).ListAndWatch(api_pb2.Empty(), timeout=20)
     assert all(d.health == HEALTHY for d in next(stream).devices)
     uuid = p.gpu(2).uuid
-    p.nvml.inject_xid(2, 79)  # GPU has fallen off the bus
+    p.nvml.inject_xid(2, 32)  # a transient fault: in neither XID list
     flipped = next(stream).devices
     assert [d.ID for d in flipped if d.health == UNHEALTHY] == [uuid]
     recovered = next(stream).devices
     assert all(d.health == HEALTHY for d in recovered)
+    stream.cancel()
+
+
+def test_a_gpu_that_needs_a_reset_stays_unhealthy_past_the_quiet_period(start_plugin):
+    p = start_plugin("l4-0", health_quiet_period_s=0.2)
+    p.kubelet.wait_registered({RESOURCE_GPU})
+    stream = p.kubelet.plugin(RESOURCE_GPU).ListAndWatch(api_pb2.Empty(), timeout=20)
+    next(stream)
+    p.nvml.inject_xid(2, 48)  # double-bit ECC error
+    assert [d.ID for d in next(stream).devices if d.health == UNHEALTHY] == [p.gpu(2).uuid]
+    time.sleep(1.0)
+    assert not p.runtime.tracker.is_healthy(p.gpu(2).uuid)
     stream.cancel()
 
 
@@ -143,6 +157,26 @@ def test_preferred_share_slot_is_on_the_assigned_gpu(start_plugin):
     )
     reply = p.kubelet.plugin(RESOURCE_VGPU).GetPreferredAllocation(request, timeout=5)
     assert reply.container_responses[0].deviceIDs[0].startswith(f"{target}::vgpu-")
+
+
+def test_a_pod_of_another_scheduler_does_not_steer_the_preferred_share_slot(start_plugin):
+    p = start_plugin("l4-0")
+    p.kubelet.wait_registered({RESOURCE_VGPU})
+    rogue, ours = p.gpu(1).uuid, p.gpu(2).uuid
+    p.pods.items = [
+        pod("rogue", "l4-0", share("c", rogue, 8192), scheduler="default-scheduler"),
+        pod("llm", "l4-0", share("engine", ours, 8192), age_s=5),
+    ]
+    slots = [d.ID for d in first_list(p.kubelet.plugin(RESOURCE_VGPU))]
+    request = api_pb2.PreferredAllocationRequest(
+        container_requests=[
+            api_pb2.ContainerPreferredAllocationRequest(
+                available_deviceIDs=slots, allocation_size=1
+            )
+        ]
+    )
+    reply = p.kubelet.plugin(RESOURCE_VGPU).GetPreferredAllocation(request, timeout=5)
+    assert reply.container_responses[0].deviceIDs[0].startswith(f"{ours}::vgpu-")
 
 
 def test_allocate_whole_gpus_returns_visible_devices_and_marks_the_container(start_plugin):
@@ -273,6 +307,20 @@ def test_refused_requests_say_what_is_missing_and_change_nothing(start_plugin, p
     assert p.granted == [] and p.runtime.manager.ledger.honoured == {}
     p.pods.items = [pod("valid", "l4-0", whole("c", g))]
     assert allocate(stub, [g]).container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == g
+
+
+def test_allocate_refuses_when_the_api_server_does_not_answer(start_plugin):
+    """Fail closed: no pods to check means no GPU, and the kubelet is told why."""
+    core = FakeCore(error=timed_out())
+    p = start_plugin("l4-0", pods=KubePods(core, "l4-0"))
+    p.kubelet.wait_registered({RESOURCE_GPU})
+    with pytest.raises(grpc.RpcError) as refused:
+        allocate(p.kubelet.plugin(RESOURCE_GPU), [p.gpu(0).uuid])
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "the API server did not list the pods of node l4-0" in refused.value.details()
+    assert "ReadTimeoutError" in refused.value.details()
+    assert p.granted == [] and p.runtime.manager.ledger.honoured == {}
+    assert core.timeouts == [API_TIMEOUT_S]
 
 
 def test_stop_removes_every_socket(start_plugin):

@@ -1,0 +1,104 @@
+"""The plugin's API server calls: each has a deadline, and one that fails refuses Allocate."""
+
+from __future__ import annotations
+
+import json
+import logging
+from types import SimpleNamespace
+
+import pytest
+from kubernetes.client.rest import ApiException
+from urllib3.exceptions import MaxRetryError, ReadTimeoutError
+
+from device_plugin.allocator import AllocationError, Grant
+from device_plugin.kube import API_TIMEOUT_S, KubePods, patch_node
+from device_plugin.ledger import Pending
+from tests.device_plugin.conftest import pod, whole
+
+POD = {
+    "metadata": {"uid": "u1", "namespace": "team", "name": "p", "annotations": {}},
+    "spec": {"nodeName": "n", "schedulerName": "infergrid-scheduler"},
+    "status": {"phase": "Pending"},
+}
+
+
+class FakeCore:
+    """The CoreV1Api calls the plugin makes; each answers ``answer`` or raises ``error``."""
+
+    def __init__(self, answer: object = None, error: Exception | None = None) -> None:
+        self.answer = answer
+        self.error = error
+        self.timeouts: list[object] = []
+
+    def _call(self, kwargs: dict) -> object:
+        self.timeouts.append(kwargs.get("_request_timeout"))
+        if self.error is not None:
+            raise self.error
+        return self.answer
+
+    def list_pod_for_all_namespaces(self, **kwargs):
+        return self._call(kwargs)
+
+    def read_namespaced_pod(self, name, namespace, **kwargs):
+        return self._call(kwargs)
+
+    def patch_namespaced_pod(self, name, namespace, body, **kwargs):
+        return self._call(kwargs)
+
+    def patch_node(self, name, body, **kwargs):
+        return self._call(kwargs)
+
+
+def listing(*pods: dict) -> SimpleNamespace:
+    return SimpleNamespace(data=json.dumps({"items": list(pods)}).encode())
+
+
+def timed_out() -> ReadTimeoutError:
+    return ReadTimeoutError(None, "/api/v1/pods", "Read timed out. (read timeout=10.0)")
+
+
+def test_the_node_pods_are_listed_with_a_deadline():
+    core = FakeCore(listing(POD))
+    assert [p.key for p in KubePods(core, "n").pods()] == ["team/p"]
+    assert core.timeouts == [API_TIMEOUT_S]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        timed_out(),
+        MaxRetryError(None, "/api/v1/pods", "connection refused"),
+        ApiException(status=503, reason="Service Unavailable"),
+        ConnectionResetError("reset by peer"),
+    ],
+    ids=["read timeout", "unreachable", "503", "reset"],
+)
+def test_an_api_server_that_does_not_answer_refuses_allocate(error):
+    with pytest.raises(AllocationError) as refused:
+        KubePods(FakeCore(error=error), "n").pods()
+    message = str(refused.value)
+    assert "the API server did not list the pods of node n" in message
+    assert type(error).__name__ in message and "no GPU is granted unchecked" in message
+
+
+def test_an_answer_that_is_not_a_pod_list_refuses_allocate():
+    core = FakeCore(SimpleNamespace(data=b"<html>proxy error</html>"))
+    with pytest.raises(AllocationError, match="the API server did not list the pods"):
+        KubePods(core, "n").pods()
+
+
+def test_a_mark_that_times_out_is_logged_and_every_call_has_a_deadline(caplog):
+    record = pod("p", "n", whole("c", "GPU-0"))
+    core = FakeCore(error=timed_out())
+    with caplog.at_level(logging.ERROR):
+        KubePods(core, "n").mark_allocated(
+            [Grant(Pending(record, record.assignment.containers[0], 0), {})]
+        )
+    assert "could not mark default/p/c allocated" in caplog.text
+    assert core.timeouts == [API_TIMEOUT_S]
+
+
+def test_node_patches_have_a_deadline():
+    core = FakeCore()
+    patch_node(core, "n", {"a": "1"}, {})
+    assert core.timeouts == [API_TIMEOUT_S]
