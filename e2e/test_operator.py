@@ -150,8 +150,13 @@ def test_each_sample_gets_its_children_and_turns_ready(cluster, namespace, start
                     "task": "embedding"}}, "spec.model.storageUri"),
         ({"canary": {"storageUri": "hf://org/chat@v2", "trafficPercent": 10}},
          "spec.canary.storageUri"),
+        ({"scheduling": {"priorityClassName": "system-cluster-critical"}},
+         "spec.scheduling.priorityClassName"),
+        ({"scheduling": {"priorityClassName": "not-allowed"}},
+         "spec.scheduling.priorityClassName"),
     ],
-    ids=["two-gpus-without-tensor-parallelism", "hf-without-a-cache", "hf-canary-without-a-cache"],
+    ids=["two-gpus-without-tensor-parallelism", "hf-without-a-cache", "hf-canary-without-a-cache",
+         "a-system-priority-class", "a-priority-class-not-allowed"],
 )  # fmt: skip
 def test_a_spec_the_operator_cannot_serve_is_refused_with_a_condition_naming_the_field(
     cluster, namespace, start_operator, spec, field

@@ -104,6 +104,42 @@ def test_a_chat_completion_streams_through_the_service(cluster, served):
     assert "".join(pieces).strip()
 
 
+# What the engine container reports of itself: user, token, writable paths, privileges.
+SELF_CHECK = (
+    "id -u; id -g;"
+    " test -e /var/run/secrets/kubernetes.io/serviceaccount && echo token || echo no-token;"
+    " touch /opt/.probe 2>/dev/null && echo root-writable || echo root-read-only;"
+    " touch /tmp/.probe && echo tmp-writable;"
+    " grep -E '^(NoNewPrivs|CapEff|Seccomp):' /proc/self/status"
+)
+
+
+def test_the_engine_pod_runs_restricted_without_a_service_account_token(cluster, served):
+    """The engine image is the tenant's: no API token, no root, no privilege, no writes
+    outside /tmp and its mounts, on the real node's runtime (not only in the manifest)."""
+    core = client.CoreV1Api(cluster.api)
+    pod = wait_serving(core, served, 1)[0]
+    assert pod.spec.automount_service_account_token is False
+    assert not [v.name for v in pod.spec.volumes if v.projected]  # no kube-api-access-*
+    (engine,) = pod.spec.containers
+    assert not [m for m in engine.volume_mounts if m.mount_path.startswith("/var/run/secrets")]
+    context = pod.spec.security_context
+    assert (context.run_as_non_root, context.run_as_user, context.run_as_group) == (
+        True, 65532, 65532,
+    )  # fmt: skip
+    assert context.seccomp_profile.type == "RuntimeDefault"
+    assert engine.security_context.read_only_root_filesystem is True
+    assert engine.security_context.allow_privilege_escalation is False
+    assert engine.security_context.capabilities.drop == ["ALL"]
+    out = kubectl(cluster.kubeconfig, "exec", "-n", served, pod.metadata.name, "--",
+                  "sh", "-c", SELF_CHECK).split("\n")  # fmt: skip
+    assert out[:5] == ["65532", "65532", "no-token", "root-read-only", "tmp-writable"]
+    status = dict(line.split(":\t", 1) for line in out[5:] if ":\t" in line)
+    assert status["NoNewPrivs"] == "1"
+    assert int(status["CapEff"], 16) == 0
+    assert status["Seccomp"] == "2"  # filter mode: the runtime's default profile
+
+
 def test_deleting_the_service_removes_everything(cluster, served):
     core = client.CoreV1Api(cluster.api)
     kubectl(cluster.kubeconfig, "delete", "-n", served, "-f", str(SAMPLE))

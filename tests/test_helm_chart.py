@@ -298,6 +298,15 @@ def test_the_operator_reads_the_model_storage_values():
     assert settings["allow_model_download"] is True
 
 
+def test_the_operator_allows_only_the_listed_priority_classes(default):
+    config = yaml.safe_load(one(default, "ConfigMap", "-operator")["data"]["operator.yaml"])
+    assert parse_settings(config, OPERATOR_SETTINGS)["allowed_priority_classes"] == ()
+    objects = render("--set", "operator.allowedPriorityClasses={batch-low,batch-high}")
+    config = yaml.safe_load(one(objects, "ConfigMap", "-operator")["data"]["operator.yaml"])
+    settings = parse_settings(config, OPERATOR_SETTINGS)
+    assert settings["allowed_priority_classes"] == ("batch-low", "batch-high")
+
+
 def test_device_plugin_daemonset(default):
     ds = one(default, "DaemonSet", "-device-plugin")
     spec = pod_spec(ds)
@@ -451,6 +460,8 @@ INVALID = [
     (["--set", "operator.hfCacheClaim=HF_Cache"], "/operator/hfCacheClaim"),
     (["--set", "operator.hfCacheClaim=cache/models"], "/operator/hfCacheClaim"),
     (["--set-string", "operator.allowModelDownload=true"], "/operator/allowModelDownload"),
+    (["--set", "operator.allowedPriorityClasses={system-node-critical}"],
+     "/operator/allowedPriorityClasses/0"),
     # Checks across keys, in templates/_validate.tpl.
     (["--set", "scheduler.extender.staleAfterSeconds=3"],
      "scheduler.extender.staleAfterSeconds (3) must exceed "

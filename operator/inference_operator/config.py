@@ -10,6 +10,8 @@ from infergrid.errors import ContractError
 from infergrid.settings import Setting, boolean, number, text, whole
 from infergrid.storage_uri import parse_storage_uri
 
+from .priority_classes import refuse_system_classes
+
 DEFAULT_ENGINE_IMAGE: Final = "infergrid/engine:0.1.0"
 DEFAULT_METRICS_URL: Final = "http://{pod_ip}:8000/metrics"
 URL_FIELDS: Final = {"pod_ip": "10.0.0.1", "pod_name": "p", "namespace": "ns"}
@@ -26,6 +28,7 @@ class OperatorConfig:
     max_workers: int = 20
     hf_cache_claim: str = ""  # none: hf:// is served only where downloads are allowed
     allow_model_download: bool = False
+    allowed_priority_classes: tuple[str, ...] = ()  # none: services may name no class
 
 
 def names(doc: dict[str, Any], key: str) -> tuple[str, ...]:
@@ -33,8 +36,13 @@ def names(doc: dict[str, Any], key: str) -> tuple[str, ...]:
     value = doc[key]
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
-        raise ContractError(key, "expected a list of namespace names or a comma-separated string")
+        raise ContractError(key, "expected a list of names or a comma-separated string")
     return tuple(i.strip() for i in items if i.strip())
+
+
+def priority_classes(doc: dict[str, Any], key: str) -> tuple[str, ...]:
+    """Names, none of them a system-* class."""
+    return refuse_system_classes(names(doc, key), key)
 
 
 def url_template(doc: dict[str, Any], key: str) -> str:
@@ -83,4 +91,7 @@ SETTINGS: Final = (
             "claim in each service's namespace holding an HF_HOME cache, for hf:// models"),
     Setting("allowModelDownload", "allow_model_download", boolean,
             "let engines download hf:// models their cache lacks", boolean=True),
+    Setting("allowedPriorityClasses", "allowed_priority_classes", priority_classes,
+            "priority classes services may give their engines, comma-separated (default: "
+            "none); system-* is always refused"),
 )  # fmt: skip

@@ -306,7 +306,9 @@ def model_storage(cfg: OperatorConfig) -> ModelStorage:
 def _parse(memo: kopf.Memo, body: Any) -> ServiceSpec:
     """The spec, refused where this operator's settings cannot serve its weights."""
     cfg: OperatorConfig = memo.config
-    service = parse_spec(dict(body["spec"]), cfg.engine_image, cfg.scheduler_name)
+    service = parse_spec(
+        dict(body["spec"]), cfg.engine_image, cfg.scheduler_name, cfg.allowed_priority_classes
+    )
     check_storage(service, model_storage(cfg))
     return service
 

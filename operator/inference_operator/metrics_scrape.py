@@ -5,6 +5,10 @@ latency and GPU utilisation. Latency is a cumulative histogram, so its P99
 is taken over the requests since the previous scrape (bucket deltas per pod),
 not over the pod's lifetime, which would hide a new overload for hours.
 Parsing and aggregation are pure; only `scrape` does I/O.
+
+The engine image is the tenant's choice, so its /metrics is untrusted input: a body is
+read up to MAX_METRICS_BYTES, each request has the operator's scrape timeout, and the
+parsing runs in a worker thread, never on the event loop that serves every other handler.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,6 +31,9 @@ from infergrid.constants import (
 )
 
 log = logging.getLogger("infergrid.operator.metrics")
+
+# An engine's /metrics is a few KiB; a body over this is refused, never held or parsed.
+MAX_METRICS_BYTES: Final = 1 << 20
 
 # (upper bound in seconds, cumulative count), ascending by bound, +Inf last.
 Buckets = tuple[tuple[float, float], ...]
@@ -148,25 +156,49 @@ def scrape_url(template: str, pod: Mapping) -> str:
 
 
 async def scrape(urls: Mapping[str, str], timeout_s: float) -> dict[str, EngineSample]:
-    """Every pod's sample, read concurrently; a pod that fails to answer is left out."""
+    """Every pod's sample, read concurrently; a pod that fails to answer is left out.
+
+    timeout_s bounds each request, body included (aiohttp's total timeout is per request).
+    """
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        texts = await asyncio.gather(*(_fetch(session, url) for url in urls.values()))
+        bodies = await asyncio.gather(*(_fetch(session, p, u) for p, u in urls.items()))
+    read = {pod: body for pod, body in zip(urls, bodies, strict=True) if body is not None}
+    return await asyncio.to_thread(parse_bodies, read)
+
+
+def parse_bodies(bodies: Mapping[str, bytes]) -> dict[str, EngineSample]:
+    """Each pod's sample; a body that is not UTF-8 Prometheus text is logged and left out."""
     samples = {}
-    for pod, text in zip(urls, texts, strict=True):
-        if text is None:
-            continue
+    for pod, body in bodies.items():
         try:
-            samples[pod] = parse_engine_metrics(text)
-        except ValueError as err:
+            samples[pod] = parse_engine_metrics(body.decode())
+        except ValueError as err:  # UnicodeDecodeError is one
             log.warning("pod %s: unreadable metrics: %s", pod, err)
     return samples
 
 
-async def _fetch(session: aiohttp.ClientSession, url: str) -> str | None:
+async def _fetch(session: aiohttp.ClientSession, pod: str, url: str) -> bytes | None:
     try:
         async with session.get(url) as resp:
-            return await resp.text() if resp.status == 200 else None
+            if resp.status != 200:
+                return None
+            body = await read_capped(resp.content, MAX_METRICS_BYTES)
     except (aiohttp.ClientError, TimeoutError) as err:
-        log.debug("scrape of %s failed: %s", url, err)
+        log.debug("pod %s: scrape of %s failed: %s", pod, url, err)
         return None
+    if body is None:
+        log.warning("pod %s: /metrics is over the %d-byte cap; scrape counted as failed",
+                    pod, MAX_METRICS_BYTES)  # fmt: skip
+    return body
+
+
+async def read_capped(stream: aiohttp.StreamReader, limit: int) -> bytes | None:
+    """The whole body, or None as soon as it passes `limit` bytes (decompressed, if it was
+    compressed), so that a large or endless body is never held in memory."""
+    body = bytearray()
+    async for chunk in stream.iter_any():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)

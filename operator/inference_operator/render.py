@@ -52,6 +52,12 @@ HF_HOME_VOLUME = "hf-home"
 # A pvc:// claim's volume: the prefix and a hash of the claim, a DNS label for any claim name.
 CLAIM_VOLUME_PREFIX = "model-"
 STARTUP_PERIOD_S = 5
+# The engine image's user (images/components.py NONROOT); any image runs as it.
+ENGINE_UID = 65532
+# The one writable path outside the mounts: the image points its caches (HF_HOME,
+# TRITON_CACHE_DIR, INFERGRID_CACHE_DIR) and temporary files here.
+TMP_VOLUME = "tmp"
+TMP_DIR = "/tmp"
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,11 +310,14 @@ def gpu_limits(resources: Resources) -> dict[str, str]:
 
 
 def _pod_spec(spec: ServiceSpec, name: str, track: str, storage: TrackStorage) -> dict[str, Any]:
+    """The engine runs tenant-chosen code next to a GPU: no API token, no root, no privilege."""
     config = {"name": CONFIG_VOLUME, "configMap": {"name": configmap_name(name)}}
     pod: dict[str, Any] = {
         "schedulerName": spec.scheduling.scheduler_name,
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security_context(),
         "containers": [_container(spec, track, storage)],
-        "volumes": [config, *storage.volumes],
+        "volumes": [config, {"name": TMP_VOLUME, "emptyDir": {}}, *storage.volumes],
     }
     if spec.scheduling.priority_class_name:
         pod["priorityClassName"] = spec.scheduling.priority_class_name
@@ -335,7 +344,31 @@ def _container(spec: ServiceSpec, track: str, storage: TrackStorage) -> dict[str
         "livenessProbe": _probe("/healthz", period=10, failures=3),
         "readinessProbe": _probe("/readyz", period=5, failures=3),
         "startupProbe": startup_probe(spec.model.load_timeout_s),
-        "volumeMounts": [_mount(CONFIG_VOLUME, CONFIG_DIR, read_only=True), *storage.mounts],
+        "securityContext": container_security_context(),
+        "volumeMounts": [
+            _mount(CONFIG_VOLUME, CONFIG_DIR, read_only=True),
+            _mount(TMP_VOLUME, TMP_DIR, read_only=False),
+            *storage.mounts,
+        ],
+    }
+
+
+def pod_security_context() -> dict[str, Any]:
+    """The Pod Security Standard "restricted" profile's pod-level fields, with a fixed user."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": ENGINE_UID,
+        "runAsGroup": ENGINE_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    """No capabilities, no way to gain privileges, and nothing writable but /tmp and the mounts."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
     }
 
 

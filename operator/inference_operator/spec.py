@@ -10,7 +10,7 @@ permanent error.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,8 @@ from infergrid.constants import DEFAULT_POLICY, PLACEMENT_POLICIES, TOPOLOGIES
 from infergrid.errors import ContractError
 from infergrid.serving_config import FORMATS, TASKS, read_crd_engine
 from infergrid.storage_uri import parse_storage_uri
+
+from .priority_classes import check_priority_class
 
 MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]+gb$")
 # How long a model may take to load (spec.model.loadTimeoutSeconds): bounds and default.
@@ -93,8 +95,16 @@ class ServiceSpec:
     canary: Canary | None
 
 
-def parse_spec(doc: object, default_image: str, default_scheduler: str) -> ServiceSpec:
-    """The spec of an InferenceService; the defaults fill what the CRD did not."""
+def parse_spec(
+    doc: object,
+    default_image: str,
+    default_scheduler: str,
+    priority_classes: Collection[str] = (),
+) -> ServiceSpec:
+    """The spec of an InferenceService; the defaults fill what the CRD did not.
+
+    priority_classes are those the operator allows (its allowedPriorityClasses).
+    """
     doc = expect(doc, dict, "spec")
     engine = field(doc, "engine", dict, "spec", {})
     return ServiceSpec(
@@ -102,7 +112,9 @@ def parse_spec(doc: object, default_image: str, default_scheduler: str) -> Servi
         image=field(engine, "image", str, "spec.engine", default_image),
         engine=read_crd_engine(engine, "spec.engine"),
         resources=_resources(field(doc, "resources", dict, "spec")),
-        scheduling=_scheduling(field(doc, "scheduling", dict, "spec", {}), default_scheduler),
+        scheduling=_scheduling(
+            field(doc, "scheduling", dict, "spec", {}), default_scheduler, priority_classes
+        ),
         replicas=integer(doc, "replicas", "spec", low=0, high=1000, default=1),
         autoscaling=_autoscaling(field(doc, "autoscaling", dict, "spec", {})),
         canary=_canary(doc.get("canary")),
@@ -161,12 +173,14 @@ def _mig_profile(doc: dict[str, Any], path: str) -> str | None:
     return profile
 
 
-def _scheduling(doc: dict[str, Any], default_scheduler: str) -> Scheduling:
+def _scheduling(
+    doc: dict[str, Any], default_scheduler: str, priority_classes: Collection[str]
+) -> Scheduling:
     path = "spec.scheduling"
     return Scheduling(
         policy=one_of(doc, "policy", PLACEMENT_POLICIES, path, DEFAULT_POLICY),
         scheduler_name=field(doc, "schedulerName", str, path, default_scheduler),
-        priority_class_name=_priority_class(doc, path),
+        priority_class_name=_priority_class(doc, path, priority_classes),
         tolerations=tuple(
             _toleration(item, f"{path}.tolerations[{i}]")
             for i, item in enumerate(field(doc, "tolerations", list, path, []))
@@ -202,10 +216,12 @@ def _toleration(item: object, path: str) -> dict[str, Any]:
     return toleration
 
 
-def _priority_class(doc: dict[str, Any], path: str) -> str:
+def _priority_class(doc: dict[str, Any], path: str, allowed: Collection[str]) -> str:
     """ "" means none in the CRD; the codec refuses empty strings, so it is read apart."""
     value = doc.get("priorityClassName")
-    return expect(value, str, join(path, "priorityClassName")) if value else ""
+    name = expect(value, str, join(path, "priorityClassName")) if value else ""
+    check_priority_class(name, allowed)
+    return name
 
 
 def _autoscaling(doc: dict[str, Any]) -> Autoscaling:

@@ -80,6 +80,30 @@ def test_hf_without_the_operators_cache_or_downloads_shows_as_invalid_spec(event
     assert "hfCacheClaim" in message and "allowModelDownload" in message
 
 
+@pytest.mark.parametrize(
+    ("priority_class", "allowed"),
+    [("system-cluster-critical", ("system-cluster-critical",)), ("urgent", ("batch",))],
+)
+def test_a_priority_class_the_operator_does_not_allow_shows_as_invalid_spec(
+    events, priority_class, allowed
+):
+    body = service(scheduling={"priorityClassName": priority_class})
+    conditions = refused(memo(allowed_priority_classes=allowed), body)
+    assert conditions["Ready"]["reason"] == "InvalidSpec"
+    assert conditions["Ready"]["message"].startswith(
+        f"spec.scheduling.priorityClassName: {priority_class!r}"
+    )
+
+
+def test_an_allowed_priority_class_reaches_the_rendered_pods(events):
+    m = memo(allowed_priority_classes=("batch",))
+    body = service(scheduling={"priorityClassName": "batch"})
+    handlers.apply_children(m, body, handlers._spec_or_report(m, body))
+    (deployment,) = [c for c in m.kube.applied if c["kind"] == "Deployment"]
+    assert deployment["spec"]["template"]["spec"]["priorityClassName"] == "batch"
+    assert not events
+
+
 def test_the_operators_storage_settings_reach_the_rendered_pods(events):
     m = memo(hf_cache_claim="hf-cache")
     body = service(model={"name": "m", "storageUri": "hf://org/model"})

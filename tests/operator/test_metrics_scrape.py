@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
+from inference_operator import metrics_scrape
 from inference_operator.metrics_scrape import (
+    MAX_METRICS_BYTES,
     EngineSample,
     aggregate,
     histogram_quantile,
@@ -150,6 +154,77 @@ def test_scrape_reads_pods_concurrently_and_leaves_out_the_silent_ones(unused_tc
     samples = asyncio.run(run())
     assert list(samples) == ["good"]
     assert samples["good"].queue_depth == 5
+
+
+async def serve_and_scrape(port: int, bodies: dict[str, bytes]) -> dict:
+    """Scrapes each pod's body from a real local HTTP server; chunked when marked so, which
+    gives no Content-Length to go by."""
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        pod = request.match_info["pod"]
+        response = web.StreamResponse()
+        if pod.startswith("chunked"):
+            response.enable_chunked_encoding()
+        else:
+            response.content_length = len(bodies[pod])
+        await response.prepare(request)
+        for start in range(0, len(bodies[pod]), 65536):
+            await response.write(bodies[pod][start : start + 65536])
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/{pod}", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        return await scrape({p: f"http://127.0.0.1:{port}/{p}" for p in bodies}, timeout_s=5)
+    finally:
+        await runner.cleanup()
+
+
+def test_a_metrics_body_over_the_cap_is_a_failed_scrape_and_others_still_count(
+    unused_tcp_port, caplog
+):
+    normal = engine_text(queue=4).encode()
+    padding = b"# padding\n" * (2 * MAX_METRICS_BYTES // 10)  # 2 MiB of valid comments
+    bodies = {"normal": normal, "huge": normal + padding, "chunked-huge": normal + padding}
+    with caplog.at_level(logging.WARNING, logger="infergrid.operator.metrics"):
+        samples = asyncio.run(serve_and_scrape(unused_tcp_port, bodies))
+    assert list(samples) == ["normal"]
+    assert samples["normal"].queue_depth == 4
+    refused = [r.getMessage() for r in caplog.records if "cap" in r.getMessage()]
+    assert sorted(refused) == sorted(
+        f"pod {pod}: /metrics is over the {MAX_METRICS_BYTES}-byte cap; scrape counted as failed"
+        for pod in ("huge", "chunked-huge")
+    )
+
+
+def test_a_body_just_under_the_cap_parses_as_before(unused_tcp_port):
+    normal = engine_text(queue=2, latencies=(0.2,)).encode()
+    body = normal + b"#" * (MAX_METRICS_BYTES - len(normal) - 1) + b"\n"
+    samples = asyncio.run(serve_and_scrape(unused_tcp_port, {"chunked-full": body}))
+    assert samples["chunked-full"] == parse_engine_metrics(normal.decode())
+
+
+def test_a_body_that_is_not_utf8_is_left_out_not_raised(unused_tcp_port):
+    samples = asyncio.run(serve_and_scrape(unused_tcp_port, {"binary": b"\xff\xfe\x00"}))
+    assert samples == {}
+
+
+def test_parsing_runs_off_the_event_loop(unused_tcp_port, monkeypatch):
+    threads = []
+
+    def recording(text: str):
+        threads.append(threading.current_thread())
+        return parse_engine_metrics(text)
+
+    monkeypatch.setattr(metrics_scrape, "parse_engine_metrics", recording)
+    body = engine_text().encode()
+    samples = asyncio.run(serve_and_scrape(unused_tcp_port, {"normal": body}))
+    assert list(samples) == ["normal"]
+    assert threads and threads[0] is not threading.main_thread()
 
 
 @pytest.fixture()

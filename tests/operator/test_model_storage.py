@@ -88,7 +88,7 @@ def test_a_pvc_claim_stays_read_only_where_downloads_are_allowed():
 def test_weights_in_the_image_need_no_volume_and_no_env(uri):
     for storage in (NEITHER, CACHE_AND_DOWNLOAD):
         p = pod(spec(uri), storage=storage)
-        assert [v["name"] for v in p["volumes"]] == ["engine-config"]
+        assert [v["name"] for v in p["volumes"]] == ["engine-config", "tmp"]
         assert list(env(p)) == ["INFERGRID_ENGINE_CONFIG"]
 
 
@@ -109,14 +109,14 @@ def test_the_same_claim_on_both_tracks_is_one_volume_in_each_deployment():
 
 
 @pytest.mark.parametrize(
-    "claim", ["s", "model-store", "engine-config", "hf-home", LONG_CLAIM, "a.b.c"]
+    "claim", ["s", "model-store", "engine-config", "hf-home", "tmp", LONG_CLAIM, "a.b.c"]
 )
 def test_claim_volume_names_are_dns_labels_that_collide_with_nothing(claim):
     assert len(LONG_CLAIM) == 253
     for storage in (NEITHER, CACHE_AND_DOWNLOAD):
         p = pod(spec(f"pvc://{claim}/m"), storage=storage)
         names = [v["name"] for v in p["volumes"]]
-        assert len(names) == len(set(names)) == 2, names
+        assert len(names) == len(set(names)) == 3, names  # config, /tmp, the claim
         assert all(DNS_LABEL.fullmatch(n) for n in names), names
         assert claims(p)[claim]["name"] == claim_volume_name(claim)
         assert mounts(p)[claim_volume_name(claim)]["mountPath"] == f"/mnt/models/{claim}"

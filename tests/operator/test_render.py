@@ -214,7 +214,9 @@ def test_without_a_canary_its_deployment_is_stale():
 
 
 def test_a_priority_class_is_passed_to_the_pods():
-    rendered = render_deployment(spec(scheduling={"priorityClassName": "high"}), "m", "ns")
+    doc = {"model": MODEL, "resources": {"gpus": 1}, "scheduling": {"priorityClassName": "high"}}
+    allowed = parse_spec(doc, "infergrid/engine:0.1.0", "infergrid-scheduler", ("high",))
+    rendered = render_deployment(allowed, "m", "ns")
     assert rendered["spec"]["template"]["spec"]["priorityClassName"] == "high"
 
 
