@@ -542,7 +542,11 @@ def permissions(rel: Release) -> dict[str, list[tuple[bool, ...]]]:
             (False, "patch", isvc, "-n", other),
             (False, "list", "pods", "-n", other),
             (False, "get", "secrets", "-n", s),
-            (False, "delete", "configmaps", "-n", s),
+            (True, "delete", "configmaps", "-n", s),  # old engine configs, its own only
+            (True, "get", "services", "-n", s),  # a child's name checked before a write
+            (True, "list", "replicasets.apps", "-n", s),
+            (False, "delete", "services", "-n", s),
+            (False, "delete", "configmaps", "-n", other),
             (False, "update", "customresourcedefinitions.apiextensions.k8s.io"),
             *never,
         ],

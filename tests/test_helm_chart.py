@@ -186,7 +186,10 @@ def test_rbac_matches_what_each_component_calls(default):
     assert ("infergrid.io", "inferenceservices/scale", "patch") in operator
     assert ("infergrid.io", "inferenceservices/status", "patch") in operator
     assert ("apps", "deployments", "delete") in operator
-    assert ("", "configmaps", "delete") not in operator
+    assert ("", "configmaps", "delete") in operator  # old engine configs, its own only
+    assert ("", "services", "get") in operator  # a child's name is checked before a write
+    assert ("", "services", "delete") not in operator
+    assert ("apps", "replicasets", "list") in operator
     # Leases: only the component's own, by name, in the release namespace.
     for suffix, lease in (("-scheduler", "ig-infergrid-scheduler"),
                           ("-extender", "ig-infergrid-extender")):  # fmt: skip

@@ -167,13 +167,16 @@ def compute_status(
     }
 
 
-def invalid_spec_conditions(
-    message: str, previous: Sequence[Mapping[str, Any]], now: str
+def refused_conditions(
+    reason: str, message: str, previous: Sequence[Mapping[str, Any]], now: str
 ) -> list[dict[str, str]]:
-    """A spec the operator cannot serve: not Ready, Degraded, and the field named."""
+    """A service the operator will not serve as it stands: not Ready, Degraded, and why.
+
+    `InvalidSpec` names the field; `OwnershipConflict` names the objects in the way.
+    """
     current = [
-        _condition(READY, FALSE, "InvalidSpec", message),
-        _condition(DEGRADED, TRUE, "InvalidSpec", message),
+        _condition(READY, FALSE, reason, message),
+        _condition(DEGRADED, TRUE, reason, message),
     ]
     kept = [c for c in previous if c["type"] not in (READY, DEGRADED)]
     return [*kept, *merge_conditions(previous, current, now)]

@@ -4,11 +4,14 @@ Level-based throughout: every handler reads the current state and re-applies
 the rendered children, so it converges from anything (a crash mid-reconcile,
 a deleted or edited Deployment) and repeating it changes nothing. There is no
 delete handler: the children carry owner references, and the garbage
-collector removes them with their InferenceService.
+collector removes them with their InferenceService. Only objects this service
+controls are written (ownership.py); old engine ConfigMaps go once no pod can
+start from them (configmap_gc.py).
 
 The memo carries `config` (OperatorConfig), `kube` (Kube), `refreshes` (one
-Refresh per service) and `applied` (the Deployment generations this operator
-last wrote, to tell its own writes from someone else's edits).
+Refresh per service), `applied` (the Deployment generations this operator
+last wrote, to tell its own writes from someone else's edits) and `refused`
+(the services whose children's names are taken, whose status says so).
 """
 
 from __future__ import annotations
@@ -38,18 +41,21 @@ from .autoscaler import (
 )
 from .conditions import (
     compute_status,
-    invalid_spec_conditions,
     observe_deployment,
+    refused_conditions,
     status_patch,
     transitions,
 )
 from .config import OperatorConfig
+from .configmap_gc import collectable, configmaps_in_use, rollout_settled
 from .kube import Kube
 from .metrics_scrape import Buckets, ServiceMetrics, aggregate, scrapable, scrape, scrape_url
+from .ownership import conflict_message, conflicts, controlled_by
 from .render import (
     LABEL_SERVICE,
     ModelStorage,
     check_storage,
+    configmap_name,
     render_children,
     stable_selector,
     stale_deployments,
@@ -74,6 +80,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.setdefault("kube", Kube(kube_api()))
     memo.setdefault("refreshes", {})
     memo.setdefault("applied", {})
+    memo.setdefault("refused", set())
     settings.execution.max_workers = memo.config.max_workers
 
 
@@ -87,7 +94,8 @@ def reconcile(
     """Applies every child as rendered from the spec, then reports what it finds."""
     service = _spec_or_report(memo, body)
     try:
-        apply_children(memo, body, service)
+        _apply_or_report(memo, body, service)
+        collect_configmaps(memo, namespace, name)
         refresh_status(memo, namespace, name)
     except ApiException as err:
         raise kopf.TemporaryError(f"API: {err.status} {err.reason}", delay=RETRY_DELAY_S) from err
@@ -99,37 +107,99 @@ def deployment_event(
     type: str | None, body: kopf.Body, namespace: str, labels: kopf.Labels, memo: kopf.Memo,
     **_: Any,
 ) -> None:  # fmt: skip
-    """Restores a Deployment that was deleted or edited, and reports rollout progress."""
+    """Restores a Deployment that was deleted or edited, and reports rollout progress.
+
+    A settled rollout is when the old ReplicaSets stop making pods: their ConfigMaps
+    may go then.
+    """
     name = labels[LABEL_SERVICE]
     if type == "DELETED" or _edited_by_others(memo, body):
         restore(memo, namespace, name, body, deleted=type == "DELETED")
+    elif rollout_settled(body):
+        collect_configmaps(memo, namespace, name)
     refresh_status(memo, namespace, name)
 
 
 @kopf.on.event("v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})
-def pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-    """A pod was scheduled, failed to be, became ready or went: the status follows."""
+def pod_event(
+    type: str | None, namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+) -> None:
+    """A pod was scheduled, failed to be, became ready or went: the status follows.
+
+    A pod gone may have been the last one mounting an old ConfigMap.
+    """
+    if type == "DELETED":
+        collect_configmaps(memo, namespace, labels[LABEL_SERVICE])
     refresh_status(memo, namespace, labels[LABEL_SERVICE])
+
+
+class OwnershipConflict(Exception):
+    """Children's names are taken by objects this service does not control; nothing was
+    written."""
 
 
 def apply_children(memo: kopf.Memo, owner: dict[str, Any], service: ServiceSpec) -> dict[str, int]:
     """Server-side apply of every child, owned by the InferenceService; stale ones deleted.
 
-    Returns each Deployment's generation after the apply.
+    Every child's name is checked before anything is written: one taken by an object
+    this service does not control raises OwnershipConflict, naming them all. Returns
+    each Deployment's generation after the apply.
     """
-    name, namespace = owner["metadata"]["name"], owner["metadata"]["namespace"]
+    meta = owner["metadata"]
+    name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
     children = render_children(service, name, namespace, model_storage(memo.config))
     kopf.adopt(children, owner=owner)
+    existing = {_key(c): memo.kube.read(c["kind"], namespace, c["metadata"]["name"])
+                for c in children}  # fmt: skip
+    taken = conflicts(children, existing, uid)
+    if taken:
+        raise OwnershipConflict(conflict_message(taken))
     generations = {}
     for child in children:
-        applied = memo.kube.apply(child)
+        found = existing[_key(child)]
+        version = found["metadata"]["resourceVersion"] if found else ""
+        applied = memo.kube.apply(child, version)
         if child["kind"] == "Deployment":
             generations[child["metadata"]["name"]] = applied["metadata"]["generation"]
             memo.applied[(namespace, child["metadata"]["name"])] = applied["metadata"]["generation"]
     for stale in stale_deployments(service, name):
-        if memo.kube.delete_deployment(namespace, stale):
+        if delete_owned(memo, namespace, "Deployment", stale, uid):
             announce(owner, "Deleted", f"Deployment {stale}: no canary in spec")
     return generations
+
+
+def delete_owned(memo: kopf.Memo, namespace: str, kind: str, name: str, uid: str) -> bool:
+    """Deletes the object of that name only if the service `uid` controls it, and only the
+    one read (a UID precondition); a `web-canary` someone else made stays."""
+    found = memo.kube.read(kind, namespace, name)
+    if found is None or not controlled_by(found, uid):
+        return False
+    return memo.kube.delete(kind, namespace, name, found["metadata"]["uid"])
+
+
+def collect_configmaps(memo: kopf.Memo, namespace: str, name: str) -> None:
+    """Deletes the service's engine ConfigMaps that no pod runs with or may start with.
+
+    The ConfigMaps are listed before the service is read, so each one listed was made
+    for the spec read or an older one, and the spec read's own are kept.
+    """
+    configmaps = memo.kube.configmaps(namespace, name)
+    owner = memo.kube.service(namespace, name)
+    if not configmaps or owner is None or owner["metadata"].get("deletionTimestamp"):
+        return
+    try:
+        service = _parse(memo, owner)
+    except ContractError:
+        return  # reconcile has already reported it
+    keep = {configmap_name(service, name, t) for t in track_replicas(service)}
+    keep |= configmaps_in_use(
+        memo.kube.deployments(namespace, name).values(),
+        memo.kube.replicasets(namespace, name),
+        memo.kube.pods(namespace, f"{LABEL_SERVICE}={name}"),
+    )
+    for configmap, uid in collectable(configmaps, owner["metadata"]["uid"], keep):
+        if memo.kube.delete("ConfigMap", namespace, configmap, uid):
+            log.info("%s/%s: deleted ConfigMap %s: no pod uses it", namespace, name, configmap)
 
 
 def restore(
@@ -145,9 +215,9 @@ def restore(
         return
     try:
         service = _parse(memo, owner)
-    except ContractError:
+        generations = apply_children(memo, owner, service)
+    except (ContractError, OwnershipConflict):
         return  # reconcile has already reported it
-    generations = apply_children(memo, owner, service)
     child, seen = deployment["metadata"]["name"], deployment["metadata"]["generation"]
     if child in generations and (deleted or generations[child] != seen):
         what = "deleted" if deleted else "edited"
@@ -181,6 +251,8 @@ def refresh_status(memo: kopf.Memo, namespace: str, name: str) -> None:
 
 
 def _write_status(memo: kopf.Memo, namespace: str, name: str) -> None:
+    if (namespace, name) in memo.refused:
+        return  # its status names the objects in the way, until a reconcile succeeds
     owner = memo.kube.service(namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
         return
@@ -290,12 +362,30 @@ def _spec_or_report(memo: kopf.Memo, body: kopf.Body) -> ServiceSpec:
     try:
         return _parse(memo, body)
     except ContractError as err:
-        meta = body["metadata"]
-        previous = (body.get("status") or {}).get("conditions") or []
-        conditions = invalid_spec_conditions(str(err), previous, _now())
-        memo.kube.patch_status(meta["namespace"], meta["name"], {"conditions": conditions})
-        kopf.warn(body, reason="InvalidSpec", message=str(err))
+        _report_refusal(memo, body, "InvalidSpec", str(err))
         raise kopf.PermanentError(str(err)) from err
+
+
+def _apply_or_report(memo: kopf.Memo, body: kopf.Body, service: ServiceSpec) -> None:
+    """apply_children; children's names taken by others are reported in status and as an
+    event, and not retried until the spec changes (or the operator restarts)."""
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    try:
+        apply_children(memo, body, service)
+    except OwnershipConflict as err:
+        memo.refused.add(key)
+        _report_refusal(memo, body, "OwnershipConflict", str(err))
+        raise kopf.PermanentError(str(err)) from err
+    memo.refused.discard(key)
+
+
+def _report_refusal(memo: kopf.Memo, body: kopf.Body, reason: str, message: str) -> None:
+    """Not Ready and Degraded with `reason`, and a warning event with the same message."""
+    meta = body["metadata"]
+    previous = (body.get("status") or {}).get("conditions") or []
+    conditions = refused_conditions(reason, message, previous, _now())
+    memo.kube.patch_status(meta["namespace"], meta["name"], {"conditions": conditions})
+    kopf.warn(body, reason=reason, message=message)
 
 
 def model_storage(cfg: OperatorConfig) -> ModelStorage:
@@ -321,6 +411,10 @@ def _edited_by_others(memo: kopf.Memo, deployment: kopf.Body) -> bool:
     """
     key = (deployment["metadata"]["namespace"], deployment["metadata"]["name"])
     return key in memo.applied and memo.applied[key] != deployment["metadata"]["generation"]
+
+
+def _key(child: dict[str, Any]) -> tuple[str, str]:
+    return child["kind"], child["metadata"]["name"]
 
 
 def _now() -> str:

@@ -3,7 +3,10 @@
 Children are written with server-side apply under one field manager: apply
 creates what is missing and converges what drifted in the same call, and a
 child's name is fixed by its parent's, so repeating an apply after a crash
-can never make a second one.
+can never make a second one. Whether an object is the service's to write is
+decided in ownership.py, on what `read` returns; the write then carries the
+resourceVersion read (apply) or the UID read (delete) as a precondition, so
+an object replaced in between is never the one written.
 """
 
 from __future__ import annotations
@@ -31,20 +34,46 @@ class Kube:
         self.policy = client.PolicyV1Api(api)
         self.custom = client.CustomObjectsApi(api)
 
-    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply of one child, taking over fields anyone else changed."""
+    def read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object of a child's kind, or None when there is none of that name."""
+        read = self._readers()[kind]
+        response = _absent_is_none(lambda: read(name, namespace, _preload_content=False))
+        return None if response is None else json.loads(response.data)
+
+    def apply(self, manifest: dict[str, Any], resource_version: str = "") -> dict[str, Any]:
+        """Server-side apply of one child, taking over fields anyone else changed.
+
+        With `resource_version` (of the object read and found to be the service's own),
+        the apply fails with 409 if the object changed since.
+        """
         patch = self._patchers()[manifest["kind"]]
         meta = manifest["metadata"]
+        if resource_version:
+            manifest = {**manifest, "metadata": {**meta, "resourceVersion": resource_version}}
         response = patch(
             meta["name"], meta["namespace"], manifest,
             field_manager=FIELD_MANAGER, force=True, _content_type=APPLY, _preload_content=False,
         )  # fmt: skip
         return json.loads(response.data)
 
-    def delete_deployment(self, namespace: str, name: str) -> bool:
-        """True when there was one to delete."""
-        deleted = _absent_is_none(lambda: self.apps.delete_namespaced_deployment(name, namespace))
-        return deleted is not None
+    def delete(self, kind: str, namespace: str, name: str, uid: str) -> bool:
+        """Deletes the object of this UID; False when it is gone or was replaced meanwhile."""
+        delete = self._deleters()[kind]
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
+        try:
+            delete(name, namespace, body=options)
+        except ApiException as err:
+            if err.status in (404, 409):
+                return False
+            raise
+        return True
+
+    def configmaps(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The ConfigMaps labelled as the service's (ownership.py decides whose they are)."""
+        return self._list(self.core.list_namespaced_config_map, namespace, _selector(name))
+
+    def replicasets(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        return self._list(self.apps.list_namespaced_replica_set, namespace, _selector(name))
 
     def service(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The InferenceService, or None once it is gone."""
@@ -56,9 +85,7 @@ class Kube:
 
     def deployments(self, namespace: str, name: str) -> dict[str, dict[str, Any]]:
         """The service's Deployments by track."""
-        items = self._list(
-            self.apps.list_namespaced_deployment, namespace, f"{LABEL_SERVICE}={name}"
-        )
+        items = self._list(self.apps.list_namespaced_deployment, namespace, _selector(name))
         return {d["metadata"]["labels"].get(LABEL_TRACK, ""): d for d in items}
 
     def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
@@ -91,10 +118,28 @@ class Kube:
             "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
         }
 
+    def _readers(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "ConfigMap": self.core.read_namespaced_config_map,
+            "Service": self.core.read_namespaced_service,
+            "Deployment": self.apps.read_namespaced_deployment,
+            "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget,
+        }
+
+    def _deleters(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "ConfigMap": self.core.delete_namespaced_config_map,
+            "Deployment": self.apps.delete_namespaced_deployment,
+        }
+
     @staticmethod
     def _list(call: Callable[..., Any], namespace: str, selector: str) -> list[dict[str, Any]]:
         response = call(namespace, label_selector=selector, _preload_content=False)
         return json.loads(response.data)["items"]
+
+
+def _selector(name: str) -> str:
+    return f"{LABEL_SERVICE}={name}"
 
 
 def _absent_is_none(call: Callable[[], Any]) -> Any:

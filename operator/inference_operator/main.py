@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         clusterwide=not cfg.namespaces,
         namespaces=cfg.namespaces,
         liveness_endpoint=cfg.liveness_endpoint,
-        memo=kopf.Memo(config=cfg, kube=Kube(api), refreshes={}, applied={}),
+        memo=kopf.Memo(config=cfg, kube=Kube(api), refreshes={}, applied={}, refused=set()),
     )
     return 0
 

@@ -38,7 +38,6 @@ LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_SERVICE = "infergrid.io/inferenceservice"
 LABEL_TRACK = "infergrid.io/track"
-ANNOTATION_CONFIG_HASH = "infergrid.io/engine-config-hash"
 ENGINE_APP = "infergrid-engine"
 STABLE, CANARY = "stable", "canary"
 TRACKS = (STABLE, CANARY)
@@ -46,7 +45,8 @@ TRACKS = (STABLE, CANARY)
 ENGINE_PORT = DEFAULT_PORT
 SERVICE_PORT = 80
 CONFIG_DIR = "/etc/infergrid"
-CONFIG_KEYS = {STABLE: "engine.yaml", CANARY: "engine-canary.yaml"}
+CONFIG_KEY = "engine.yaml"
+CONFIG_HASH_LENGTH = 10
 CONFIG_VOLUME = "engine-config"
 HF_HOME_VOLUME = "hf-home"
 # A pvc:// claim's volume: the prefix and a hash of the claim, a DNS label for any claim name.
@@ -85,8 +85,15 @@ def deployment_name(name: str, track: str) -> str:
     return name if track == STABLE else f"{name}-{CANARY}"
 
 
-def configmap_name(name: str) -> str:
-    return f"{name}-engine"
+def configmap_name(spec: ServiceSpec, name: str, track: str) -> str:
+    """`<name>-<track>-<hash of the config>`: a new name for every new config, so a config
+    is never changed under the pods that run it (see configmap_gc)."""
+    return f"{name}-{track}-{config_hash(spec, track)}"
+
+
+def config_hash(spec: ServiceSpec, track: str) -> str:
+    text = _dump(engine_config(spec, track))
+    return hashlib.sha256(text.encode()).hexdigest()[:CONFIG_HASH_LENGTH]
 
 
 def pod_labels(name: str, track: str) -> dict[str, str]:
@@ -141,15 +148,16 @@ def engine_config(spec: ServiceSpec, track: str) -> dict[str, Any]:
     return encode(ModelRef(model.name, uri, model.format, model.task), spec.engine, ENGINE_PORT)
 
 
-def render_configmap(spec: ServiceSpec, name: str, namespace: str) -> dict[str, Any]:
-    """One key per track, so the canary reads its own model from the same ConfigMap."""
+def render_configmap(spec: ServiceSpec, name: str, namespace: str, track: str) -> dict[str, Any]:
+    """One track's config, immutable: a changed config is a new ConfigMap, rolled out by
+    the Deployment whose pod template names it."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": configmap_name(name), "namespace": namespace,
-                     "labels": _labels(name)},
-        "data": {CONFIG_KEYS[track]: _dump(engine_config(spec, track))
-                 for track in track_replicas(spec)},
+        "metadata": {"name": configmap_name(spec, name, track), "namespace": namespace,
+                     "labels": pod_labels(name, track)},
+        "immutable": True,
+        "data": {CONFIG_KEY: _dump(engine_config(spec, track))},
     }  # fmt: skip
 
 
@@ -177,7 +185,7 @@ def render_deployment(
                          "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "template": {
                 "metadata": {"labels": pod_labels(name, track),
-                             "annotations": _pod_annotations(spec, track)},
+                             "annotations": _pod_annotations(spec)},
                 "spec": _pod_spec(spec, name, track, track_storage(spec, track, storage)),
             },
         },
@@ -211,13 +219,11 @@ def render_pdb(spec: ServiceSpec, name: str, namespace: str) -> dict[str, Any]:
 def render_children(
     spec: ServiceSpec, name: str, namespace: str, storage: ModelStorage = ModelStorage()
 ) -> list[dict[str, Any]]:
-    """Every child, the ConfigMap first so that no pod starts without its config."""
-    deployments = [
-        render_deployment(spec, name, namespace, t, storage) for t in track_replicas(spec)
-    ]
+    """Every child, the ConfigMaps first so that no pod starts without its config."""
+    tracks = track_replicas(spec)
     return [
-        render_configmap(spec, name, namespace),
-        *deployments,
+        *(render_configmap(spec, name, namespace, t) for t in tracks),
+        *(render_deployment(spec, name, namespace, t, storage) for t in tracks),
         render_service(spec, name, namespace),
         render_pdb(spec, name, namespace),
     ]
@@ -311,12 +317,12 @@ def gpu_limits(resources: Resources) -> dict[str, str]:
 
 def _pod_spec(spec: ServiceSpec, name: str, track: str, storage: TrackStorage) -> dict[str, Any]:
     """The engine runs tenant-chosen code next to a GPU: no API token, no root, no privilege."""
-    config = {"name": CONFIG_VOLUME, "configMap": {"name": configmap_name(name)}}
+    config = {"name": CONFIG_VOLUME, "configMap": {"name": configmap_name(spec, name, track)}}
     pod: dict[str, Any] = {
         "schedulerName": spec.scheduling.scheduler_name,
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(),
-        "containers": [_container(spec, track, storage)],
+        "containers": [_container(spec, storage)],
         "volumes": [config, {"name": TMP_VOLUME, "emptyDir": {}}, *storage.volumes],
     }
     if spec.scheduling.priority_class_name:
@@ -328,13 +334,13 @@ def _pod_spec(spec: ServiceSpec, name: str, track: str, storage: TrackStorage) -
     return pod
 
 
-def _container(spec: ServiceSpec, track: str, storage: TrackStorage) -> dict[str, Any]:
+def _container(spec: ServiceSpec, storage: TrackStorage) -> dict[str, Any]:
     requests = {k: v for k, v in (("cpu", spec.resources.cpu),
                                   ("memory", spec.resources.memory)) if v}  # fmt: skip
     resources: dict[str, Any] = {"limits": gpu_limits(spec.resources)}
     if requests:
         resources["requests"] = requests
-    env = [{"name": CONFIG_ENV, "value": f"{CONFIG_DIR}/{CONFIG_KEYS[track]}"}, *storage.env]
+    env = [{"name": CONFIG_ENV, "value": f"{CONFIG_DIR}/{CONFIG_KEY}"}, *storage.env]
     return {
         "name": "engine",
         "image": spec.image,
@@ -386,13 +392,9 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def _pod_annotations(spec: ServiceSpec, track: str) -> dict[str, str]:
-    """Placement inputs for the extender, and the config hash that rolls pods on a change."""
-    text = _dump(engine_config(spec, track))
-    annotations = {
-        ANNOTATION_PLACEMENT_POLICY: spec.scheduling.policy,
-        ANNOTATION_CONFIG_HASH: hashlib.sha256(text.encode()).hexdigest()[:16],
-    }
+def _pod_annotations(spec: ServiceSpec) -> dict[str, str]:
+    """Placement inputs for the extender."""
+    annotations = {ANNOTATION_PLACEMENT_POLICY: spec.scheduling.policy}
     if spec.resources.topology:
         annotations[ANNOTATION_TOPOLOGY] = spec.resources.topology
     return annotations

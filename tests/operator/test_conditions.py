@@ -5,9 +5,9 @@ from __future__ import annotations
 from inference_operator.conditions import (
     compute_conditions,
     compute_status,
-    invalid_spec_conditions,
     merge_conditions,
     observe_deployment,
+    refused_conditions,
     status_patch,
     transitions,
 )
@@ -161,7 +161,7 @@ def test_events_are_posted_on_becoming_ready_and_on_degrading():
 
 def test_an_invalid_spec_keeps_other_conditions():
     previous = [{"type": "Scheduled", "status": "True", "lastTransitionTime": "T0"}]
-    got = invalid_spec_conditions("spec.resources: set one", previous, "T1")
+    got = refused_conditions("InvalidSpec", "spec.resources: set one", previous, "T1")
     assert by_type(got[1:]) == {"Ready": ("False", "InvalidSpec"),
                                 "Degraded": ("True", "InvalidSpec")}  # fmt: skip
     assert got[0]["type"] == "Scheduled"

@@ -1,6 +1,8 @@
-"""The handlers' edge: a spec they cannot serve becomes the InvalidSpec condition, and the
-operator's storage settings reach the rendered pods. The Kubernetes client and kopf's event
-poster are the neighbours stubbed out; parsing, rendering and the conditions are real."""
+"""The handlers' edge: a spec they cannot serve becomes the InvalidSpec condition, children's
+names taken by objects the service does not control become the OwnershipConflict condition
+with nothing written, old ConfigMaps go once nothing uses them, and the operator's storage
+settings reach the rendered pods. The Kubernetes client and kopf's event poster are the
+neighbours stubbed out; parsing, rendering, ownership and the conditions are real."""
 
 from __future__ import annotations
 
@@ -9,39 +11,69 @@ from typing import Any
 import kopf
 import pytest
 
-from inference_operator import handlers
+from inference_operator import handlers, render
 from inference_operator.config import OperatorConfig
 
 MODEL = {"name": "m", "storageUri": "pkg://m"}
 
 
 class RecordingKube:
-    """Kube's calls the handlers make here, answered like the API server would."""
+    """Kube's calls the handlers make here, answered like the API server would from the
+    objects in `objects` (by kind and name)."""
 
     def __init__(self) -> None:
         self.status: list[dict[str, Any]] = []
-        self.applied: list[dict[str, Any]] = []
+        self.applied: list[tuple[dict[str, Any], str]] = []
+        self.deleted: list[tuple[str, str, str]] = []
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.owner: dict[str, Any] | None = None
+        self.replicaset_list: list[dict[str, Any]] = []
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.status.append(status)
 
-    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        self.applied.append(manifest)
+    def read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.objects.get((kind, name))
+
+    def apply(self, manifest: dict[str, Any], resource_version: str = "") -> dict[str, Any]:
+        self.applied.append((manifest, resource_version))
         return {**manifest, "metadata": {**manifest["metadata"], "generation": 1}}
 
-    def delete_deployment(self, namespace: str, name: str) -> bool:
-        return False
+    def delete(self, kind: str, namespace: str, name: str, uid: str) -> bool:
+        self.deleted.append((kind, name, uid))
+        return True
+
+    def service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.owner
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [o for (k, _), o in self.objects.items() if k == kind]
+
+    def configmaps(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        return self.of_kind("ConfigMap")
+
+    def deployments(self, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+        return {d["metadata"]["name"]: d for d in self.of_kind("Deployment")}
+
+    def replicasets(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        return self.replicaset_list
+
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return []
 
 
 @pytest.fixture
 def events(monkeypatch) -> list[dict[str, Any]]:
     posted: list[dict[str, Any]] = []
     monkeypatch.setattr(kopf, "warn", lambda body, **kw: posted.append(kw))
+    monkeypatch.setattr(kopf, "info", lambda body, **kw: posted.append(kw))
     return posted
 
 
 def memo(**config: Any) -> kopf.Memo:
-    return kopf.Memo(config=OperatorConfig(**config), kube=RecordingKube(), applied={})
+    return kopf.Memo(
+        config=OperatorConfig(**config), kube=RecordingKube(), applied={}, refused=set()
+    )
 
 
 def service(**spec: Any) -> dict[str, Any]:
@@ -108,8 +140,96 @@ def test_the_operators_storage_settings_reach_the_rendered_pods(events):
     m = memo(hf_cache_claim="hf-cache")
     body = service(model={"name": "m", "storageUri": "hf://org/model"})
     handlers.apply_children(m, body, handlers._spec_or_report(m, body))
-    (deployment,) = [c for c in m.kube.applied if c["kind"] == "Deployment"]
+    (deployment,) = [c for c, _ in m.kube.applied if c["kind"] == "Deployment"]
     volumes = deployment["spec"]["template"]["spec"]["volumes"]
     claim = {"claimName": "hf-cache", "readOnly": True}
     assert {"name": "hf-home", "persistentVolumeClaim": claim} in volumes
     assert not events
+
+
+def found(name: str, owner_uid: str | None, owner_name: str = "chat", **meta: Any) -> dict:
+    """An object as the API returns it, controlled by `owner_uid` (None: by no one)."""
+    refs = [{"kind": "InferenceService", "name": owner_name, "uid": owner_uid,
+             "controller": True}] if owner_uid else []  # fmt: skip
+    return {"metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "7",
+                         "ownerReferences": refs, **meta}}  # fmt: skip
+
+
+def conflict(m: kopf.Memo, body: dict[str, Any]) -> dict[str, str]:
+    """The Ready condition written for a service whose children's names are taken."""
+    with pytest.raises(kopf.PermanentError):
+        handlers._apply_or_report(m, body, handlers._parse(m, body))
+    (patch,) = m.kube.status
+    return {c["type"]: c for c in patch["conditions"]}["Ready"]
+
+
+def test_a_service_named_after_an_unowned_service_is_refused_and_nothing_is_written(events):
+    m = memo()
+    body = service()
+    m.kube.objects[("Service", "chat")] = found("chat", None)
+    ready = conflict(m, body)
+    assert (ready["status"], ready["reason"]) == ("False", "OwnershipConflict")
+    assert ready["message"].startswith("Service/chat exists and no controller owns it")
+    assert m.kube.applied == [] and m.kube.deleted == []
+    assert events == [{"reason": "OwnershipConflict", "message": ready["message"]}]
+    assert ("ns", "chat") in m.refused
+
+
+def test_a_canary_colliding_with_another_services_deployment_is_one_conflict(events):
+    """`a` with a canary beside a service `a-canary`: the later one is refused, naming the
+    Deployment and whose it is; a permanent error, not a retry loop."""
+    m = memo()
+    body = service(canary={"storageUri": "pvc://c", "trafficPercent": 10})
+    m.kube.objects[("Deployment", "chat")] = found("chat", "u-1")
+    m.kube.objects[("Deployment", "chat-canary")] = found("chat-canary", "u-2", "chat-canary")
+    ready = conflict(m, body)
+    assert ready["message"].startswith(
+        "Deployment/chat-canary exists and belongs to InferenceService/chat-canary"
+    )
+    assert m.kube.applied == []
+    assert len(events) == 1
+
+
+def test_the_services_own_children_are_applied_on_the_version_read(events):
+    m = memo()
+    body = service()
+    m.kube.objects[("Deployment", "chat")] = found("chat", "u-1")
+    handlers._apply_or_report(m, body, handlers._parse(m, body))
+    versions = {c["kind"]: v for c, v in m.kube.applied}
+    assert versions == {"ConfigMap": "", "Deployment": "7", "Service": "",
+                        "PodDisruptionBudget": ""}  # fmt: skip
+    assert not m.refused and not events
+
+
+def test_a_refused_service_keeps_its_conflict_in_status_until_a_reconcile_succeeds(events):
+    m = memo()
+    m.refused.add(("ns", "chat"))
+    m.kube.owner = service()
+    handlers._write_status(m, "ns", "chat")
+    assert m.kube.status == []
+
+
+def test_only_the_services_own_stale_canary_is_deleted_and_only_the_one_read(events):
+    m = memo()
+    body = service()
+    m.kube.objects[("Deployment", "chat-canary")] = found("chat-canary", None)  # someone's
+    handlers.apply_children(m, body, handlers._parse(m, body))
+    assert m.kube.deleted == []
+    m.kube.objects[("Deployment", "chat-canary")] = found("chat-canary", "u-1")
+    handlers.apply_children(m, body, handlers._parse(m, body))
+    assert m.kube.deleted == [("Deployment", "chat-canary", "uid-chat-canary")]
+    assert events == [{"reason": "Deleted", "message": "Deployment chat-canary: no canary in spec"}]
+
+
+def test_old_configmaps_go_once_nothing_uses_them(events):
+    m = memo()
+    body = service()
+    m.kube.owner = body
+    current = render.configmap_name(handlers._parse(m, body), "chat", "stable")
+    for name, owner in ((current, "u-1"), ("chat-stable-old", "u-1"),
+                        ("chat-stable-rolling", "u-1"), ("theirs", "u-2")):  # fmt: skip
+        m.kube.objects[("ConfigMap", name)] = found(name, owner)
+    template = {"spec": {"volumes": [{"name": "c", "configMap": {"name": "chat-stable-rolling"}}]}}
+    m.kube.replicaset_list = [{"spec": {"replicas": 1, "template": template}}]
+    handlers.collect_configmaps(m, "ns", "chat")
+    assert m.kube.deleted == [("ConfigMap", "chat-stable-old", "uid-chat-stable-old")]

