@@ -131,7 +131,7 @@ def test_an_allowed_priority_class_reaches_the_rendered_pods(events):
     m = memo(allowed_priority_classes=("batch",))
     body = service(scheduling={"priorityClassName": "batch"})
     handlers.apply_children(m, body, handlers._spec_or_report(m, body))
-    (deployment,) = [c for c in m.kube.applied if c["kind"] == "Deployment"]
+    (deployment,) = [c for c, _ in m.kube.applied if c["kind"] == "Deployment"]
     assert deployment["spec"]["template"]["spec"]["priorityClassName"] == "batch"
     assert not events
 
