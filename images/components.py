@@ -156,6 +156,7 @@ def images(pyproject: dict) -> dict[str, Image]:
                 ("HOME", "/home/infergrid"),
                 ("HF_HOME", "/tmp/hf"),
                 ("TRITON_CACHE_DIR", "/tmp/triton"),
+                ("CUDA_CACHE_PATH", "/tmp/cuda"),  # the driver's JIT cache, else under HOME
                 ("INFERGRID_CACHE_DIR", "/tmp/infergrid"),  # models converted from GGUF
                 ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
             ),
