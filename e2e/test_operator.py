@@ -456,7 +456,12 @@ def test_the_autoscaler_follows_engine_metrics(cluster, namespace, start_operato
         return read_service(cluster.api, namespace, "auto")["spec"]["replicas"]
 
     wait_until(lambda: replicas() == 4, 60, "a scale-up to 4 at once")
-    assert deployment_replicas(cluster.api, namespace, "auto") == {"auto": 4}
+    # The Deployment follows the service's replicas on the reconcile after the scale.
+    wait_until(
+        lambda: deployment_replicas(cluster.api, namespace, "auto") == {"auto": 4},
+        30,
+        "the Deployment scaled up",
+    )
     assert "1 -> 4 replicas: queueDepth at 4.00x target" in events(
         cluster.api, namespace, "auto", "Scaled"
     )
