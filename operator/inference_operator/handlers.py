@@ -156,9 +156,7 @@ def apply_children(memo: kopf.Memo, owner: dict[str, Any], service: ServiceSpec)
         raise OwnershipConflict(conflict_message(taken))
     generations = {}
     for child in children:
-        found = existing[_key(child)]
-        version = found["metadata"]["resourceVersion"] if found else ""
-        applied = memo.kube.apply(child, version)
+        applied = memo.kube.apply(child)
         if child["kind"] == "Deployment":
             generations[child["metadata"]["name"]] = applied["metadata"]["generation"]
             memo.applied[(namespace, child["metadata"]["name"])] = applied["metadata"]["generation"]

@@ -4,9 +4,9 @@ Children are written with server-side apply under one field manager: apply
 creates what is missing and converges what drifted in the same call, and a
 child's name is fixed by its parent's, so repeating an apply after a crash
 can never make a second one. Whether an object is the service's to write is
-decided in ownership.py, on what `read` returns; the write then carries the
-resourceVersion read (apply) or the UID read (delete) as a precondition, so
-an object replaced in between is never the one written.
+decided in ownership.py, on what `read` returns. A delete carries the UID read
+as a precondition, so an object replaced in between is never the one deleted;
+an apply carries none (see `apply`), which leaves a window of one round trip.
 """
 
 from __future__ import annotations
@@ -40,16 +40,13 @@ class Kube:
         response = _absent_is_none(lambda: read(name, namespace, _preload_content=False))
         return None if response is None else json.loads(response.data)
 
-    def apply(self, manifest: dict[str, Any], resource_version: str = "") -> dict[str, Any]:
-        """Server-side apply of one child, taking over fields anyone else changed.
-
-        With `resource_version` (of the object read and found to be the service's own),
-        the apply fails with 409 if the object changed since.
-        """
+    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply of one child, taking over fields anyone else changed. The
+        caller has read the object and found it the service's own (or absent): no
+        resourceVersion precondition, since the Deployment controller's status writes would
+        make one fail on almost every apply."""
         patch = self._patchers()[manifest["kind"]]
         meta = manifest["metadata"]
-        if resource_version:
-            manifest = {**manifest, "metadata": {**meta, "resourceVersion": resource_version}}
         response = patch(
             meta["name"], meta["namespace"], manifest,
             field_manager=FIELD_MANAGER, force=True, _content_type=APPLY, _preload_content=False,

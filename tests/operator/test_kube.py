@@ -3,8 +3,6 @@ between the read and the write is never the one written."""
 
 from __future__ import annotations
 
-import json
-from types import SimpleNamespace
 from unittest.mock import MagicMock
 
 from kubernetes.client.rest import ApiException
@@ -16,18 +14,6 @@ def kube() -> Kube:
     k = Kube.__new__(Kube)
     k.apps, k.core, k.policy, k.custom = MagicMock(), MagicMock(), MagicMock(), MagicMock()
     return k
-
-
-def test_an_apply_on_an_object_read_carries_its_resource_version():
-    k = kube()
-    k.core.patch_namespaced_service.return_value = SimpleNamespace(data=json.dumps({"ok": 1}))
-    manifest = {"kind": "Service", "metadata": {"name": "chat", "namespace": "ns"}}
-    k.apply(manifest, "41")
-    sent = k.core.patch_namespaced_service.call_args.args[2]
-    assert sent["metadata"]["resourceVersion"] == "41"
-    assert "resourceVersion" not in manifest["metadata"]  # the rendered child is untouched
-    k.apply(manifest)
-    assert "resourceVersion" not in k.core.patch_namespaced_service.call_args.args[2]["metadata"]
 
 
 def test_a_delete_names_the_uid_read_and_a_replaced_object_is_not_deleted():
