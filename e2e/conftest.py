@@ -20,6 +20,7 @@ from kubernetes import client, config
 from e2e.cluster.local_cluster import LocalCluster
 from e2e.cluster.processes import wait_until
 from e2e.crds import install_crds
+from e2e.helm_release import cpu_node, helm_ready, namespaces, release  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.e2e
 

@@ -1,0 +1,259 @@
+"""A release of the chart on the local cluster, and the tokens its components hold.
+
+Shared by the chart's tests (test_helm.py) and the attacks on the trust model
+(test_trust.py): each module installs its own release, whose admission policies
+cover only namespaces labelled infergrid.io/helm-e2e=<release name>, so the local
+extender of the other e2e tests, run as the cluster admin, keeps binding.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from e2e.cluster import binaries
+from e2e.cluster.fake_nodes import KWOK_TAINT
+from e2e.cluster.node_configs import REAL_NODE_LABEL
+from e2e.cluster.processes import wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "deploy" / "helm" / "infergrid"
+VALUES = ROOT / "deploy" / "helm" / "values"
+KWOK_VALUES = VALUES / "kwok-e2e.yaml"
+HELM = binaries.paths()["helm"]
+E2E_LABEL = "infergrid.io/helm-e2e"
+SCOPE_KEY = E2E_LABEL.replace(".", "\\.")  # --set splits keys at unescaped dots
+CPU_NODE = "helm-e2e-cpu"
+INSTANCE = "app.kubernetes.io/instance"
+
+
+# --- commands -------------------------------------------------------------------------
+
+
+def run(
+    argv: list[str], stdin: str | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        argv, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def helm(cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return run([str(HELM), "--kubeconfig", str(cluster.kubeconfig), *args], stdin)
+
+
+def kubectl(cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    binary = binaries.paths()["kubectl"]
+    return run([str(binary), "--kubeconfig", str(cluster.kubeconfig), *args], stdin)
+
+
+def ok(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 0, f"{' '.join(done.args[:4])}...: {done.stderr}{done.stdout}"
+    return done.stdout
+
+
+# --- fixtures -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def helm_ready(cluster) -> None:
+    if not HELM.exists():
+        pytest.skip(f"helm is not built ({HELM}); run `make cluster-build`")
+    if not binaries.paths()["kubectl"].exists():
+        pytest.skip("kubectl is not built; run `make cluster-build`")
+
+
+@pytest.fixture(scope="module")
+def namespaces(cluster) -> Iterator[Callable[..., str]]:
+    """Makes namespaces (named, or fresh) for the module; deletes the ones it made."""
+    core = client.CoreV1Api(cluster.api)
+    made: list[str] = []
+
+    def make(name: str | None = None, labels: dict | None = None) -> str:
+        name = name or f"helm-{uuid.uuid4().hex[:6]}"
+        try:
+            core.create_namespace({"metadata": {"name": name, "labels": labels or {}}})
+            made.append(name)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+        wait_until(
+            lambda: core.read_namespaced_service_account("default", name), 60, f"{name} ready"
+        )
+        return name
+
+    yield make
+    for name in made:
+        try:
+            core.delete_namespace(name)
+        except ApiException:
+            pass
+
+
+@pytest.fixture(scope="module")
+def cpu_node(cluster) -> Iterator[str]:
+    """A KWOK node without GPUs for the operator and the scheduler (the fleet has none)."""
+    if not cluster.local:
+        pytest.skip("installs on KWOK nodes of the local cluster (the images are not built)")
+    core = client.CoreV1Api(cluster.api)
+    capacity = {"cpu": "16", "memory": "64Gi", "pods": "110"}
+    labels = {
+        "kubernetes.io/hostname": CPU_NODE,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "infergrid.io/e2e-node": "cpu",
+    }
+    body = {
+        "metadata": {"name": CPU_NODE, "labels": labels,
+                     "annotations": {"kwok.x-k8s.io/node": "fake"}},
+        "spec": {"taints": [KWOK_TAINT]},
+        "status": {"capacity": capacity, "allocatable": capacity},
+    }  # fmt: skip
+    try:
+        core.create_node(body)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+
+    def schedulable() -> bool:
+        node = core.read_node(CPU_NODE)
+        ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+        return ready and [t.key for t in node.spec.taints or []] == [KWOK_TAINT["key"]]
+
+    wait_until(schedulable, 90, f"KWOK to make {CPU_NODE} Ready")
+    yield CPU_NODE
+    core.delete_node(CPU_NODE)
+
+
+def gpu_nodes(cluster) -> set[str]:
+    """The KWOK GPU nodes, where the e2e values put the device plugin."""
+    selector = f"infergrid.io/gpu.count,!{REAL_NODE_LABEL}"
+    nodes = client.CoreV1Api(cluster.api).list_node(label_selector=selector)
+    return {n.metadata.name for n in nodes.items}
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str  # the release's
+    served: str  # the one namespace its operator serves
+    manifest: str
+
+    @property
+    def fullname(self) -> str:
+        return f"{self.name}-infergrid"
+
+    def sa(self, component: str) -> str:
+        return f"{self.fullname}-{component}"
+
+    def user(self, component: str) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.sa(component)}"
+
+
+def install(cluster, namespaces, *extra: str) -> Release:
+    """A release of the chart with the e2e values; its policies cover only its own namespaces.
+
+    Two releases' policies would each allow only their own extender, so each
+    release scopes its policies to namespaces labelled with its name.
+    """
+    name = f"ig{uuid.uuid4().hex[:5]}"
+    label = {E2E_LABEL: name}
+    ns, served = namespaces(labels=label), namespaces(labels=label)
+    done = helm(
+        cluster, "install", name, str(CHART), "--namespace", ns, "-f", str(KWOK_VALUES),
+        "--set", f"operator.watchNamespaces={{{served}}}",
+        "--set", f"admissionPolicy.namespaceSelector.matchLabels.{SCOPE_KEY}={name}",
+        *extra, "--wait", "--timeout", "180s",
+    )  # fmt: skip
+    if done.returncode != 0:
+        helm(cluster, "uninstall", name, "--namespace", ns, "--wait")
+        pytest.fail(f"helm install: {done.stderr}")
+    manifest = ok(helm(cluster, "get", "manifest", name, "--namespace", ns))
+    return Release(name, ns, served, manifest)
+
+
+@pytest.fixture(scope="module")
+def release(cluster, helm_ready, cpu_node, namespaces, infsvc_crd) -> Iterator[Release]:
+    """One release for the RBAC, admission and component tests; uninstalled at the end."""
+    rel = install(cluster, namespaces)
+    yield rel
+    helm(cluster, "uninstall", rel.name, "--namespace", rel.namespace, "--wait")
+
+
+# --- tokens ---------------------------------------------------------------------------
+
+
+def token(cluster, namespace: str, sa: str, pod: client.V1Pod | None = None) -> str:
+    """A TokenRequest token, bound to `pod` as the kubelet's projected token is."""
+    spec: dict = {"audiences": [], "expirationSeconds": 3600}
+    if pod is not None:
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod",
+                                  "name": pod.metadata.name, "uid": pod.metadata.uid}  # fmt: skip
+    request = client.CoreV1Api(cluster.api).create_namespaced_service_account_token(
+        sa, namespace, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                        "spec": spec}
+    )  # fmt: skip
+    return request.status.token
+
+
+def as_token(cluster, bearer: str) -> client.ApiClient:
+    admin = cluster.api.configuration
+    cfg = client.Configuration()
+    cfg.host, cfg.ssl_ca_cert = admin.host, admin.ssl_ca_cert
+    cfg.api_key = {"authorization": f"Bearer {bearer}"}
+    return client.ApiClient(cfg)
+
+
+def token_kubeconfig(cluster, bearer: str, path: Path) -> Path:
+    admin = cluster.api.configuration
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {
+                            "server": admin.host,
+                            "certificate-authority": admin.ssl_ca_cert,
+                        },
+                    }
+                ],
+                "users": [{"name": "sa", "user": {"token": bearer}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "sa"}}],
+                "current-context": "c",
+            }  # fmt: skip
+        )
+    )
+    return path
+
+
+def component_pods(cluster, rel: Release, component: str) -> list[client.V1Pod]:
+    selector = f"{INSTANCE}={rel.name},app.kubernetes.io/component={component}"
+    return (
+        client.CoreV1Api(cluster.api)
+        .list_namespaced_pod(rel.namespace, label_selector=selector)
+        .items
+    )
+
+
+def device_plugin_pod(cluster, rel: Release, node: str) -> client.V1Pod:
+    (pod,) = [p for p in component_pods(cluster, rel, "device-plugin") if p.spec.node_name == node]
+    return pod
+
+
+def forbidden(call: Callable[[], object]) -> str:
+    with pytest.raises(ApiException) as err:
+        call()
+    assert err.value.status == 403, err.value.body
+    return json.loads(err.value.body)["message"]
