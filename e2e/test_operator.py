@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from e2e.cluster import model_store
@@ -354,6 +355,12 @@ def test_a_config_change_makes_a_new_immutable_configmap_and_the_old_goes_after_
     (old,) = configmaps()
     assert old == mounted() and configmaps()[old].immutable is True
     before = configmaps()[old].data
+    # Nobody rewrites a config under running pods, not even the cluster admin.
+    with pytest.raises(ApiException) as refused:
+        client.CoreV1Api(cluster.api).patch_namespaced_config_map(
+            old, namespace, {"data": {"engine.yaml": "model: {}"}}
+        )
+    assert refused.value.status == 422 and "immutable" in refused.value.body
     custom = client.CustomObjectsApi(cluster.api)
     custom.patch_namespaced_custom_object(
         CRD_GROUP,

@@ -4,6 +4,11 @@ apply` of the sample, `kubectl port-forward` to its Service and the `openai` cli
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 
 import openai
@@ -138,6 +143,39 @@ def test_the_engine_pod_runs_restricted_without_a_service_account_token(cluster,
     assert status["NoNewPrivs"] == "1"
     assert int(status["CapEff"], 16) == 0
     assert status["Seccomp"] == "2"  # filter mode: the runtime's default profile
+
+
+def post(url: str, body: bytes) -> tuple[int, dict, float]:
+    """Status, JSON answer and seconds taken of one POST."""
+    started = time.perf_counter()
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    return status, json.loads(raw), time.perf_counter() - started
+
+
+def test_a_prompt_of_megabytes_is_refused_at_once_and_liveness_stays_fast(
+    cluster, served, record_property
+):
+    """Issue 18, point 8, through the Service: a prompt just under the 4 MiB body limit is
+    refused by its length (400, never tokenized), a 4 MiB one by the body limit (413), and
+    /healthz answers meanwhile. The seconds are recorded, not asserted."""
+    wait_serving(client.CoreV1Api(cluster.api), served, 1)
+    limit = 4 << 20
+    with port_forward(cluster.kubeconfig, served, f"svc/{NAME}", 80) as url:
+        for size, status, param in ((limit - (64 << 10), 400, "prompt"), (limit, 413, "body")):
+            body = json.dumps({"model": NAME, "prompt": "a" * size, "max_tokens": 1}).encode()
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                refused = pool.submit(post, f"{url}/v1/completions", body)
+                with urllib.request.urlopen(f"{url}/healthz", timeout=30) as health:
+                    assert health.status == 200
+                got, doc, seconds = refused.result(timeout=120)
+            assert got == status, doc
+            assert doc["error"]["param"] == param, doc
+            record_property(f"refused_{size}_bytes_seconds", round(seconds, 3))
 
 
 def test_deleting_the_service_removes_everything(cluster, served):
