@@ -1,4 +1,5 @@
-"""The device plugin in fake mode, for a KWOK node, against a real API server."""
+"""The device plugin in fake mode, for a KWOK node (or a bare node of its own), against a real
+API server."""
 
 from __future__ import annotations
 
@@ -8,15 +9,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from device_plugin.fake_kubelet import FakeKubelet
-from device_plugin.kubelet import api_pb2
+from device_plugin.kubelet import HEALTHY, api_pb2
+from device_plugin.xid import XidKind, classify_xid, describe_xid
 from e2e.cluster.local_cluster import DEFAULT_FLEET
 from e2e.cluster.processes import wait_until
 from infergrid import constants
@@ -193,3 +199,158 @@ def test_sigterm_stops_the_plugin_and_removes_its_sockets(plugin):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
     assert not any(s.exists() for s in sockets)
+
+
+RESET_XID = 48  # double-bit ECC: the GPU computes wrong until it is reset
+PASSING_XID = 32  # invalid push buffer stream: neither the application's fault nor a reset's
+QUIET_S = 3  # the plugin's healthQuietPeriodSeconds
+XIDS_AFTER_S = 10  # after the plugin starts: it has registered and published by then
+E2E_ONLY_TAINT = {"key": "infergrid.io/e2e-only", "value": "xid", "effect": "NoSchedule"}
+
+
+@pytest.fixture()
+def faulty_plugin(cluster, tmp_path):
+    """A plugin whose fake NVML reports RESET_XID on GPU 0 and PASSING_XID on GPU 1.
+
+    It publishes onto a bare node of its own (no kubelet, no KWOK, tainted), so the
+    shared fleet nodes never see its faults; the node is deleted afterwards.
+    """
+    if not cluster.local:
+        pytest.skip("runs the plugin for a node it creates on the local cluster")
+    core = client.CoreV1Api(cluster.api)
+    node = f"xid-{uuid.uuid4().hex[:8]}"
+    fleet = tmp_path / "fleet.yaml"
+    xids = [{"gpu": 0, "xid": RESET_XID, "afterSeconds": XIDS_AFTER_S},
+            {"gpu": 1, "xid": PASSING_XID, "afterSeconds": XIDS_AFTER_S}]  # fmt: skip
+    gpus = {"model": "NVIDIA L4", "count": 2, "memoryMiB": 23034, "smCount": 58,
+            "computeCapability": "8.9"}  # fmt: skip
+    fleet.write_text(yaml.safe_dump({"version": "v1", "nodes": [
+        {"name": node, "gpus": gpus, "xidEvents": xids}]}))  # fmt: skip
+    core.create_node({"metadata": {"name": node}, "spec": {"taints": [E2E_ONLY_TAINT]}})
+    plugin_dir = Path(tempfile.mkdtemp(prefix="dp-xid-", dir="/tmp"))  # short socket paths
+    kubelet = FakeKubelet(plugin_dir)
+    kubelet.start()
+    log = tmp_path / "plugin.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "device_plugin.main",
+                "--fake-fleet", str(fleet), "--node", node, "--plugin-dir", str(plugin_dir),
+                "--metrics-port", "0", "--usage-interval", "0.5",
+                "--health-quiet-period", str(QUIET_S),
+            ],
+            stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+        )  # fmt: skip
+    try:
+        assert kubelet.wait_registered({constants.RESOURCE_GPU}, timeout=30), log.read_text()
+        yield kubelet, load_fleet(fleet).nodes[0], log
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+        kubelet.stop()
+        shutil.rmtree(plugin_dir, ignore_errors=True)
+        core.delete_node(node)
+
+
+class HealthHistory:
+    """Each GPU's health (uuid -> healthy) as one source showed it: every change, in order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: list[dict[str, bool]] = []
+
+    def record(self, health: dict[str, bool]) -> None:
+        with self._lock:
+            if not self._seen or self._seen[-1] != health:
+                self._seen.append(health)
+
+    def of(self, gpu_uuid: str) -> list[bool]:
+        """The GPU's health at each change of it: [True, False, True] is a fault that passed."""
+        with self._lock:
+            values = [seen[gpu_uuid] for seen in self._seen if gpu_uuid in seen]
+        return [v for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
+
+
+def follow_list_and_watch(stub, history: HealthHistory, done: threading.Event):
+    """Records every device list the plugin streams, as the kubelet receives them; returns the
+    stream, to cancel at the end."""
+    stream = stub.ListAndWatch(api_pb2.Empty())
+
+    def read() -> None:
+        try:
+            for response in stream:
+                history.record({d.ID: d.health == HEALTHY for d in response.devices})
+        except grpc.RpcError:
+            if not done.is_set():
+                raise
+
+    threading.Thread(target=read, name="list-and-watch", daemon=True).start()
+    return stream
+
+
+def poll_published(core, node: str, history: HealthHistory, done: threading.Event) -> None:
+    """Records the health in the node's inventory annotation every 0.1 s, in a thread."""
+
+    def poll() -> None:
+        while not done.wait(0.1):
+            try:
+                text = (core.read_node(node).metadata.annotations or {}).get(
+                    constants.ANNOTATION_GPU_INVENTORY
+                )
+            except ApiException:
+                continue
+            if text:
+                history.record({g.uuid: g.healthy for g in decode_inventory(text).gpus})
+
+    threading.Thread(target=poll, name="published-health", daemon=True).start()
+
+
+def published_heartbeat(core, node: str) -> datetime:
+    text = core.read_node(node).metadata.annotations[constants.ANNOTATION_GPU_USAGE]
+    return decode_usage(text).heartbeat
+
+
+def test_a_passing_xid_recovers_and_one_that_needs_a_reset_stays_unhealthy(cluster, faulty_plugin):
+    assert classify_xid(RESET_XID) is XidKind.NEEDS_RESET
+    assert classify_xid(PASSING_XID) is XidKind.TRANSIENT
+    kubelet, fleet_node, log = faulty_plugin
+    gpu0, gpu1 = (gpu.uuid for gpu in fleet_node.inventory.gpus)
+    core = client.CoreV1Api(cluster.api)
+    streamed, published, done = HealthHistory(), HealthHistory(), threading.Event()
+    stream = follow_list_and_watch(kubelet.plugin(constants.RESOURCE_GPU), streamed, done)
+    poll_published(core, fleet_node.name, published, done)
+    try:
+        wait_until(lambda: published.of(gpu0) and published.of(gpu1), 30, "a first inventory")
+        assert (published.of(gpu0), published.of(gpu1)) == ([True], [True]), (
+            f"the XIDs came before the test watched; see {log}"
+        )
+
+        def gpu1_recovered() -> bool:
+            return streamed.of(gpu1) == published.of(gpu1) == [True, False, True]
+
+        wait_until(gpu1_recovered, XIDS_AFTER_S + QUIET_S + 30, "GPU 1 unhealthy, then healthy")
+        recovered = datetime.now(UTC)
+        later = recovered + timedelta(seconds=QUIET_S + 1)
+        wait_until(
+            lambda: published_heartbeat(core, fleet_node.name) > later,
+            30,
+            "a heartbeat a quiet period after GPU 1 recovered",
+        )
+        assert streamed.of(gpu0) == published.of(gpu0) == [True, False]
+        inventory = core.read_node(fleet_node.name).metadata.annotations[
+            constants.ANNOTATION_GPU_INVENTORY
+        ]
+        assert [g.healthy for g in decode_inventory(inventory).gpus] == [False, True]
+    finally:
+        done.set()
+        stream.cancel()
+    lines = log.read_text().splitlines()
+    assert any(
+        f"GPU {gpu0} is unhealthy until it is reset" in line
+        and f"{describe_xid(RESET_XID)}: needs a GPU reset" in line
+        for line in lines
+    ), f"no reset reason for GPU 0 in {log}"
+    assert any(f"GPU {gpu1} is unhealthy: {describe_xid(PASSING_XID)}" in line for line in lines)
+    assert any(f"GPU {gpu1} is healthy again" in line for line in lines)

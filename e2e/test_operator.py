@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -36,6 +38,7 @@ from e2e.operator_support import (
     read_service,
     turned_ready,
 )
+from inference_operator.metrics_scrape import OVER_CAP
 from inference_operator.render import configmap_name, track_replicas
 from inference_operator.spec import parse_spec
 from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION, METRIC_ENGINE_QUEUE_DEPTH
@@ -418,21 +421,36 @@ def test_an_unschedulable_share_is_reported_with_the_schedulers_reason(
     assert condition(cluster.api, namespace, "huge", "Ready")["status"] == "False"
 
 
+HUGE_METRICS_BYTES = 64 << 20
+_PADDING = b"# padding\n" * 6554  # 64 KiB of comments, valid exposition text
+
+
 class StandInMetrics:
-    """A /metrics endpoint on 127.0.0.1 that serves every pod the same queue depth."""
+    """A /metrics endpoint on 127.0.0.1 that serves every pod the same queue depth.
+
+    A pod named in `oversized` gets HUGE_METRICS_BYTES instead, streamed 64 KiB at a time
+    (never held whole), opening with a queue depth of 1000 that would show if it were read.
+    Once its first chunk is out, `while_streaming` runs (the operator is mid-read then); how
+    far each such body got before the reader hung up is in `huge_sent`.
+    """
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.queue = Gauge(METRIC_ENGINE_QUEUE_DEPTH, "waiting requests", registry=self.registry)
-        registry = self.registry
+        self.oversized: set[str] = set()
+        self.while_streaming: Callable[[], None] = lambda: None
+        self.huge_sent: list[int] = []
+        stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - the http.server API
-                text = generate_latest(registry)
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.end_headers()
-                self.wfile.write(text)
+                if self.path.strip("/") in stand_in.oversized:
+                    stand_in.huge_sent.append(stand_in.stream_huge(self.wfile))
+                else:
+                    self.wfile.write(generate_latest(stand_in.registry))
 
             def log_message(self, *_args) -> None:
                 pass
@@ -440,6 +458,21 @@ class StandInMetrics:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stream_huge(self, out) -> int:
+        """Writes the huge body until done or the reader hangs up; the bytes written."""
+        sent = 0
+        try:
+            head = f"# TYPE {METRIC_ENGINE_QUEUE_DEPTH} gauge\n{METRIC_ENGINE_QUEUE_DEPTH} 1000\n"
+            out.write(head.encode())
+            sent = len(head)
+            self.while_streaming()
+            while sent < HUGE_METRICS_BYTES:
+                out.write(_PADDING)
+                sent += len(_PADDING)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        return sent
 
     def close(self) -> None:
         self.server.shutdown()
@@ -489,3 +522,64 @@ def test_the_autoscaler_follows_engine_metrics(cluster, namespace, start_operato
         30,
         "the Deployment scaled down",
     )
+
+
+def liveness(url: str) -> int | str:
+    """The probe's HTTP status, or why it got none."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status
+    except OSError as err:
+        return str(err)
+
+
+def test_an_oversized_metrics_body_is_ignored_and_the_operator_stays_live(
+    cluster, namespace, start_operator, metrics
+):
+    """A tenant's engine image may answer /metrics with anything: 64 MiB here. The operator
+    reads 1 MiB of it, answers its liveness probe meanwhile, tells the service's owner, and
+    scales from the other pods."""
+    template = f"http://127.0.0.1:{metrics.port}/{{pod_name}}"
+    operator = start_operator("--metrics-url-template", template, "--scrape-timeout", "10")
+    autoscaling = {"enabled": True, "minReplicas": 2, "maxReplicas": 4, "targetQueueDepth": 8,
+                   "intervalSeconds": 1}  # fmt: skip
+    create_service(cluster.api, namespace, manifest("auto", replicas=2, autoscaling=autoscaling))
+    core = client.CoreV1Api(cluster.api)
+
+    def running_pods() -> list[str]:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"{SELECTOR}auto").items
+        return sorted(
+            p.metadata.name
+            for p in pods
+            if p.status.phase == "Running" and p.status.pod_ip and not p.metadata.deletion_timestamp
+        )
+
+    wait_until(lambda: len(running_pods()) == 2, 60, "two engine pods running")
+    huge = running_pods()[0]
+    probes: list[int | str] = []
+    metrics.while_streaming = lambda: probes.append(liveness(operator.ready_url))
+    metrics.oversized.add(huge)
+    metrics.queue.set(32)  # 4x the target of 8, on the other pod alone
+
+    def replicas() -> int:
+        return read_service(cluster.api, namespace, "auto")["spec"]["replicas"]
+
+    wait_until(lambda: replicas() == 4, 60, "a scale-up to 4 from the other pod's metrics")
+    ignored = f"pod {huge}: {OVER_CAP}; the autoscaler ignores its metrics"
+    wait_until(
+        lambda: ignored in events(cluster.api, namespace, "auto", "MetricsIgnored"),
+        30,
+        "a MetricsIgnored event naming the pod and the cap",
+    )
+    wait_until(
+        lambda: (
+            read_service(cluster.api, namespace, "auto")["status"]["metrics"]["queueDepth"] == 32
+        ),
+        30,
+        "status.metrics from the other pods only (the huge body says 1000)",
+    )
+    assert probes, "no scrape of the huge body got past its first chunk"
+    assert set(probes) == {200}  # live while the operator was mid-read
+    assert metrics.huge_sent and max(metrics.huge_sent) < HUGE_METRICS_BYTES // 2
+    assert f"pod {huge}: {OVER_CAP}" in operator.log.read_text()
+    assert events(cluster.api, namespace, "auto", "MetricsIgnored").count(ignored) == 1

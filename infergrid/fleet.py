@@ -3,9 +3,11 @@
 One file feeds both the local cluster's KWOK nodes and the device plugin's fake
 NVML, so both see the same GPUs. Everything not written in the file is derived
 deterministically (UUIDs, links, NUMA nodes), and a typo in a key is an error,
-never silently ignored.
+never silently ignored. A node's ``xidEvents`` schedule GPU faults that its
+fake NVML reports, so the device plugin's health handling runs end to end.
 """
 
+import math
 import re
 import uuid
 from dataclasses import dataclass
@@ -46,7 +48,9 @@ _NODE_KEYS: Final = (
     "mig",
     "unhealthy",
     "kubelet",
+    "xidEvents",
 )
+_XID_EVENT_KEYS: Final = ("gpu", "xid", "afterSeconds")
 _GPU_KEYS: Final = ("model", "count", "memoryMiB", "smCount", "computeCapability")
 _TOPOLOGY_KEYS: Final = ("nvlink", "nvlinkCount", "gpusPerSwitch", "numaNodes")
 _NVLINK_MODES: Final = ("all", "pairs", "none")
@@ -57,6 +61,18 @@ _NODE_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0
 _QUANTITY: Final = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _GPU_INDEX: Final = re.compile(r"[0-9]+")
 _UUID_NAMESPACE: Final = uuid.uuid5(uuid.NAMESPACE_DNS, "infergrid.io")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledXid:
+    """An XID the fake NVML reports on GPU ``gpu``, ``after_s`` seconds after it starts.
+
+    How tests and the local cluster show the device plugin a GPU fault without a GPU.
+    """
+
+    gpu: int
+    xid: int
+    after_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +88,7 @@ class FleetNode:
     memory: str
     inventory: GpuInventory
     real: bool = False
+    xid_events: tuple[ScheduledXid, ...] = ()
 
     @property
     def vgpu_slots_per_gpu(self) -> int:
@@ -160,9 +177,10 @@ def _nodes(obj: dict[str, Any], path: str) -> list[FleetNode]:
     unhealthy = {
         _gpu_index(i, p, gpus) for i, p in each(obj, "unhealthy", object, path, default=[])
     }
+    xids = tuple(_xid_event(e, p, gpus) for e, p in each(obj, "xidEvents", dict, path, default=[]))
     names = [name] if count == 1 else [f"{name}-{i}" for i in range(count)]
     return [
-        FleetNode(n, cpu, memory, _inventory(n, gpus, topology, mig, unhealthy, slots), real)
+        FleetNode(n, cpu, memory, _inventory(n, gpus, topology, mig, unhealthy, slots), real, xids)
         for n in names
     ]
 
@@ -226,6 +244,26 @@ def _gpu_index(raw: object, path: str, gpus: _GpuModel) -> int:
     if int(text) >= gpus.count:
         raise ContractError(path, f"no GPU {text}; the node has GPUs 0 to {gpus.count - 1}")
     return int(text)
+
+
+def _xid_event(obj: dict[str, Any], path: str, gpus: _GpuModel) -> ScheduledXid:
+    """One ``xidEvents`` entry: ``{gpu: 0, xid: 48, afterSeconds: 5}``."""
+    reject_unknown(obj, _XID_EVENT_KEYS, path)
+    return ScheduledXid(
+        gpu=_gpu_index(field(obj, "gpu", int, path), join(path, "gpu"), gpus),
+        xid=integer(obj, "xid", path, low=1),
+        after_s=_seconds(obj, "afterSeconds", path),
+    )
+
+
+def _seconds(obj: dict[str, Any], key: str, path: str) -> float:
+    """A finite number of seconds, 0 or more; YAML writes 5 and 0.5 alike."""
+    if obj.get(key) is None:
+        raise ContractError(join(path, key), "is required")
+    value = obj[key]
+    if type(value) not in (int, float) or not 0 <= value < math.inf:
+        raise ContractError(join(path, key), f"{value!r} is not a number of seconds, 0 or more")
+    return float(value)
 
 
 def _mig(obj: dict[Any, Any], path: str, gpus: _GpuModel) -> dict[int, tuple[MigProfile, ...]]:

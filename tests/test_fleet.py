@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from infergrid.errors import ContractError
-from infergrid.fleet import load_fleet, parse_fleet
+from infergrid.fleet import ScheduledXid, load_fleet, parse_fleet
 from infergrid.inventory import node_capacity
 
 SAMPLE = Path(__file__).parent.parent / "e2e" / "fleets" / "sample.yaml"
@@ -131,6 +131,21 @@ def test_mig_gpus_carry_their_instances_and_unhealthy_gpus_are_marked():
     }
 
 
+def test_xid_events_are_scheduled_per_gpu_and_copied_to_every_node_of_a_group():
+    events = [
+        {"gpu": 0, "xid": 48, "afterSeconds": 5},
+        {"gpu": 7, "xid": 32, "afterSeconds": 0.5},
+    ]
+    nodes = parse_fleet(fleet_of(a100_node(count=2, xidEvents=events)), "test").nodes
+    expected = (ScheduledXid(gpu=0, xid=48, after_s=5.0), ScheduledXid(gpu=7, xid=32, after_s=0.5))
+    assert [n.xid_events for n in nodes] == [expected, expected]
+
+
+def test_a_node_without_xid_events_has_none():
+    (node,) = parse_fleet(fleet_of(a100_node()), "test").nodes
+    assert node.xid_events == ()
+
+
 def set_in(path: tuple, value):
     """A change to the valid fleet at ``path``; a value of DELETE removes the key."""
 
@@ -150,6 +165,19 @@ def set_in(path: tuple, value):
 DELETE = object()
 NODE = ("nodes", 0)
 GPUS = (*NODE, "gpus")
+
+
+def xid_event(event: dict):
+    """The valid fleet with this one entry in its node's ``xidEvents``."""
+    return set_in((*NODE, "xidEvents"), [event])
+
+
+XID = {"gpu": 0, "xid": 48, "afterSeconds": 1}
+XID_NO_GPU = {"xid": 48, "afterSeconds": 1}
+XID_NO_XID = {"gpu": 0, "afterSeconds": 1}
+XID_NO_TIME = {"gpu": 0, "xid": 48}
+XID_AT = "nodes[0].xidEvents[0]"
+XID_TIME = XID_AT + ".afterSeconds"
 
 BAD_FLEETS = [
     ("missing version", set_in(("version",), DELETE), "version"),
@@ -214,6 +242,20 @@ BAD_FLEETS = [
     ("unhealthy negative", set_in((*NODE, "unhealthy"), [-1]), "nodes[0].unhealthy[0]"),
     ("unhealthy as boolean", set_in((*NODE, "unhealthy"), [True]), "nodes[0].unhealthy[0]"),
     ("unknown kubelet", set_in((*NODE, "kubelet"), "kind"), "nodes[0].kubelet"),
+    ("xid events not a list", set_in((*NODE, "xidEvents"), {"gpu": 0}), "nodes[0].xidEvents"),
+    ("xid event not a map", set_in((*NODE, "xidEvents"), [48]), "nodes[0].xidEvents[0]"),
+    ("unknown xid event key", xid_event(XID | {"at": 1}), XID_AT + ".at"),
+    ("xid event without gpu", xid_event(XID_NO_GPU), XID_AT + ".gpu"),
+    ("xid event gpu out of range", xid_event(XID | {"gpu": 8}), XID_AT + ".gpu"),
+    ("xid event gpu as string", xid_event(XID | {"gpu": "0"}), XID_AT + ".gpu"),
+    ("xid event without xid", xid_event(XID_NO_XID), XID_AT + ".xid"),
+    ("xid zero", xid_event(XID | {"xid": 0}), XID_AT + ".xid"),
+    ("xid as boolean", xid_event(XID | {"xid": True}), XID_AT + ".xid"),
+    ("xid event without time", xid_event(XID_NO_TIME), XID_TIME),
+    ("xid event in the past", xid_event(XID | {"afterSeconds": -1}), XID_TIME),
+    ("xid event time as string", xid_event(XID | {"afterSeconds": "5s"}), XID_TIME),
+    ("xid event time infinite", xid_event(XID | {"afterSeconds": float("inf")}), XID_TIME),
+    ("xid event time as boolean", xid_event(XID | {"afterSeconds": True}), XID_TIME),
     ("kubelet as boolean", set_in((*NODE, "kubelet"), True), "nodes[0].kubelet"),
 ]
 

@@ -2,12 +2,14 @@
 
 The local cluster's KWOK nodes and the device plugin read the same fleet file,
 so the plugin discovers exactly the GPUs the scheduler sees. Tests and e2e then
-steer it: memory and utilisation, memory that drifts over time, XID events and
-failing NVML calls. A GPU the fleet lists as ``unhealthy`` fails its live
-readings (memory, utilisation) the way a GPU that fell off the bus does, so
-discovery and health checks find it through the same path as on real hardware.
+steer it: memory and utilisation, memory that drifts over time, XID events
+(injected, or scheduled by the fleet's ``xidEvents``) and failing NVML calls. A
+GPU the fleet lists as ``unhealthy`` fails its live readings (memory,
+utilisation) the way a GPU that fell off the bus does, so discovery and health
+checks find it through the same path as on real hardware.
 """
 
+import math
 import threading
 import time
 from collections import deque
@@ -17,7 +19,7 @@ from itertools import pairwise
 from typing import Final
 
 from device_plugin.nvml.backend import DeviceInfo, NvmlError, XidEvent
-from infergrid.fleet import FleetNode
+from infergrid.fleet import FleetNode, ScheduledXid
 from infergrid.inventory import Gpu, GpuLink, MigInstance
 
 CALLS: Final = frozenset(
@@ -68,7 +70,9 @@ class FakeNvml:
     """An ``NvmlBackend`` over one fleet node; thread-safe, one lock guards all state.
 
     Time comes from ``clock`` (seconds), so a test with a fake clock sees
-    drifting memory move. Waiting for events uses real time, as NVML does.
+    drifting memory move and scheduled XIDs come due; the fleet's ``xidEvents``
+    count from the moment the fake is made. Waiting for events uses real time, as
+    NVML does.
     """
 
     def __init__(self, node: FleetNode, clock: Callable[[], float] = time.monotonic) -> None:
@@ -78,6 +82,7 @@ class FakeNvml:
         self._lock = threading.Lock()
         self._event_queued = threading.Condition(self._lock)
         self._events: deque[XidEvent] = deque()
+        self._scheduled = _schedule(node.xid_events, self._gpus, clock())
         self._used: dict[int, int] = {}
         self._drifts: dict[int, _Drift] = {}
         self._utilization: dict[int, int] = {}
@@ -130,9 +135,15 @@ class FakeNvml:
             return self._utilization.get(index, 0)
 
     def wait_for_events(self, timeout_s: float) -> tuple[XidEvent, ...]:
+        deadline = time.monotonic() + timeout_s
         with self._lock:
             self._check("wait_for_events", None)
-            self._event_queued.wait_for(lambda: self._events or self._closed, timeout_s)
+            while True:
+                self._release_due()
+                left = deadline - time.monotonic()
+                if self._events or self._closed or left <= 0:
+                    break
+                self._event_queued.wait(min(left, self._until_next_due()))
             events = tuple(self._events)
             self._events.clear()
             return events
@@ -219,6 +230,16 @@ class FakeNvml:
             raise ValueError(f"index: {self._node} has no GPU {index}")
         return self._gpus[index]
 
+    def _release_due(self) -> None:
+        """Queue every scheduled XID whose time has come, in time order."""
+        now = self._clock()
+        while self._scheduled and self._scheduled[0][0] <= now:
+            self._events.append(self._scheduled.popleft()[1])
+
+    def _until_next_due(self) -> float:
+        """Seconds on the clock until the next scheduled XID; infinite with none left."""
+        return self._scheduled[0][0] - self._clock() if self._scheduled else math.inf
+
     def _check_memory(self, index: int, mib: int) -> None:
         total = self._gpu(index).memory_mib
         if not 0 <= mib <= total:
@@ -231,3 +252,11 @@ class FakeNvml:
             raise ValueError(f"index: {call} is not about one GPU; leave index None")
         if index is not None:
             self._gpu(index)
+
+
+def _schedule(
+    xids: Sequence[ScheduledXid], gpus: dict[int, Gpu], start: float
+) -> deque[tuple[float, XidEvent]]:
+    """(clock time due, event) per scheduled XID, earliest first; equal times keep file order."""
+    timed = sorted(((start + x.after_s, n), x) for n, x in enumerate(xids))
+    return deque((due, XidEvent(gpus[x.gpu].uuid, x.xid)) for (due, _), x in timed)

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -279,6 +280,7 @@ class ScalerState:
     history: History = ()
     latency: dict[str, Buckets] = field(default_factory=dict)
     replicas: int | None = None
+    ignored: frozenset[str] = frozenset()  # pods whose /metrics was ignored last tick
 
 
 def autoscaling_on(spec: kopf.Spec, **_: Any) -> bool:
@@ -319,8 +321,9 @@ async def autoscale_once(
     pods = await asyncio.to_thread(memo.kube.pods, namespace, stable_selector(name))
     template = memo.config.metrics_url_template
     urls = {p["metadata"]["name"]: scrape_url(template, p) for p in pods if scrapable(p)}
-    samples = await scrape(urls, memo.config.scrape_timeout_s)
-    metrics = aggregate(samples, state.latency)
+    scraped = await scrape(urls, memo.config.scrape_timeout_s)
+    warn_ignored_metrics(body, scraped.ignored, state.ignored)
+    metrics = aggregate(scraped.samples, state.latency)
     scaling = service.autoscaling
     history = history_after(state.history, state.replicas, service.replicas)
     decision = desired_replicas(
@@ -333,8 +336,17 @@ async def autoscale_once(
         announce(body, "Scaled", message)
     status = {"metrics": metrics_status(metrics, decision)}
     await asyncio.to_thread(memo.kube.patch_status, namespace, name, status)
-    latency = {pod: s.latency for pod, s in samples.items()}
-    return ScalerState(decision.history, latency, decision.replicas)
+    latency = {pod: s.latency for pod, s in scraped.samples.items()}
+    return ScalerState(decision.history, latency, decision.replicas, frozenset(scraped.ignored))
+
+
+def warn_ignored_metrics(owner: Any, ignored: Mapping[str, str], known: frozenset[str]) -> None:
+    """A warning event on the service for each pod whose /metrics is newly ignored, naming the
+    pod and why: the engine image is the service owner's, who cannot read the operator's log.
+    Once while a pod stays ignored, so a tick every few seconds does not flood the events."""
+    for pod in sorted(ignored.keys() - known):
+        message = f"pod {pod}: {ignored[pod]}; the autoscaler ignores its metrics"
+        kopf.warn(owner, reason="MetricsIgnored", message=message)
 
 
 def metrics_status(metrics: ServiceMetrics, decision: ScaleDecision) -> dict[str, Any]:

@@ -34,6 +34,8 @@ log = logging.getLogger("infergrid.operator.metrics")
 
 # An engine's /metrics is a few KiB; a body over this is refused, never held or parsed.
 MAX_METRICS_BYTES: Final = 1 << 20
+OVER_CAP: Final = f"/metrics is over the {MAX_METRICS_BYTES}-byte cap"
+_REASON_CHARS: Final = 200  # of a parse error, in an event: the parser quotes whole lines
 
 # (upper bound in seconds, cumulative count), ascending by bound, +Inf last.
 Buckets = tuple[tuple[float, float], ...]
@@ -155,7 +157,20 @@ def scrape_url(template: str, pod: Mapping) -> str:
     )
 
 
-async def scrape(urls: Mapping[str, str], timeout_s: float) -> dict[str, EngineSample]:
+@dataclass(frozen=True, slots=True)
+class ScrapeRound:
+    """What one round read: each pod's sample, and why a pod's answer was ignored.
+
+    ``ignored`` holds the pods whose /metrics answered but cannot be used (over the cap,
+    not Prometheus text): a fault of the engine image, worth telling the service's owner.
+    A pod that did not answer (starting, stopping) is in neither.
+    """
+
+    samples: dict[str, EngineSample]
+    ignored: dict[str, str]
+
+
+async def scrape(urls: Mapping[str, str], timeout_s: float) -> ScrapeRound:
     """Every pod's sample, read concurrently; a pod that fails to answer is left out.
 
     timeout_s bounds each request, body included (aiohttp's total timeout is per request).
@@ -163,22 +178,36 @@ async def scrape(urls: Mapping[str, str], timeout_s: float) -> dict[str, EngineS
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         bodies = await asyncio.gather(*(_fetch(session, p, u) for p, u in urls.items()))
-    read = {pod: body for pod, body in zip(urls, bodies, strict=True) if body is not None}
-    return await asyncio.to_thread(parse_bodies, read)
+    fetched = dict(zip(urls, bodies, strict=True))
+    read = {pod: body for pod, body in fetched.items() if isinstance(body, bytes)}
+    samples, unreadable = await asyncio.to_thread(parse_bodies, read)
+    refused = {pod: body.reason for pod, body in fetched.items() if isinstance(body, _Refused)}
+    return ScrapeRound(samples, refused | unreadable)
 
 
-def parse_bodies(bodies: Mapping[str, bytes]) -> dict[str, EngineSample]:
-    """Each pod's sample; a body that is not UTF-8 Prometheus text is logged and left out."""
-    samples = {}
+def parse_bodies(
+    bodies: Mapping[str, bytes],
+) -> tuple[dict[str, EngineSample], dict[str, str]]:
+    """Each pod's sample, and why each body that is not UTF-8 Prometheus text was left out."""
+    samples, unreadable = {}, {}
     for pod, body in bodies.items():
         try:
             samples[pod] = parse_engine_metrics(body.decode())
         except ValueError as err:  # UnicodeDecodeError is one
             log.warning("pod %s: unreadable metrics: %s", pod, err)
-    return samples
+            unreadable[pod] = f"/metrics is not Prometheus text: {str(err)[:_REASON_CHARS]}"
+    return samples, unreadable
 
 
-async def _fetch(session: aiohttp.ClientSession, pod: str, url: str) -> bytes | None:
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """An answer whose body was not read, and why."""
+
+    reason: str
+
+
+async def _fetch(session: aiohttp.ClientSession, pod: str, url: str) -> bytes | _Refused | None:
+    """The body, a body refused unread (over the cap), or None for no answer."""
     try:
         async with session.get(url) as resp:
             if resp.status != 200:
@@ -188,8 +217,8 @@ async def _fetch(session: aiohttp.ClientSession, pod: str, url: str) -> bytes | 
         log.debug("pod %s: scrape of %s failed: %s", pod, url, err)
         return None
     if body is None:
-        log.warning("pod %s: /metrics is over the %d-byte cap; scrape counted as failed",
-                    pod, MAX_METRICS_BYTES)  # fmt: skip
+        log.warning("pod %s: %s; scrape counted as failed", pod, OVER_CAP)
+        return _Refused(OVER_CAP)
     return body
 
 

@@ -174,6 +174,31 @@ def test_a_waiting_reader_wakes_when_an_xid_arrives():
     assert [event.xid for event in fake.wait_for_events(10)] == [79]
 
 
+def test_the_fleets_xid_events_come_due_on_the_clock_from_when_the_fake_is_made():
+    clock = FakeClock()
+    events = [
+        {"gpu": 1, "xid": 32, "afterSeconds": 2},
+        {"gpu": 0, "xid": 48, "afterSeconds": 1},
+        {"gpu": 3, "xid": 79, "afterSeconds": 1},
+    ]
+    node = four_gpu_node(xidEvents=events)
+    uuids = [gpu.uuid for gpu in node.inventory.gpus]
+    fake = FakeNvml(node, clock=clock)
+    clock.now += 0.5
+    assert fake.wait_for_events(0) == ()
+    clock.now += 0.5
+    assert fake.wait_for_events(0) == (XidEvent(uuids[0], 48), XidEvent(uuids[3], 79))
+    clock.now += 60
+    assert fake.wait_for_events(0) == (XidEvent(uuids[1], 32),)
+    assert fake.wait_for_events(0) == ()
+
+
+def test_a_waiting_reader_gets_a_scheduled_xid_once_it_is_due():
+    node = four_gpu_node(xidEvents=[{"gpu": 2, "xid": 48, "afterSeconds": 0.02}])
+    fake = FakeNvml(node)
+    assert fake.wait_for_events(10) == (XidEvent(node.inventory.gpus[2].uuid, 48),)
+
+
 def test_close_wakes_a_waiting_reader_and_later_calls_fail():
     fake = FakeNvml(NODES["h100"])
     threading.Timer(0.02, fake.close).start()

@@ -6,6 +6,7 @@ neighbours stubbed out; parsing, rendering, ownership and the conditions are rea
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import kopf
@@ -13,6 +14,7 @@ import pytest
 
 from inference_operator import handlers, render
 from inference_operator.config import OperatorConfig
+from inference_operator.metrics_scrape import OVER_CAP, EngineSample, ScrapeRound
 
 MODEL = {"name": "m", "storageUri": "pkg://m"}
 
@@ -232,3 +234,38 @@ def test_old_configmaps_go_once_nothing_uses_them(events):
     m.kube.replicaset_list = [{"spec": {"replicas": 1, "template": template}}]
     handlers.collect_configmaps(m, "ns", "chat")
     assert m.kube.deleted == [("ConfigMap", "chat-stable-old", "uid-chat-stable-old")]
+
+
+def running(pod: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": pod, "namespace": "ns"},
+        "status": {"phase": "Running", "podIP": "10.0.0.1"},
+    }
+
+
+def test_a_pod_whose_metrics_are_ignored_is_named_in_one_event_and_the_others_still_scale(
+    events, monkeypatch
+):
+    m = memo()
+    scaled: list[int] = []
+    m.kube.pods = lambda namespace, selector: [running("chat-a"), running("chat-huge")]
+    m.kube.scale = lambda namespace, name, replicas: scaled.append(replicas)
+    scraped = ScrapeRound({"chat-a": EngineSample(queue_depth=32)}, {"chat-huge": OVER_CAP})
+
+    async def scrape(urls: dict[str, str], timeout_s: float) -> ScrapeRound:
+        assert set(urls) == {"chat-a", "chat-huge"}
+        return scraped
+
+    monkeypatch.setattr(handlers, "scrape", scrape)
+    autoscaling = {"enabled": True, "minReplicas": 1, "maxReplicas": 4, "targetQueueDepth": 8}
+    body = service(replicas=2, autoscaling=autoscaling)
+    spec = handlers._parse(m, body)
+    state = asyncio.run(handlers.autoscale_once(m, body, spec, handlers.ScalerState()))
+    assert scaled == [4]  # chat-a alone carries 4x the target
+    asyncio.run(handlers.autoscale_once(m, body, spec, state))  # still ignored: no new event
+    assert [e for e in events if e["reason"] == "MetricsIgnored"] == [
+        {
+            "reason": "MetricsIgnored",
+            "message": f"pod chat-huge: {OVER_CAP}; the autoscaler ignores its metrics",
+        }
+    ]

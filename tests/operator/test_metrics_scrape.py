@@ -13,7 +13,9 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_late
 from inference_operator import metrics_scrape
 from inference_operator.metrics_scrape import (
     MAX_METRICS_BYTES,
+    OVER_CAP,
     EngineSample,
+    ScrapeRound,
     aggregate,
     histogram_quantile,
     latency_delta,
@@ -137,7 +139,7 @@ def test_scrape_reads_pods_concurrently_and_leaves_out_the_silent_ones(unused_tc
             return web.Response(status=404)
         return web.Response(text=engine_text(queue=5))
 
-    async def run() -> dict:
+    async def run() -> ScrapeRound:
         app = web.Application()
         app.router.add_get("/{pod}", metrics)
         runner = web.AppRunner(app)
@@ -151,12 +153,14 @@ def test_scrape_reads_pods_concurrently_and_leaves_out_the_silent_ones(unused_tc
         finally:
             await runner.cleanup()
 
-    samples = asyncio.run(run())
-    assert list(samples) == ["good"]
-    assert samples["good"].queue_depth == 5
+    scraped = asyncio.run(run())
+    assert list(scraped.samples) == ["good"]
+    assert scraped.samples["good"].queue_depth == 5
+    assert list(scraped.ignored) == ["broken"]  # answered, unusably; the silent ones may start
+    assert scraped.ignored["broken"].startswith("/metrics is not Prometheus text: ")
 
 
-async def serve_and_scrape(port: int, bodies: dict[str, bytes]) -> dict:
+async def serve_and_scrape(port: int, bodies: dict[str, bytes]) -> ScrapeRound:
     """Scrapes each pod's body from a real local HTTP server; chunked when marked so, which
     gives no Content-Length to go by."""
 
@@ -191,9 +195,10 @@ def test_a_metrics_body_over_the_cap_is_a_failed_scrape_and_others_still_count(
     padding = b"# padding\n" * (2 * MAX_METRICS_BYTES // 10)  # 2 MiB of valid comments
     bodies = {"normal": normal, "huge": normal + padding, "chunked-huge": normal + padding}
     with caplog.at_level(logging.WARNING, logger="infergrid.operator.metrics"):
-        samples = asyncio.run(serve_and_scrape(unused_tcp_port, bodies))
-    assert list(samples) == ["normal"]
-    assert samples["normal"].queue_depth == 4
+        scraped = asyncio.run(serve_and_scrape(unused_tcp_port, bodies))
+    assert list(scraped.samples) == ["normal"]
+    assert scraped.samples["normal"].queue_depth == 4
+    assert scraped.ignored == {pod: OVER_CAP for pod in ("huge", "chunked-huge")}
     refused = [r.getMessage() for r in caplog.records if "cap" in r.getMessage()]
     assert sorted(refused) == sorted(
         f"pod {pod}: /metrics is over the {MAX_METRICS_BYTES}-byte cap; scrape counted as failed"
@@ -204,13 +209,15 @@ def test_a_metrics_body_over_the_cap_is_a_failed_scrape_and_others_still_count(
 def test_a_body_just_under_the_cap_parses_as_before(unused_tcp_port):
     normal = engine_text(queue=2, latencies=(0.2,)).encode()
     body = normal + b"#" * (MAX_METRICS_BYTES - len(normal) - 1) + b"\n"
-    samples = asyncio.run(serve_and_scrape(unused_tcp_port, {"chunked-full": body}))
-    assert samples["chunked-full"] == parse_engine_metrics(normal.decode())
+    scraped = asyncio.run(serve_and_scrape(unused_tcp_port, {"chunked-full": body}))
+    assert scraped.samples["chunked-full"] == parse_engine_metrics(normal.decode())
+    assert scraped.ignored == {}
 
 
 def test_a_body_that_is_not_utf8_is_left_out_not_raised(unused_tcp_port):
-    samples = asyncio.run(serve_and_scrape(unused_tcp_port, {"binary": b"\xff\xfe\x00"}))
-    assert samples == {}
+    scraped = asyncio.run(serve_and_scrape(unused_tcp_port, {"binary": b"\xff\xfe\x00"}))
+    assert scraped.samples == {}
+    assert scraped.ignored["binary"].startswith("/metrics is not Prometheus text: ")
 
 
 def test_parsing_runs_off_the_event_loop(unused_tcp_port, monkeypatch):
@@ -222,8 +229,8 @@ def test_parsing_runs_off_the_event_loop(unused_tcp_port, monkeypatch):
 
     monkeypatch.setattr(metrics_scrape, "parse_engine_metrics", recording)
     body = engine_text().encode()
-    samples = asyncio.run(serve_and_scrape(unused_tcp_port, {"normal": body}))
-    assert list(samples) == ["normal"]
+    scraped = asyncio.run(serve_and_scrape(unused_tcp_port, {"normal": body}))
+    assert list(scraped.samples) == ["normal"]
     assert threads and threads[0] is not threading.main_thread()
 
 
