@@ -64,9 +64,10 @@ class Binder:
 
         `filtered` is the pod as kube-scheduler sent it to filter: its placement is reserved
         from it at once, before the pod is read back, and the filters waiting for this bind go
-        on sooner. The read-back pod decides: a different GPU request is placed anew. A
-        reservation an earlier bind of this pod left in the cache is neither replaced nor
-        released: that bind placed the pod, and its GPUs stay taken.
+        on sooner. The read-back pod decides: a different GPU request is placed anew. When an
+        earlier bind of this pod left its reservation in the cache (the watch has not caught
+        up), a second bind reserves nothing early, and its `already-bound` refusal leaves that
+        reservation alone: the pod holds those GPUs.
         """
         lock = self._locks.setdefault(args.node, asyncio.Lock())
         try:
@@ -76,9 +77,12 @@ class Binder:
                 try:
                     pod = await self._call(self._read_pod, args)
                     return await self._bind_locked(args, pod, early)
-                except BaseException:
-                    if not held:
+                except BindError as err:
+                    if not (held and err.cause == "already-bound"):
                         self.view.cache.release(args.pod_uid)
+                    raise
+                except BaseException:
+                    self.view.cache.release(args.pod_uid)
                     raise
         finally:
             self.decided(args.pod_uid)
