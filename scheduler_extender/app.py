@@ -1,5 +1,9 @@
 """The extender's HTTP service (aiohttp): /filter, /prioritize, /bind, health and metrics.
 
+Two apps, on two listeners: `app` (the verbs, /healthz and /readyz) for kube-scheduler on
+loopback, and `metrics_app` (/metrics and /healthz) for Prometheus; neither serves the
+other's paths, so exposing /metrics never exposes the unauthenticated verbs.
+
 Handlers only decode, ask `decisions` or the `Binder`, and encode. Bad input
 gets a 400 (or 413 past the body limit) with an `Error` naming the field,
 never a 500: an unexpected exception is logged and answered in `Error`.
@@ -71,13 +75,20 @@ class ExtenderService:
         self.barrier = barrier or BindBarrier(wait_s=0)
 
     def app(self) -> web.Application:
+        """kube-scheduler's: the verbs, and the probes."""
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/filter", self._timed("filter", self.filter))
         app.router.add_post("/prioritize", self._timed("prioritize", self.prioritize))
         app.router.add_post("/bind", self._timed("bind", self.bind))
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        return app
+
+    def metrics_app(self) -> web.Application:
+        """Prometheus's: /metrics, and /healthz for a probe of this listener."""
+        app = web.Application()
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/healthz", self.healthz)
         return app
 
     def _timed(self, verb: str, handler: Callable[[web.Request], Awaitable[web.Response]]):

@@ -1,12 +1,16 @@
 """Bind: re-check, record the assignment, create the Binding, all under the node's lock.
 
-The assignment annotation is written with the pod's resourceVersion as a
-precondition, so a pod changed since it was read is not bound on stale
-facts. The reservation goes into the cache before the write, so filters of
-other pods already see the GPUs taken; on any failure it is released, and an
-annotation already written is removed again. `decided` is told as soon as the
-reservation is in the cache (and again, on every path, when bind ends): the
-filters waiting for this pod's bind (`pending_binds`) go on from there.
+What is placed is the pod as the API server holds it (read back at bind), never a body a
+caller sent: /filter's body only lets bind reserve early, and that reservation is kept
+only when the read-back pod asks for the same GPUs. A pod already bound is refused. The
+assignment annotation is written with the pod's resourceVersion as a precondition, so a
+pod changed since it was read is not bound on stale facts. The reservation goes into the
+cache before the write, so filters of other pods already see the GPUs taken; on any
+failure it is released, and an annotation already written is removed again, but only
+while it still holds what this bind wrote (another bind may have written since).
+`decided` is told as soon as the reservation is in the cache (and again, on every path,
+when bind ends): the filters waiting for this pod's bind (`pending_binds`) go on from
+there.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from infergrid.assignment_annotation import decode_assignment, encode_assignment
+from infergrid.assignment_annotation import PodAssignment, decode_assignment, encode_assignment
 from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT
 from infergrid.errors import ContractError
 from infergrid.placement import fit, resolve_policy, to_pod_assignment
@@ -31,6 +35,9 @@ from scheduler_extender.protocol import BindingArgs
 from scheduler_extender.view import PlacementView
 
 log = logging.getLogger(__name__)
+
+Early = tuple[PodGpuRequest, PodAssignment]
+"""A reservation made from /filter's body, with the request it was placed from."""
 
 
 class BindError(Exception):
@@ -55,61 +62,86 @@ class Binder:
     async def bind(self, args: BindingArgs, filtered: dict[str, Any] | None = None) -> str:
         """Binds and returns the policy used; raises BindError with the reason otherwise.
 
-        `filtered` is the pod as kube-scheduler sent it to filter: its GPU request cannot have
-        changed since, so the placement is reserved from it at once, before the pod is read
-        back (which only confirms it), and the filters waiting for this bind go on sooner.
+        `filtered` is the pod as kube-scheduler sent it to filter: its placement is reserved
+        from it at once, before the pod is read back, and the filters waiting for this bind go
+        on sooner. The read-back pod decides: a different GPU request is placed anew. When an
+        earlier bind of this pod left its reservation in the cache (the watch has not caught
+        up), a second bind reserves nothing early, and its `already-bound` refusal leaves that
+        reservation alone: the pod holds those GPUs.
         """
         lock = self._locks.setdefault(args.node, asyncio.Lock())
         try:
             async with lock:
-                early = self._reserve_early(args, filtered)
+                held = self.view.cache.reserved(args.pod_uid)
+                early = None if held else self._reserve_early(args, filtered)
                 try:
                     pod = await self._call(self._read_pod, args)
                     return await self._bind_locked(args, pod, early)
+                except BindError as err:
+                    if not (held and err.cause == "already-bound"):
+                        self.view.cache.release(args.pod_uid)
+                    raise
                 except BaseException:
                     self.view.cache.release(args.pod_uid)
                     raise
         finally:
             self.decided(args.pod_uid)
 
-    def _reserve_early(self, args: BindingArgs, filtered: dict[str, Any] | None):
+    def _reserve_early(self, args: BindingArgs, filtered: dict[str, Any] | None) -> Early | None:
         """The placement from the filtered pod, reserved; None where the read-back pod must
         decide (none kept, another uid, nothing to place, an invalid request, no longer fits)."""
         if filtered is None:
             return None
         try:
             request, to_place = self._request(args, filtered)
-            return self._reserve(args, request) if to_place else None
+            return (request, self._reserve(args, request)) if to_place else None
         except BindError:
             return None
 
-    async def _bind_locked(self, args: BindingArgs, pod: dict[str, Any], early) -> str:
+    async def _bind_locked(
+        self, args: BindingArgs, pod: dict[str, Any], early: Early | None
+    ) -> str:
         """Bind's API work; on any failure `bind` releases the reservation."""
         request, to_place = self._request(args, pod)
         if not to_place:
             self.view.cache.release(args.pod_uid)  # an early reservation, if any, is not needed
             await self._call(self._create_binding, args)
             return request.policy
-        assignment = early if early is not None else self._reserve(args, request)
+        written = encode_assignment(self._placement(args, request, early))
         try:
-            await self._call(self._annotate, args, pod["metadata"]["resourceVersion"], assignment)
+            await self._call(self._annotate, args, pod["metadata"]["resourceVersion"], written)
         except ApiException as err:
             cause = "conflict" if err.status == 409 else "api"
             raise BindError(cause, f"could not record the assignment: {_api_reason(err)}") from None
         try:
             await self._call(self._create_binding, args)
         except ApiException as err:
-            await self._call(self._unannotate, args)
+            await self._call(self._unannotate, args, written)
             raise BindError("binding", f"could not bind: {_api_reason(err)}") from None
         return request.policy
 
+    def _placement(self, args: BindingArgs, request: PodGpuRequest, early: Early | None):
+        """The early reservation when the read-back pod asks for what the filtered body asked;
+        otherwise that reservation goes and the read-back request is placed."""
+        if early is not None and early[0] == request:
+            return early[1]
+        self.view.cache.release(args.pod_uid)
+        return self._reserve(args, request)
+
     def _request(self, args: BindingArgs, pod: dict[str, Any]) -> tuple[PodGpuRequest, bool]:
         """The pod's GPU request, and whether bind must place it: not when it has no GPU
-        container, or when its assignment on this node is already recorded (a retried bind)."""
+        container, or when its assignment on this node is already recorded (a retried bind).
+        A pod already bound is refused: a second bind must not write over the first."""
         meta = pod["metadata"]
         if meta.get("uid") != args.pod_uid:
             raise BindError(
                 "pod-replaced", f"pod {args.pod_namespace}/{args.pod_name} was replaced"
+            )
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        if bound_to:
+            raise BindError(
+                "already-bound",
+                f"pod {args.pod_namespace}/{args.pod_name} is already bound to node {bound_to}",
             )
         try:
             request = parse_pod_request(pod, self.default_policy)
@@ -150,11 +182,11 @@ class Binder:
             raise BindError("pod-missing", f"cannot read the pod: {_api_reason(err)}") from None
         return json.loads(raw.data)
 
-    def _annotate(self, args: BindingArgs, resource_version: str, assignment) -> None:
+    def _annotate(self, args: BindingArgs, resource_version: str, written: str) -> None:
         body = {
             "metadata": {
                 "resourceVersion": resource_version,
-                "annotations": {ANNOTATION_GPU_ASSIGNMENT: encode_assignment(assignment)},
+                "annotations": {ANNOTATION_GPU_ASSIGNMENT: written},
             }
         }
         # The answer (the whole pod) is not read: building client objects from it cost more
@@ -163,12 +195,19 @@ class Binder:
             args.pod_name, args.pod_namespace, body, _preload_content=False
         )
 
-    def _unannotate(self, args: BindingArgs) -> None:
-        body = {"metadata": {"annotations": {ANNOTATION_GPU_ASSIGNMENT: None}}}
+    def _unannotate(self, args: BindingArgs, written: str) -> None:
+        """Removes the annotation only while it holds `written` (a JSON patch `test` op): if
+        another bind wrote since, its assignment is left in place."""
         try:
-            self.core.patch_namespaced_pod(args.pod_name, args.pod_namespace, body)
+            self.core.patch_namespaced_pod(
+                args.pod_name, args.pod_namespace, unannotate_patch(written),
+                _preload_content=False,
+            )  # fmt: skip
         except ApiException as err:
-            log.warning("could not remove the assignment of %s: %s", args.pod_name, err.reason)
+            log.warning(
+                "left the assignment of %s/%s in place (another bind may have written since): %s",
+                args.pod_namespace, args.pod_name, _api_reason(err),
+            )  # fmt: skip
 
     def _create_binding(self, args: BindingArgs) -> None:
         body = {
@@ -180,6 +219,20 @@ class Binder:
         self.core.create_namespaced_pod_binding(
             args.pod_name, args.pod_namespace, body, _preload_content=False
         )
+
+
+ASSIGNMENT_POINTER = "/metadata/annotations/" + ANNOTATION_GPU_ASSIGNMENT.replace(
+    "~", "~0"
+).replace("/", "~1")
+"""The annotation's JSON pointer (RFC 6901: `~` and `/` escaped)."""
+
+
+def unannotate_patch(written: str) -> list[dict[str, str]]:
+    """A JSON patch that removes the assignment annotation only if it still holds `written`."""
+    return [
+        {"op": "test", "path": ASSIGNMENT_POINTER, "value": written},
+        {"op": "remove", "path": ASSIGNMENT_POINTER},
+    ]
 
 
 def _existing_assignment(meta: dict[str, Any]):

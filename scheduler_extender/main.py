@@ -1,6 +1,7 @@
 """`infergrid-scheduler-extender`: the HTTP extender that infergrid-scheduler calls.
 
-infergrid-scheduler-extender [--config FILE] [--port 8888] [--no-leader-election]
+infergrid-scheduler-extender [--config FILE] [--port 8888] [--metrics-port 9464]
+    [--no-leader-election]
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from infergrid.process import configure_logging, kube_api
 from infergrid.settings import add_flags, load_settings
 from scheduler_extender.app import ExtenderService
 from scheduler_extender.binder import Binder
-from scheduler_extender.config import SETTINGS, ExtenderConfig
+from scheduler_extender.config import SETTINGS, ExtenderConfig, check
 from scheduler_extender.leader import LeaseElector
 from scheduler_extender.pending_binds import BindBarrier
+from scheduler_extender.scheduler_token import SERVICE_ACCOUNT_DIR, SchedulerToken
 from scheduler_extender.view import PlacementView
 from scheduler_extender.watch_cache import ClusterCache
 
@@ -53,7 +55,31 @@ async def freeze_when_synced(cache: ClusterCache, stop: threading.Event) -> None
     log.info("cache synced; %d objects frozen out of garbage collection", gc.get_freeze_count())
 
 
-async def serve(cfg: ExtenderConfig, api: client.ApiClient, stop: threading.Event) -> None:
+def scheduler_token(cfg: ExtenderConfig, api: client.ApiClient) -> SchedulerToken | None:
+    """The minter of kube-scheduler's token, in this pod's namespace; None when it is off."""
+    if cfg.scheduler_token_dir is None:
+        return None
+    namespace = (SERVICE_ACCOUNT_DIR / "namespace").read_text().strip()
+    return SchedulerToken(
+        client.CoreV1Api(api), cfg.scheduler_service_account, namespace, cfg.scheduler_token_dir
+    )
+
+
+async def listen(
+    app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+    return runner
+
+
+async def serve(
+    cfg: ExtenderConfig,
+    api: client.ApiClient,
+    stop: threading.Event,
+    token: SchedulerToken | None = None,
+) -> None:
     cache = ClusterCache(resync_s=cfg.resync_s)
     cache.start(api, stop)
     view = PlacementView(cache, timedelta(seconds=cfg.stale_after_s))
@@ -65,19 +91,23 @@ async def serve(cfg: ExtenderConfig, api: client.ApiClient, stop: threading.Even
     barrier = BindBarrier(cfg.bind_wait_s)
     binder = Binder(client.CoreV1Api(api), view, cfg.default_policy, decided=barrier.decided)
     service = ExtenderService(view, binder, cfg.default_policy, is_leader, barrier=barrier)
-    runner = web.AppRunner(service.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=tls_context(cfg))
-    await site.start()
+    runners = [await listen(service.app(), cfg.host, cfg.port, tls_context(cfg))]
     log.info("extender listening on %s:%d", cfg.host, cfg.port)
-    freezer = asyncio.create_task(freeze_when_synced(cache, stop))
+    if cfg.metrics_port:
+        runners.append(await listen(service.metrics_app(), cfg.metrics_address, cfg.metrics_port))
+        log.info("metrics on %s:%d", cfg.metrics_address, cfg.metrics_port)
+    tasks = [asyncio.create_task(freeze_when_synced(cache, stop))]
+    if token is not None:
+        tasks.append(asyncio.create_task(token.run()))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     while not stop.is_set():
         await asyncio.sleep(0.2)
-    freezer.cancel()
-    await runner.cleanup()
+    for task in tasks:
+        task.cancel()
+    for runner in runners:
+        await runner.cleanup()
     log.info("extender stopped")
 
 
@@ -88,13 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     try:
-        cfg = load_settings(ExtenderConfig(), SETTINGS, args)
+        cfg = check(load_settings(ExtenderConfig(), SETTINGS, args))
         tls_context(cfg)
         api = kube_api()
+        token = scheduler_token(cfg, api)
     except (ContractError, OSError, config.ConfigException) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    asyncio.run(serve(cfg, api, threading.Event()))
+    asyncio.run(serve(cfg, api, threading.Event(), token))
     return 0
 
 

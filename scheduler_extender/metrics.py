@@ -39,3 +39,11 @@ CACHE_OBJECTS = Gauge(
     ["kind"],
 )
 LEADER = Gauge("infergrid_scheduler_extender_leader", "1 while this replica holds the lease.")
+SCHEDULER_TOKEN_FAILURES = Counter(
+    "infergrid_scheduler_extender_scheduler_token_failures_total",
+    "Failed attempts to mint or write kube-scheduler's API token (each is retried).",
+)
+SCHEDULER_TOKEN_EXPIRY = Gauge(
+    "infergrid_scheduler_extender_scheduler_token_expiry_timestamp_seconds",
+    "When the kube-scheduler token last written expires (Unix time).",
+)

@@ -195,6 +195,11 @@ class ClusterCache:
         with self._lock:
             return self._pods.get(uid)
 
+    def reserved(self, uid: str) -> bool:
+        """Whether a bind's reservation for ``uid`` is held (its pod event not yet seen)."""
+        with self._lock:
+            return uid in self._reservations
+
     def assignments_on(self, node: str) -> list[PodAssignment]:
         """Every assignment on ``node``, reservations included, oldest first."""
         with self._lock:
