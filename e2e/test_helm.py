@@ -21,12 +21,12 @@ extender of the other e2e tests, run as the cluster admin, keeps binding.
 
 from __future__ import annotations
 
-import base64
 import json
 import socket
 import ssl
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -231,16 +231,10 @@ def upgrade_and_uninstall(cluster, rel: Release) -> None:
     before = {key: read(key[0], rel.namespace) for key, read in workloads.items()}
     old_scheduler_pods = {p.metadata.name for p in component_pods(cluster, rel, "scheduler")}
     # What the cluster wrote into release objects must survive the upgrade's
-    # three-way merge: a Lease holder, and the scheduler's token.
+    # three-way merge: a Lease holder.
     leases = client.CoordinationV1Api(cluster.api)
     lease = rel.sa("extender")
     leases.patch_namespaced_lease(lease, rel.namespace, {"spec": {"holderIdentity": "leader-0"}})
-    token_secret = f"{rel.fullname}-scheduler-token"
-    wait_until(
-        lambda: core.read_namespaced_secret(token_secret, rel.namespace).data.get("token"),
-        60,
-        "the token controller to fill the scheduler's token",
-    )
 
     ok(
         helm(
@@ -274,7 +268,6 @@ def upgrade_and_uninstall(cluster, rel: Release) -> None:
     )
     assert extender["defaultPolicy"] == "spread"
     assert leases.read_namespaced_lease(lease, rel.namespace).spec.holder_identity == "leader-0"
-    assert core.read_namespaced_secret(token_secret, rel.namespace).data.get("token")
     new_pods = {p.metadata.name for p in component_pods(cluster, rel, "scheduler")}
     assert new_pods and not new_pods & old_scheduler_pods, "a new scheduler pod replaced the old"
 
@@ -349,6 +342,23 @@ def permissions(rel: Release) -> dict[str, list[tuple[bool, ...]]]:
             (True, "patch", "pods", "-n", s),
             (True, "create", "pods", "--subresource=binding", "-n", s),
             (True, "update", f"leases.coordination.k8s.io/{rel.sa('extender')}", "-n", r),
+            # kube-scheduler's token, and no other account's.
+            (
+                True,
+                "create",
+                f"serviceaccounts/{rel.sa('scheduler')}",
+                "--subresource=token",
+                "-n",
+                r,
+            ),
+            (
+                False,
+                "create",
+                f"serviceaccounts/{rel.sa('operator')}",
+                "--subresource=token",
+                "-n",
+                r,
+            ),
             (False, "update", f"leases.coordination.k8s.io/{rel.sa('scheduler')}", "-n", r),
             (False, "create", "leases.coordination.k8s.io", "-n", other),
             (False, "delete", "pods", "-n", s),
@@ -511,9 +521,9 @@ def test_components_work_with_their_service_accounts(cluster, release, tmp_path)
     (operator_pod,) = component_pods(cluster, rel, "operator")
     node = sorted(gpu_nodes(cluster))[0]
 
-    # The tokens the pods would hold: kube-scheduler's from its Secret, the rest bound to pods.
-    secret = core.read_namespaced_secret(f"{rel.fullname}-scheduler-token", rel.namespace)
-    scheduler_token = base64.b64decode(secret.data["token"]).decode()
+    # The tokens the pods would hold: kube-scheduler's as the extender mints it (its own
+    # account, not bound to a pod), the rest bound to pods.
+    scheduler_token = token(cluster, rel.namespace, rel.sa("scheduler"))
     kubeconfigs = {
         "scheduler": token_kubeconfig(cluster, scheduler_token, tmp_path / "ks.kubeconfig"),
         "extender": token_kubeconfig(
@@ -550,7 +560,7 @@ def test_components_work_with_their_service_accounts(cluster, release, tmp_path)
     parts = [
         Part("extender", [sys.executable, "-m", "scheduler_extender.main",
              f"--config={tmp_path / 'extender.yaml'}", f"--port={ext_port}",
-             "--identity=e2e-helm"],
+             "--identity=e2e-helm", "--scheduler-token-dir="],
              kubeconfigs["extender"], tmp_path / "extender.log",
              f"http://127.0.0.1:{ext_port}/readyz"),
         Part("kube-scheduler", [str(ks), f"--config={tmp_path / 'scheduler-config.yaml'}",
@@ -671,12 +681,14 @@ def test_the_chart_runs_every_component_in_containers_on_the_real_node(
             "--set", f"schedulerName={CHART_SCHEDULER}",
             "--set", f"operator.watchNamespaces={{{served}}}",
             "--set", f"admissionPolicy.namespaceSelector.matchLabels.{SCOPE_KEY}={name}",
+            "--set", "scheduler.extender.exposeMetrics=true",
             "--wait", "--timeout", "300s",
         )  # fmt: skip
         rel = Release(name, ns, served, "")
         try:
             assert done.returncode == 0, done.stderr
             check_running_on_the_real_node(cluster, rel, real)
+            check_the_extender_verbs_answer_on_loopback_only(cluster, rel)
             check_a_gpu_pod_through_the_chart(cluster, rel, real)
         finally:
             helm(cluster, "uninstall", name, "--namespace", ns, "--wait")
@@ -707,6 +719,23 @@ def check_running_on_the_real_node(cluster, rel: Release, real) -> None:
     log = core.read_namespaced_pod_log(plugin.metadata.name, rel.namespace)
     for resource in node_capacity(real.inventory):
         assert f"registered {resource} at" in log
+
+
+def check_the_extender_verbs_answer_on_loopback_only(cluster, rel: Release) -> None:
+    """From the pod network (this machine reaches the node's pod IPs): the verbs' port is
+    closed, the metrics listener serves /metrics and nothing else. kube-scheduler, in the
+    same pod, reaches the verbs on 127.0.0.1 (check_a_gpu_pod_through_the_chart)."""
+    (pod,) = component_pods(cluster, rel, "scheduler")
+    ip = pod.status.pod_ip
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((ip, 8888), timeout=5).close()
+    with urllib.request.urlopen(f"http://{ip}:9464/metrics", timeout=5) as resp:
+        assert b"infergrid_scheduler_extender_" in resp.read()
+    for verb in ("filter", "prioritize", "bind"):
+        request = urllib.request.Request(f"http://{ip}:9464/{verb}", b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code in (404, 405), verb
 
 
 def check_a_gpu_pod_through_the_chart(cluster, rel: Release, real) -> None:

@@ -195,9 +195,17 @@ def test_rbac_matches_what_each_component_calls(default):
                           ("-extender", "ig-infergrid-extender")):  # fmt: skip
         role = one(default, "Role", suffix)
         assert role["metadata"]["namespace"] == NAMESPACE
-        named = [r for r in role["rules"] if r.get("resourceNames")]
+        named = [
+            r for r in role["rules"] if r.get("resourceNames") and r["resources"] == ["leases"]
+        ]
         assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                           "resourceNames": [lease], "verbs": ["get", "update"]}]  # fmt: skip
+    # The extender mints kube-scheduler's token, and no other account's.
+    tokens = [r for r in one(default, "Role", "-extender")["rules"]
+              if r["resources"] == ["serviceaccounts/token"]]  # fmt: skip
+    assert tokens == [{"apiGroups": [""], "resources": ["serviceaccounts/token"],
+                       "resourceNames": ["ig-infergrid-scheduler"],
+                       "verbs": ["create"]}]  # fmt: skip
 
 
 def test_operator_namespaced_rbac():
@@ -252,12 +260,17 @@ def test_scheduler_configuration_matches_the_local_cluster(default):
 
 
 def test_scheduler_pod_gives_each_container_its_own_token(default):
+    """The extender holds the pod's projected token; kube-scheduler, one the extender mints
+    for kube-scheduler's own account into a memory emptyDir: no token Secret exists."""
     deployment = one(default, "Deployment", "-scheduler")
     spec = pod_spec(deployment)
     assert deployment["spec"]["strategy"]["type"] == "Recreate"
     assert spec["serviceAccountName"] == "ig-infergrid-extender"
     assert spec["automountServiceAccountToken"] is False
-    containers = {c["name"]: c for c in spec["containers"]}
+    (extender,) = spec["initContainers"]
+    assert extender["name"] == "extender" and extender["restartPolicy"] == "Always"
+    assert "/scheduler-token/token" in " ".join(extender["startupProbe"]["exec"]["command"])
+    containers = {c["name"]: c for c in [*spec["containers"], extender]}
     assert set(containers) == {"kube-scheduler", "extender"}
     token_path = "/var/run/secrets/kubernetes.io/serviceaccount"
     mounts = {
@@ -267,11 +280,11 @@ def test_scheduler_pod_gives_each_container_its_own_token(default):
     assert mounts["extender"][token_path] == "extender-token"
     assert mounts["kube-scheduler"][token_path] == "scheduler-token"
     volumes = {v["name"]: v for v in spec["volumes"]}
-    assert volumes["scheduler-token"]["secret"]["secretName"] == "ig-infergrid-scheduler-token"
-    secret = one(default, "Secret", "-scheduler-token")
-    assert secret["type"] == "kubernetes.io/service-account-token"
-    sa = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
-    assert sa == "ig-infergrid-scheduler"
+    assert volumes["scheduler-token"]["emptyDir"]["medium"] == "Memory"
+    assert not by_kind(default, "Secret")
+    ext = yaml.safe_load(one(default, "ConfigMap", "-scheduler")["data"]["extender.yaml"])
+    assert mounts["extender"][ext["schedulerTokenDir"]] == "scheduler-token"
+    assert ext["schedulerServiceAccount"] == "ig-infergrid-scheduler"
     args = containers["kube-scheduler"]["args"]
     assert "--config=/etc/infergrid/scheduler-config.yaml" in args
     assert containers["kube-scheduler"]["image"] == f"registry.k8s.io/kube-scheduler:{KUBE_VERSION}"
@@ -437,8 +450,18 @@ def test_monitoring_parts():
                 assert known, f"the engine exports no {base}"
         else:
             assert f'"{base}"' in code, f"the dashboard reads {name}, which no part exports"
+    # Prometheus reads the metrics listener; the verbs stay on loopback.
     ext = yaml.safe_load(one(objects, "ConfigMap", "-scheduler")["data"]["extender.yaml"])
-    assert ext["host"] == "0.0.0.0"
+    assert (ext["host"], ext["metricsAddress"], ext["metricsPort"]) == (
+        "127.0.0.1",
+        "0.0.0.0",
+        9464,
+    )
+    (extender,) = pod_spec(one(objects, "Deployment", "-scheduler"))["initContainers"]
+    assert extender["ports"] == [{"name": "http", "containerPort": 9464, "protocol": "TCP"}]
+    policy = one(objects, "NetworkPolicy", "-scheduler")
+    ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
+    assert sorted(ports) == [9464, 10259]
 
 
 # An invalid value, and the key the error must name.
@@ -456,6 +479,9 @@ INVALID = [
     (["--set", "operator.image.digest=sha256:abc"], "/operator/image/digest"),
     (["--set-json", "operator.image.tag=1.0"], "/operator/image/tag"),
     (["--set", "schedulerName="], "/schedulerName"),
+    (["--set", "scheduler.extender.exposeMetrics=true",
+      "--set", "scheduler.extender.metricsPort=8888"],
+     "scheduler.extender.metricsPort (8888) must differ"),
     (["--set", "metrics.serviceMonitor.interval=soon"], "/metrics/serviceMonitor/interval"),
     (["--set", "devicePlugin.tolerations[0].operator=Maybe"],
      "/devicePlugin/tolerations/0/operator"),

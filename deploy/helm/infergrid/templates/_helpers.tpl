@@ -75,6 +75,9 @@ app.kubernetes.io/component: {{ .component }}
 system:serviceaccount:{{ .root.Release.Namespace }}:{{ .sa }}
 {{- end }}
 
+{{/* Where the extender writes the token it mints for kube-scheduler (an emptyDir). */}}
+{{- define "infergrid.scheduler.tokenDir" -}}/var/run/infergrid/scheduler-token{{- end }}
+
 {{/* Lease names of the two leader elections, in the release namespace. */}}
 {{- define "infergrid.scheduler.lease" -}}{{ include "infergrid.scheduler.fullname" . }}{{- end }}
 {{- define "infergrid.extender.lease" -}}{{ include "infergrid.extender.fullname" . }}{{- end }}

@@ -46,8 +46,15 @@ extenders:
 {{/* The extender's settings (scheduler_extender/config.py). */}}
 {{- define "infergrid.extender.config" -}}
 version: v1
-host: {{ ternary "0.0.0.0" "127.0.0.1" .Values.scheduler.extender.exposeMetrics }}
+# The verbs answer on loopback only: kube-scheduler calls them from inside the pod.
+host: 127.0.0.1
 port: {{ .Values.scheduler.extender.port }}
+{{- if .Values.scheduler.extender.exposeMetrics }}
+metricsAddress: 0.0.0.0
+metricsPort: {{ .Values.scheduler.extender.metricsPort }}
+{{- end }}
+schedulerTokenDir: {{ include "infergrid.scheduler.tokenDir" . }}
+schedulerServiceAccount: {{ include "infergrid.scheduler.serviceAccount" . }}
 defaultPolicy: {{ .Values.scheduler.extender.defaultPolicy }}
 staleAfterSeconds: {{ .Values.scheduler.extender.staleAfterSeconds }}
 resyncSeconds: {{ .Values.scheduler.extender.resyncSeconds }}
