@@ -101,25 +101,45 @@ def as_granted(devices: Iterable[Device], name: str) -> ContainerAssignment | No
     return ContainerAssignment(name, gpus=tuple(gpus.values()), shared=first.kind == "share")
 
 
+@dataclass(frozen=True, slots=True)
+class Provisional:
+    """A grant one of `candidates` holds (the plugin's guess first), the kubelet not yet asked.
+
+    `sure` until a candidate's pod leaves: the grant may have been the leaver's,
+    so the others are then charged but no longer known to include the holder.
+    """
+
+    candidates: tuple[Pending, ...]
+    sure: bool = True
+
+    @property
+    def refs(self) -> set[Ref]:
+        return {p.ref for p in self.candidates}
+
+
 @dataclass
 class Ledger:
     """Containers granted so far; the placement core counts what they hold.
 
-    `honoured`: grants whose holder is known. `provisional`: grants the kubelet
-    has not shown yet, by device IDs, to one of several candidates (the plugin's
-    guess first). `confirmed`: holders the kubelet has shown.
+    `honoured`: grants whose holder is known or the only one possible.
+    `provisional`: grants the kubelet has not shown yet, by device IDs, to one of
+    several candidates (the plugin's guess first). `confirmed`: holders the
+    kubelet has shown. `unshown`: the devices of honoured grants it has not shown.
     """
 
     honoured: dict[Ref, ContainerAssignment] = field(default_factory=dict)
-    provisional: dict[frozenset[str], tuple[Pending, ...]] = field(default_factory=dict)
+    provisional: dict[frozenset[str], Provisional] = field(default_factory=dict)
     confirmed: set[Ref] = field(default_factory=set)
+    unshown: dict[Ref, frozenset[str]] = field(default_factory=dict)
 
     def copy(self) -> Ledger:
-        return Ledger(dict(self.honoured), dict(self.provisional), set(self.confirmed))
+        return Ledger(
+            dict(self.honoured), dict(self.provisional), set(self.confirmed), dict(self.unshown)
+        )
 
     def charged(self) -> list[ContainerAssignment]:
         """What every grant counts for: its holder's assignment, or its largest candidate's."""
-        guesses = [widest([p.container for p in c]) for c in self.provisional.values()]
+        guesses = [widest([p.container for p in e.candidates]) for e in self.provisional.values()]
         return [*self.honoured.values(), *guesses]
 
     def holding(self, gpus: Iterable[Gpu], share_slots: int) -> NodeState:
@@ -139,17 +159,17 @@ class Ledger:
 
     def guess(self, candidates: Sequence[Pending]) -> Pending:
         """The oldest candidate no other provisional grant already guessed."""
-        guessed = {c[0].ref for c in self.provisional.values()}
+        guessed = {e.candidates[0].ref for e in self.provisional.values()}
         return next((p for p in candidates if p.ref not in guessed), candidates[0])
 
     def all_taken(self, candidates: Sequence[Pending]) -> bool:
         """Whether provisional grants already account for every candidate.
 
-        Each of them went to a different one of its own candidates, so when as
+        Each sure one went to a different one of its own candidates, so when as
         many grants as candidates lie within the candidates, none is left.
         """
         refs = {p.ref for p in candidates}
-        inside = sum(1 for c in self.provisional.values() if {p.ref for p in c} <= refs)
+        inside = sum(1 for e in self.provisional.values() if e.sure and e.refs <= refs)
         return inside >= len(refs)
 
     def honour(self, devices: Iterable[str], candidates: Sequence[Pending]) -> None:
@@ -159,11 +179,11 @@ class Ledger:
         provisional grant of the same devices is over and is replaced.
         """
         if len(candidates) == 1:
-            self.honoured[candidates[0].ref] = candidates[0].container
+            self._adopt(candidates[0], frozenset(devices))
         else:
             guess = self.guess(candidates)
             rest = tuple(p for p in candidates if p.ref != guess.ref)
-            self.provisional[frozenset(devices)] = (guess, *rest)
+            self.provisional[frozenset(devices)] = Provisional((guess, *rest))
         self._settle()
 
     def confirm(
@@ -172,8 +192,11 @@ class Ledger:
         """Adopts what the kubelet shows held as the truth about those devices and holders.
 
         A container the kubelet showed before and no longer lists has left it, so
-        its GPUs count as free again; a grant not shown yet stays as it was.
+        its GPUs count as free again. A grant matched to one assignment whose
+        devices the kubelet shows held by another container did not go to that
+        assignment: it waits again. A grant not shown yet stays as it was.
         """
+        held = list(held)
         by_name = {(p.namespace, p.name): p for p in pods}
         shown: dict[Ref, ContainerAssignment] = {}
         for h in held:
@@ -183,17 +206,21 @@ class Ledger:
             shown[found[0]] = found[1]
             for devices in [d for d in self.provisional if d & h.devices]:
                 del self.provisional[devices]
-        for ref in self.confirmed - shown.keys():
+        taken = frozenset().union(*(h.devices for h in held))
+        mistaken = {r for r, d in self.unshown.items() if r not in shown and d & taken}
+        for ref in (self.confirmed - shown.keys()) | mistaken:
             self.honoured.pop(ref, None)
+            self.unshown.pop(ref, None)
         self.honoured.update(shown)
         self.confirmed = set(shown)
+        self.unshown = {r: d for r, d in self.unshown.items() if r not in shown}
         self._settle()
 
     def rebuild(
         self, held: Iterable[Held], pods: Iterable[PodRecord], known: dict[str, Device]
     ) -> None:
         """Starts over from what the kubelet shows held, e.g. after a plugin restart."""
-        self.honoured, self.provisional, self.confirmed = {}, {}, set()
+        self.honoured, self.provisional, self.confirmed, self.unshown = {}, {}, set(), {}
         self.confirm(held, pods, known)
 
     def keep_only(self, pods: Iterable[PodRecord]) -> None:
@@ -206,9 +233,11 @@ class Ledger:
         self.honoured = {
             k: v for k, v in self.honoured.items() if k[0] in live or k in self.confirmed
         }
-        self.provisional = {
-            d: tuple(p for p in c if p.pod.uid in live) for d, c in self.provisional.items()
-        }
+        self.unshown = {k: v for k, v in self.unshown.items() if k in self.honoured}
+        for devices, entry in list(self.provisional.items()):
+            left = tuple(p for p in entry.candidates if p.pod.uid in live)
+            if left != entry.candidates:
+                self.provisional[devices] = Provisional(left, sure=False)
         self._settle()
 
     def seed(self, pods: Iterable[PodRecord]) -> None:
@@ -218,20 +247,29 @@ class Ledger:
                 if c.allocated:
                     self.honoured.setdefault((pod.uid, c.name), c)
 
+    def _adopt(self, holder: Pending, devices: frozenset[str]) -> None:
+        self.honoured[holder.ref] = holder.container
+        self.unshown[holder.ref] = devices
+
     def _settle(self) -> None:
-        """Drops candidates known to hold another grant; one candidate left is the holder."""
+        """Drops candidates known to hold another grant; one left of a sure grant is its holder.
+
+        With none left, the grant's holder has left: it is over.
+        """
         changed = True
         while changed:
             changed = False
-            for devices, candidates in list(self.provisional.items()):
-                left = tuple(p for p in candidates if p.ref not in self.honoured)
-                if len(left) == 1:
-                    self.honoured[left[0].ref] = left[0].container
-                if len(left) <= 1:
+            for devices, entry in list(self.provisional.items()):
+                left = tuple(p for p in entry.candidates if p.ref not in self.honoured)
+                if entry.sure and len(left) == 1:
+                    self._adopt(left[0], devices)
                     del self.provisional[devices]
                     changed = True
-                elif left != candidates:
-                    self.provisional[devices] = left
+                elif not left:
+                    del self.provisional[devices]
+                    changed = True
+                elif left != entry.candidates:
+                    self.provisional[devices] = replace(entry, candidates=left)
 
 
 def _holder(

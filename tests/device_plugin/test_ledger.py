@@ -9,6 +9,7 @@ is limited to the smallest, so nothing is over-committed whatever the truth.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +19,7 @@ from device_plugin.allocator import AllocationError, grant
 from device_plugin.config import PluginConfig
 from device_plugin.devices import by_id, resource_devices
 from device_plugin.holdings import Held
-from device_plugin.ledger import Ledger
+from device_plugin.ledger import Ledger, pending_on
 from infergrid.constants import RESOURCE_GPU, RESOURCE_VGPU
 from infergrid.placement import recheck
 from tests.device_plugin.conftest import pod, share, whole
@@ -146,6 +147,29 @@ def test_a_holder_whose_assignment_cannot_explain_its_devices_is_charged_all_the
     assert len(ledger.charged()) == 1
 
 
+def test_a_grant_the_kubelet_shows_with_another_pod_leaves_the_assignment_waiting():
+    """A pod placed past the scheduler asked for the slot: the matched assignment was not it."""
+    waiting = pod("waiting", "n", share("c", G0, 200))
+    intruder = replace(pod("intruder", "n"), assignment=None)
+    ledger = Ledger()
+    grant([slot(0)], DEVICES, "n", [waiting, intruder], ledger, CONFIG)
+    assert list(ledger.honoured) == [("uid-waiting", "c")]
+    ledger.confirm([held("intruder", slot(0))], [waiting, intruder], DEVICES)
+    assert [p.pod.name for p in pending_on("n", [waiting, intruder], ledger)] == ["waiting"]
+    (charged,) = ledger.charged()  # the intruder, charged all a share slot can hold
+    assert (charged.gpus[0].memory_mib, charged.gpus[0].cores, charged.shared) == (1000, 100, True)
+
+
+def test_a_candidate_that_leaves_does_not_make_the_other_the_holder():
+    """The grant may have been the leaver's: the other is still free to be admitted."""
+    first, second = pod("first", "n", share("c", G0, 400)), pod("second", "n", share("c", G0, 600))
+    ledger = Ledger()
+    grant([slot(0)], DEVICES, "n", [first, second], ledger, CONFIG)  # it was `second`'s
+    ledger.keep_only([first])  # `second` ends
+    assert ledger.honoured == {}
+    assert grant([slot(1)], DEVICES, "n", [first], ledger, CONFIG).pending.pod.name == "first"
+
+
 def test_holdings_of_devices_not_ours_are_ignored():
     ledger = Ledger()
     ledger.rebuild([held("x", "GPU-elsewhere")], [], DEVICES)
@@ -168,9 +192,10 @@ containers = st.one_of(
     st.lists(containers, min_size=1, max_size=10),
     st.randoms(use_true_random=False),
     st.floats(0, 1),
+    st.floats(0, 0.5),
 )
-def test_no_order_of_admissions_over_commits_a_gpu(assigned, rnd, confirm_rate):
-    """The kubelet admits pods in any order and PodResources answers now and then: what
+def test_no_order_of_admissions_over_commits_a_gpu(assigned, rnd, confirm_rate, end_rate):
+    """The kubelet admits pods in any order, pods end, PodResources answers now and then: what
     the pods truly hold, each limited to what Allocate told it, never over-commits a GPU,
     and the ledger ends holding exactly the true holders."""
     pods = [pod(f"p{i}", "n", c, age_s=i) for i, c in enumerate(assigned)]
@@ -194,9 +219,15 @@ def test_no_order_of_admissions_over_commits_a_gpu(assigned, rnd, confirm_rate):
         _check_covers(ledger, [assigned[k] for k in truth])
         if rnd.random() < confirm_rate:
             ledger.confirm(list(truth.values()), pods, DEVICES)
+        if rnd.random() < end_rate:  # a running pod ends; its devices may be given out again
+            ended = rnd.choice(sorted(truth))
+            del truth[ended]
+            pods = [p for p in pods if p.name != f"p{ended}"]
+            ledger.keep_only(pods)
     ledger.confirm(list(truth.values()), pods, DEVICES)
-    assert ledger.provisional == {}
     assert ledger.honoured == {(f"uid-p{k}", "c"): assigned[k] for k in truth}
+    for entry in ledger.provisional.values():  # grants that may have been a leaver's
+        assert not entry.sure and not entry.refs & {(f"uid-p{k}", "c") for k in truth}
 
 
 def _free_devices(container, truth: dict) -> list[str] | None:
