@@ -24,6 +24,7 @@ from pathlib import Path
 from device_plugin.config import PluginConfig
 from device_plugin.fake_kubelet import FakeKubelet
 from device_plugin.kubelet import UNHEALTHY, api_pb2
+from device_plugin.ledger import Ledger
 from device_plugin.nvml.fake import FakeNvml
 from device_plugin.runtime import DevicePluginRuntime
 from infergrid.assignment_annotation import AssignedGpu, ContainerAssignment, PodAssignment
@@ -112,7 +113,7 @@ def run(gpus: int, slots: int, rounds: int) -> dict:
                      t0 + timedelta(seconds=i))
             for i in range(gpus)
         ]  # fmt: skip
-        runtime.manager.ledger.honoured.clear()
+        runtime.manager.ledger = Ledger()
         pods.items = wholes
         gpu = kubelet.plugin(RESOURCE_GPU)
         whole_lat = [allocate(gpu, [uuids[i]]) for i in range(gpus)]

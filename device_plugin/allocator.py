@@ -1,10 +1,13 @@
-"""Allocate, decided: which assignment a kubelet request honours, and what the container gets.
+"""Allocate, decided: which assignments a kubelet request may honour, and what the container gets.
 
 Pure over plain data. The kubelet names devices, not pods, so a request is
-matched to the oldest unhonoured assignment on this node with the same kind
-and the same GPUs (tie: pod name, then container order). The match is then
-re-checked against the ledger by the placement core, so no annotation can make
-the plugin hand out more of a GPU than it has.
+matched to the unhonoured assignments on this node with the same kind and the
+same GPUs, oldest first (tie: pod name, then container order). When several
+match, the kubelet may be admitting any of them: the ledger charges the largest
+and the container is limited to the smallest memory, so neither the GPU nor
+the pod is over-committed whichever it is, until PodResources says (see
+ledger.py). The charge is re-checked against the ledger by the placement core,
+so no annotation can make the plugin hand out more of a GPU than it has.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from dataclasses import dataclass, field
 
 from device_plugin.config import PluginConfig
 from device_plugin.devices import Device
-from device_plugin.ledger import Ledger, Pending, pending_on
+from device_plugin.ledger import Ledger, Pending, explains, pending_on, widest
+from device_plugin.visibility import Mount, visibility
 from infergrid.placement import recheck
 from infergrid.records import PodRecord
 
@@ -25,11 +29,18 @@ class AllocationError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """One container's allocation: the assignment it honours and what the container sees."""
+    """One container's allocation: the assignment it honours and what the container sees.
+
+    `pending` is the plugin's guess at the holder; `candidates` every assignment
+    the kubelet might be admitting (the guess among them).
+    """
 
     pending: Pending
     envs: dict[str, str]
-    cdi_devices: tuple[str, ...] = field(default=())
+    cdi_devices: tuple[str, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    device_ids: tuple[str, ...] = ()
+    candidates: tuple[Pending, ...] = field(default=())
 
 
 def _devices(ids: Iterable[str], known: dict[str, Device]) -> list[Device]:
@@ -47,19 +58,10 @@ def _devices(ids: Iterable[str], known: dict[str, Device]) -> list[Device]:
     return devices
 
 
-def _matches(pending: Pending, kind: str, targets: list[str]) -> bool:
-    c = pending.container
-    if c.kind != kind:
-        return False
-    if kind == "mig":
-        return c.mig is not None and [c.mig.uuid] == targets
-    return sorted(g.uuid for g in c.gpus) == targets
-
-
 def match(
     devices: list[Device], node: str, pods: Iterable[PodRecord], ledger: Ledger, scheduler: str
-) -> Pending:
-    """The oldest unhonoured assignment on `node` for these GPUs, of a pod `scheduler` bound.
+) -> list[Pending]:
+    """Unhonoured assignments on `node` for these GPUs, of pods `scheduler` bound, oldest first.
 
     A pod another scheduler bound is passed over, so it never stands in front of
     one of ours; when only such pods match, the refusal names one of them.
@@ -68,10 +70,15 @@ def match(
     kind = devices[0].kind
     targets = sorted({d.target for d in devices})
     pending = pending_on(node, pods, ledger)
-    found = [item for item in pending if _matches(item, kind, targets)]
+    found = [item for item in pending if explains(item.container, kind, targets)]
     ours = [item for item in found if item.pod.scheduler_name == scheduler]
+    if ours and ledger.all_taken(ours):
+        raise AllocationError(
+            f"every {kind} assignment on node {node} for {', '.join(targets)} is already granted "
+            f"({', '.join(f'{p.pod.key}/{p.container.name}' for p in ours)})"
+        )
     if ours:
-        return ours[0]
+        return ours
     if found:
         raise AllocationError(
             f"pod {found[0].pod.key} was not scheduled by {scheduler}; it gets no GPU"
@@ -98,33 +105,42 @@ def _no_match(
     return message
 
 
-def _check_fit(devices: list[Device], pending: Pending, ledger: Ledger, slots: int) -> None:
-    """Refuses what would over-commit a GPU, given what was already honoured.
+def _check_fit(
+    devices: list[Device], candidates: list[Pending], ledger: Ledger, slots: int
+) -> None:
+    """Refuses what would over-commit a GPU, given what was already granted.
 
     The placement core judges, by the rules the extender placed with, so the
-    gate and the scheduler never disagree about what fits.
+    gate and the scheduler never disagree about what fits. With several
+    candidates the largest is judged.
     """
     gpus = {d.gpu.uuid: d.gpu for d in devices}.values()
-    shortfalls = recheck(ledger.holding(gpus, slots), pending.container)
+    charge = widest([p.container for p in candidates])
+    shortfalls = recheck(ledger.holding(gpus, slots), charge)
     if shortfalls:
         reasons = "; ".join(s.message for s in shortfalls)
+        who = " or ".join(p.pod.key for p in candidates)
         raise AllocationError(
-            f"pod {pending.pod.key} does not fit beside the containers already granted: {reasons}"
+            f"pod {who} does not fit beside the containers already granted: {reasons}"
         )
 
 
-def _envs(devices: list[Device], pending: Pending, config: PluginConfig) -> dict[str, str]:
-    c = pending.container
-    targets = sorted({d.target for d in devices})
-    if c.mig is not None:
-        memory = next(m.memory_mib for m in devices[0].gpu.mig_instances if m.uuid == c.mig.uuid)
+def _limits(
+    devices: list[Device], candidates: list[Pending], config: PluginConfig
+) -> dict[str, str]:
+    """The memory (and MPS) limits of the smallest candidate, so no pod gets more than its own."""
+    first = candidates[0].container
+    if first.mig is not None:
+        mig = first.mig.uuid
+        memory = next(m.memory_mib for m in devices[0].gpu.mig_instances if m.uuid == mig)
     else:
-        memory = min(g.memory_mib for g in c.gpus)
-    envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(targets), "INFERGRID_GPU_MEMORY_MIB": str(memory)}
-    if config.mps and c.kind == "share":
+        memory = min(g.memory_mib for p in candidates for g in p.container.gpus)
+    envs = {"INFERGRID_GPU_MEMORY_MIB": str(memory)}
+    if config.mps and first.kind == "share":
         envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory}M"
-        if c.gpus[0].cores:
-            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(c.gpus[0].cores)
+        cores = min(p.container.gpus[0].cores for p in candidates)
+        if cores:
+            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cores)
     return envs
 
 
@@ -136,11 +152,13 @@ def grant(
     ledger: Ledger,
     config: PluginConfig,
 ) -> Grant:
-    """Decides one container request; honours it in `ledger` only when it succeeds."""
-    pods = list(pods)
+    """Decides one container request; records it in `ledger` only when it succeeds."""
+    pods, device_ids = list(pods), tuple(device_ids)
     devices = _devices(device_ids, known)
-    pending = match(devices, node, pods, ledger, config.scheduler_name)
-    _check_fit(devices, pending, ledger, config.vgpu_slots_per_gpu)
-    ledger.honour(pending)
-    cdi = tuple(f"nvidia.com/gpu={t}" for t in sorted({d.target for d in devices}))
-    return Grant(pending, _envs(devices, pending, config), cdi if config.cdi else ())
+    candidates = match(devices, node, pods, ledger, config.scheduler_name)
+    _check_fit(devices, candidates, ledger, config.vgpu_slots_per_gpu)
+    guess = ledger.guess(candidates)
+    ledger.honour(device_ids, candidates)
+    seen = visibility([d.target for d in devices], config.device_list_strategy)
+    envs = {**seen.envs, **_limits(devices, candidates, config)}
+    return Grant(guess, envs, seen.cdi_devices, seen.mounts, device_ids, tuple(candidates))

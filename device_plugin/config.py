@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Final
 
 from device_plugin.kubelet import DEVICE_PLUGIN_DIR
+from device_plugin.kubelet.podresources import POD_RESOURCES_SOCKET
 from infergrid import settings
 from infergrid.constants import DEFAULT_VGPU_SLOTS_PER_GPU, SCHEDULER_NAME
 from infergrid.errors import ContractError
@@ -28,6 +29,13 @@ from infergrid.settings import (
 )
 
 MIG_STRATEGIES: Final = ("none", "single", "mixed")
+DEVICE_LIST_STRATEGIES: Final = ("volume-mounts", "cdi", "envvar")
+"""How a container is told its GPUs; see device_plugin/visibility.py."""
+
+
+def _path_or_off(doc: dict, key: str) -> str:
+    """A path, or "" to turn the thing off: the one setting where empty means something."""
+    return "" if doc.get(key) == "" else text(doc, key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +51,9 @@ class PluginConfig:
     vgpu_slots_per_gpu: int = DEFAULT_VGPU_SLOTS_PER_GPU
     mig_strategy: str = "mixed"
     mps: bool = False
-    cdi: bool = False
+    device_list_strategy: str = "volume-mounts"
+    # The kubelet's PodResources socket; "" turns identity confirmation off.
+    pod_resources_socket: str = POD_RESOURCES_SOCKET
     health_quiet_period_s: float = 60.0
     usage_interval_s: float = 5.0
     metrics_port: int = 9400
@@ -60,7 +70,10 @@ SETTINGS: Final = (
     Setting("vgpuSlotsPerGpu", "vgpu_slots_per_gpu", whole(1, 128), "share slots per GPU"),
     Setting("migStrategy", "mig_strategy", choice(MIG_STRATEGIES), "none, single or mixed"),
     Setting("mps", "mps", boolean, "return MPS limits for shares", boolean=True),
-    Setting("cdi", "cdi", boolean, "also return CDI device names", boolean=True),
+    Setting("deviceListStrategy", "device_list_strategy", choice(DEVICE_LIST_STRATEGIES),
+              "volume-mounts, cdi or envvar: how a container is given its GPUs"),
+    Setting("podResourcesSocket", "pod_resources_socket", _path_or_off,
+              "the kubelet's PodResources socket; empty turns it off"),
     Setting("healthQuietPeriodSeconds", "health_quiet_period_s", number(0, 86400),
               "a GPU recovers after this long without a fault"),
     Setting("usageIntervalSeconds", "usage_interval_s", number(0.1, 10),

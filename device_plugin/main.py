@@ -19,6 +19,7 @@ from device_plugin.config import PluginConfig, add_flags, load_config
 from device_plugin.kube import KubePods, patch_node
 from device_plugin.nvml.backend import NvmlBackend, NvmlError
 from device_plugin.ops_server import serve_ops
+from device_plugin.pod_resources import PodResourcesClient
 from device_plugin.runtime import DevicePluginRuntime
 from infergrid.errors import ContractError
 from infergrid.fleet import load_fleet
@@ -47,7 +48,8 @@ def build(cfg: PluginConfig) -> DevicePluginRuntime:
     core = client.CoreV1Api(kube_api())
     pods = KubePods(core, cfg.node_name)
     patch = (lambda a, lab: patch_node(core, cfg.node_name, a, lab)) if cfg.publish else None
-    return DevicePluginRuntime(cfg, backend, pods, patch, on_grants=pods.mark_allocated)
+    held = PodResourcesClient(cfg.pod_resources_socket) if cfg.pod_resources_socket else None
+    return DevicePluginRuntime(cfg, backend, pods, patch, on_grants=pods.mark_allocated, held=held)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,22 +2,28 @@
 
 It sits between the hardware layer (inventory, health) and the kubelet-facing
 gRPC servers, which only translate its answers into protobuf. Every decision
-it takes is one of the pure functions in `devices`, `allocator` and `preferred`.
+it takes is one of the pure functions in `devices`, `allocator`, `ledger` and
+`preferred`.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from device_plugin import metrics
 from device_plugin.allocator import AllocationError, Grant, grant
 from device_plugin.config import PluginConfig
 from device_plugin.devices import Device, by_id, resource_devices
-from device_plugin.ledger import Ledger, pending_on
+from device_plugin.holdings import Held, holding, ours
+from device_plugin.ledger import Ledger, Pending, holder_of, pending_on
 from device_plugin.preferred import best_for_assignment, best_whole_set
 from infergrid.inventory import GpuInventory
 from infergrid.records import PodRecord
+
+log = logging.getLogger(__name__)
 
 
 class PodSource(Protocol):
@@ -30,6 +36,14 @@ class PodSource(Protocol):
     def pods(self) -> list[PodRecord]: ...
 
 
+class HeldSource(Protocol):
+    """What the kubelet shows each container holding (PodResources); None when it cannot say."""
+
+    def list(self) -> list[Held] | None: ...
+
+    def describe(self) -> str: ...
+
+
 class DeviceManager:
     def __init__(
         self,
@@ -37,14 +51,19 @@ class DeviceManager:
         inventory: GpuInventory,
         is_healthy: Callable[[str], bool],
         pods: PodSource,
+        held: HeldSource | None = None,
     ):
         self.config = config
         self._inventory = inventory
         self._is_healthy = is_healthy
         self._pods = pods
+        self._held = held
         self._lock = threading.Lock()
         self.ledger = Ledger()
         self._seeded = False
+        self._last_pods: list[PodRecord] = []
+        self.fallback = ""
+        """Why the ledger was seeded from marks rather than the kubelet; empty when it was not."""
 
     @property
     def inventory(self) -> GpuInventory:
@@ -64,13 +83,30 @@ class DeviceManager:
         known = {d.id: d for d in self.devices(resource)}
         with self._lock:
             pods = self._fresh_pods()
-            trial = Ledger(dict(self.ledger.honoured))
-            grants = [
-                grant(ids, known, self.config.node_name, pods, trial, self.config)
-                for ids in requests
-            ]
+            trial = self.ledger.copy()
+            try:
+                grants = [
+                    grant(ids, known, self.config.node_name, pods, trial, self.config)
+                    for ids in requests
+                ]
+            except AllocationError as err:
+                if self.fallback:
+                    raise AllocationError(f"{err}; {self.fallback}") from err
+                raise
             self.ledger = trial
             return grants
+
+    def confirm(self, grants: Sequence[Grant]) -> list[Pending | None] | None:
+        """The holder the kubelet shows for each grant (None: not shown yet), the ledger updated.
+
+        None when the kubelet cannot say: the caller then keeps the plugin's guess.
+        """
+        held = self._held_now()
+        if held is None:
+            return None
+        with self._lock:
+            self.ledger.confirm(held, self._last_pods, by_id(self.resources()))
+            return [holder_of(holding(held, g.device_ids), self._last_pods) for g in grants]
 
     def preferred(
         self, resource: str, available: Sequence[str], must: Sequence[str], size: int
@@ -84,18 +120,47 @@ class DeviceManager:
             chosen = best_whole_set(offered, [known[i] for i in must], size)
         else:
             with self._lock:
-                ours = [
+                scheduled = [
                     p for p in self._fresh_pods() if p.scheduler_name == self.config.scheduler_name
                 ]
-                pending = pending_on(self.config.node_name, ours, self.ledger)
+                pending = pending_on(self.config.node_name, scheduled, self.ledger)
             chosen = best_for_assignment(offered, size, pending)
         return [d.id for d in chosen]
 
+    def _held_now(self) -> list[Held] | None:
+        """This plugin's devices as the kubelet shows them held; None when off or unanswered."""
+        if self._held is None:
+            return None
+        held = self._held.list()
+        return None if held is None else ours(held, self.resources())
+
     def _fresh_pods(self) -> list[PodRecord]:
-        """Reads the node's pods; forgets pods that left, adopts earlier allocations once."""
+        """Reads the node's pods and what the kubelet shows held; forgets pods that left.
+
+        The first time, the ledger is rebuilt from what the kubelet shows held,
+        or, when it cannot say, seeded from the marks in the pods' annotations.
+        """
         pods = self._pods.pods()
+        held = self._held_now()
+        known = by_id(self.resources())
         if not self._seeded:
-            self.ledger.seed(pods)
-            self._seeded = True
+            self._start_ledger(pods, held, known)
+        elif held is not None:
+            self.ledger.confirm(held, pods, known)
+            self.fallback = ""
         self.ledger.keep_only(pods)
+        self._last_pods = pods
         return pods
+
+    def _start_ledger(
+        self, pods: list[PodRecord], held: list[Held] | None, known: dict[str, Device]
+    ) -> None:
+        self._seeded = True
+        if held is not None:
+            self.ledger.rebuild(held, pods, known)
+            return
+        self.ledger.seed(pods)
+        if self._held is not None:
+            self.fallback = f"{self._held.describe()}; the ledger was seeded from allocation marks"
+            metrics.POD_RESOURCES_FALLBACKS.labels("ledger").inc()
+            log.warning("%s", self.fallback)

@@ -48,3 +48,13 @@ PUBLISH_ERRORS = Counter(
     "Failed writes of node annotations or pod allocation marks.",
     ["what"],
 )
+POD_RESOURCES_ERRORS = Counter(
+    "infergrid_device_plugin_pod_resources_errors_total",
+    "Calls to the kubelet's PodResources API that got no answer.",
+)
+POD_RESOURCES_FALLBACKS = Counter(
+    "infergrid_device_plugin_pod_resources_fallbacks_total",
+    "Times the ledger fell back to allocation marks, or a mark to the plugin's guess, "
+    "because PodResources did not answer; by what fell back (ledger or mark).",
+    ["what"],
+)

@@ -12,10 +12,11 @@ import logging
 import threading
 
 from device_plugin.config import PluginConfig
+from device_plugin.confirmation import Confirmer
 from device_plugin.discovery import discover
 from device_plugin.endpoint import PluginEndpoint
 from device_plugin.health import HealthMonitor, HealthTracker
-from device_plugin.manager import DeviceManager, PodSource
+from device_plugin.manager import DeviceManager, HeldSource, PodSource
 from device_plugin.nvml.backend import NvmlBackend
 from device_plugin.plugin import NodePlugins
 from device_plugin.publisher import NodePublisher, PatchNode
@@ -33,14 +34,17 @@ class DevicePluginRuntime:
         patch_node: PatchNode | None = None,
         on_grants=None,
         tracker: HealthTracker | None = None,
+        held: HeldSource | None = None,
     ):
+        """`held` is the kubelet's PodResources API; without it, grants are marked at once."""
         self.config = config
         self.backend = backend
         self.stop_event = threading.Event()
         self.tracker = tracker or HealthTracker(config.health_quiet_period_s)
         inventory = discover(backend, config.node_name, self.tracker, config.vgpu_slots_per_gpu)
-        self.manager = DeviceManager(config, inventory, self.tracker.is_healthy, pods)
-        self.on_grants = on_grants or (lambda grants: None)
+        self.manager = DeviceManager(config, inventory, self.tracker.is_healthy, pods, held)
+        on_grants = on_grants or (lambda grants: None)
+        self.on_grants = Confirmer(self.manager, on_grants) if held is not None else on_grants
         self.monitor = HealthMonitor(backend, self.tracker, self.stop_event)
         self.publisher = NodePublisher(
             backend,

@@ -38,6 +38,12 @@ def _response(grant: Grant) -> api_pb2.ContainerAllocateResponse:
     return api_pb2.ContainerAllocateResponse(
         envs=grant.envs,
         cdi_devices=[api_pb2.CDIDevice(name=n) for n in grant.cdi_devices],
+        mounts=[
+            api_pb2.Mount(
+                container_path=m.container_path, host_path=m.host_path, read_only=m.read_only
+            )
+            for m in grant.mounts
+        ],
     )
 
 

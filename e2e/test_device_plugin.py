@@ -54,6 +54,8 @@ def plugin(cluster):
             sys.executable, "-m", "device_plugin.main",
             "--fake-fleet", str(DEFAULT_FLEET), "--node", NODE,
             "--plugin-dir", str(plugin_dir), "--metrics-port", "0", "--usage-interval", "1",
+            # No kubelet records the fake kubelet's grants: marks go to the plugin's match.
+            "--pod-resources-socket", "",
         ],
         env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
     )  # fmt: skip
@@ -139,9 +141,12 @@ def test_a_pod_with_an_assignment_gets_the_matching_allocation(cluster, namespac
         ),
         timeout=10,
     )
-    envs = reply.container_responses[0].envs
-    assert envs["NVIDIA_VISIBLE_DEVICES"] == gpu.uuid
-    assert envs["INFERGRID_GPU_MEMORY_MIB"] == "8192"
+    response = reply.container_responses[0]
+    assert [(m.host_path, m.container_path, m.read_only) for m in response.mounts] == [
+        ("/dev/null", f"/var/run/nvidia-container-devices/{gpu.uuid}", True)
+    ]
+    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
+    assert response.envs["INFERGRID_GPU_MEMORY_MIB"] == "8192"
 
     def marked() -> bool:
         pod = core.read_namespaced_pod("shared-engine", namespace)

@@ -65,7 +65,12 @@ def assigned(core: client.CoreV1Api, namespace: str, name: str):
     return decode_assignment(pod.metadata.annotations[constants.ANNOTATION_GPU_ASSIGNMENT])
 
 
-ENV_SCRIPT = "env | grep -E '^(NVIDIA|INFERGRID|CUDA)_' | sort; echo ready; sleep 3600"
+ENV_SCRIPT = (
+    "env | grep -E '^(NVIDIA|INFERGRID|CUDA)_' | sort; "
+    "echo MOUNTED_DEVICES=$(ls /var/run/nvidia-container-devices | sort | paste -sd, -); "
+    "echo ready; sleep 3600"
+)
+"""Prints the container's GPU envs and the device list the kubelet mounted (volume-mounts)."""
 
 
 @pytest.mark.parametrize(
@@ -90,11 +95,13 @@ def test_allocate_gives_the_container_the_gpu_the_extender_assigned(
     if kind == "mig":
         migs = {m.uuid for g in real.inventory.gpus for m in g.mig_instances}
         assert container.mig.uuid in migs
-        assert env["NVIDIA_VISIBLE_DEVICES"] == container.mig.uuid
+        assert env["MOUNTED_DEVICES"] == container.mig.uuid
     else:
         (gpu,) = container.gpus
         assert gpu.uuid in inventory
-        assert env["NVIDIA_VISIBLE_DEVICES"] == gpu.uuid
+        assert env["MOUNTED_DEVICES"] == gpu.uuid
+    # The default device list strategy: the runtime reads the list from the mounts alone.
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
     if kind == "share":
         # Asked as 20000, stored by the API server as 20k: the same 20000 MiB.
         asked = core.read_namespaced_pod(name, namespace).spec.containers[0].resources.limits

@@ -27,7 +27,7 @@ from infergrid.records import PodRecord
 if TYPE_CHECKING:
     from device_plugin.allocator import Grant
     from device_plugin.fake_kubelet import FakeKubelet
-    from device_plugin.manager import PodSource
+    from device_plugin.manager import HeldSource, PodSource
     from device_plugin.nvml.fake import FakeNvml
     from device_plugin.runtime import DevicePluginRuntime
 
@@ -100,9 +100,14 @@ def start_plugin(short_dir):
     from infergrid.fleet import load_fleet
 
     def start(
-        node: str = "l4-0", fleet: Path = SAMPLE, pods: PodSource | None = None, **settings
+        node: str = "l4-0",
+        fleet: Path = SAMPLE,
+        pods: PodSource | None = None,
+        held: HeldSource | None = None,
+        **settings,
     ) -> Running:
-        """A plugin on ``node``; ``pods`` (StaticPods by default) is where it reads the pods."""
+        """A plugin on ``node``; ``pods`` (StaticPods by default) is where it reads the pods,
+        ``held`` where it reads what the kubelet shows held (none: grants are marked at once)."""
         fleet_node = next(n for n in load_fleet(fleet).nodes if n.name == node)
         nvml = FakeNvml(fleet_node)
         kubelet = FakeKubelet(short_dir)
@@ -115,6 +120,7 @@ def start_plugin(short_dir):
             pods,
             on_grants=granted.extend,
             tracker=HealthTracker(config.health_quiet_period_s),
+            held=held,
         )
         runtime.start()
         running = Running(kubelet, runtime, nvml, pods, granted)

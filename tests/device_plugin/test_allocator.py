@@ -83,9 +83,9 @@ def test_honoured_assignments_never_over_commit_a_gpu(assigned, rnd):
 
 
 def tally(ledger: Ledger) -> dict[str, Counter]:
-    """What the honoured containers hold on each GPU, summed apart from the code under test."""
+    """What the granted containers count for on each GPU, summed apart from the code under test."""
     loads: dict[str, Counter] = {}
-    for c in ledger.honoured.values():
+    for c in ledger.charged():
         for g in c.gpus:
             loads.setdefault(g.uuid, Counter()).update(
                 memory=g.memory_mib, cores=g.cores, whole=not c.shared, shares=c.shared

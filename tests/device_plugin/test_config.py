@@ -43,6 +43,10 @@ def test_file_then_flags_then_validation(tmp_path):
         ({"version": "v1", "usageIntervalSeconds": 30}, "usageIntervalSeconds"),
         ({"version": "v1", "healthQuietPeriodSeconds": True}, "healthQuietPeriodSeconds"),
         ({"version": "v1", "metricsPort": 70000}, "metricsPort"),
+        ({"version": "v1", "deviceListStrategy": "volume-mount"}, "deviceListStrategy"),
+        ({"version": "v1", "deviceListStrategy": True}, "deviceListStrategy"),
+        ({"version": "v1", "cdi": True}, "cdi"),
+        ({"version": "v1", "podResourcesSocket": 5}, "podResourcesSocket"),
         ("just text", "config"),
     ],
 )
@@ -65,6 +69,22 @@ def test_defaults_suit_a_gpu_node():
     config = PluginConfig(node_name="n")
     assert (config.gpu_replicas, config.vgpu_slots_per_gpu, config.mig_strategy) == (1, 10, "mixed")
     assert config.usage_interval_s <= 10
+    assert config.device_list_strategy == "volume-mounts"
+    assert config.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+def test_an_unknown_device_list_strategy_is_refused_with_the_choices():
+    with pytest.raises(ContractError) as bad:
+        load_config(args("--node", "n", "--device-list-strategy", "env"))
+    assert bad.value.field == "deviceListStrategy"
+    assert "'env' is not one of volume-mounts, cdi, envvar" in str(bad.value)
+
+
+def test_an_empty_pod_resources_socket_turns_it_off(tmp_path):
+    cfg = tmp_path / "plugin.yaml"
+    cfg.write_text('version: v1\nnodeName: n\npodResourcesSocket: ""\ndeviceListStrategy: cdi\n')
+    config = load_config(args("--config", str(cfg)))
+    assert (config.pod_resources_socket, config.device_list_strategy) == ("", "cdi")
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import pytest
 
 from device_plugin.kube import API_TIMEOUT_S, KubePods
 from device_plugin.kubelet import API_VERSION, HEALTHY, UNHEALTHY, api_pb2
+from device_plugin.visibility import MOUNT_DIR
 from infergrid.constants import RESOURCE_GPU, RESOURCE_VGPU, SCHEDULER_NAME
 from tests.device_plugin.conftest import mig, pod, share, whole
 from tests.device_plugin.test_kube import FakeCore, timed_out
@@ -23,6 +24,13 @@ def allocate(stub, *device_lists):
         ]
     )
     return stub.Allocate(request, timeout=5)
+
+
+def mounted(response: api_pb2.ContainerAllocateResponse) -> list[str]:
+    """The GPUs a container is shown by volume mounts, as the NVIDIA runtime reads them."""
+    assert all(m.host_path == "/dev/null" and m.read_only for m in response.mounts)
+    assert all(m.container_path.startswith(f"{MOUNT_DIR}/") for m in response.mounts)
+    return [m.container_path.removeprefix(f"{MOUNT_DIR}/") for m in response.mounts]
 
 
 def first_list(stub) -> list[api_pb2.Device]:
@@ -179,15 +187,19 @@ def test_a_pod_of_another_scheduler_does_not_steer_the_preferred_share_slot(star
     assert reply.container_responses[0].deviceIDs[0].startswith(f"{ours}::vgpu-")
 
 
-def test_allocate_whole_gpus_returns_visible_devices_and_marks_the_container(start_plugin):
+def test_allocate_whole_gpus_mounts_their_device_list_and_marks_the_container(start_plugin):
+    """By default the GPUs are kubelet-made mounts: a NVIDIA_VISIBLE_DEVICES the pod sets
+    itself is ignored by a runtime that accepts only mounts from unprivileged pods."""
     p = start_plugin("l4-0")
     p.kubelet.wait_registered({RESOURCE_GPU})
     a, b = p.gpu(0).uuid, p.gpu(1).uuid
     p.pods.items = [pod("train", "l4-0", whole("main", a, b))]
     reply = allocate(p.kubelet.plugin(RESOURCE_GPU), [b, a])
-    envs = reply.container_responses[0].envs
-    assert envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(sorted([a, b]))
-    assert envs["INFERGRID_GPU_MEMORY_MIB"] == "23034"
+    response = reply.container_responses[0]
+    assert mounted(response) == sorted([a, b])
+    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == MOUNT_DIR
+    assert response.envs["INFERGRID_GPU_MEMORY_MIB"] == "23034"
+    assert list(response.cdi_devices) == []
     assert [(g.pending.pod.name, g.pending.container.name) for g in p.granted] == [
         ("train", "main")
     ]
@@ -201,22 +213,44 @@ def test_allocate_a_share_returns_its_memory_budget_and_mps_limits(start_plugin)
     envs = (
         allocate(p.kubelet.plugin(RESOURCE_VGPU), [f"{target}::vgpu-4"]).container_responses[0].envs
     )
-    assert envs["NVIDIA_VISIBLE_DEVICES"] == target
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == MOUNT_DIR
     assert envs["INFERGRID_GPU_MEMORY_MIB"] == "8192"
     assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
     assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
 
 
 def test_allocate_a_mig_device(start_plugin):
-    p = start_plugin("a100-1", cdi=True)
+    p = start_plugin("a100-1")
     p.kubelet.wait_registered({"nvidia.com/mig-3g.40gb"})
     instance = p.gpu(0).mig_instances[1]
     p.pods.items = [pod("mig", "a100-1", mig("main", instance.uuid, "3g.40gb", p.gpu(0).uuid))]
     reply = allocate(p.kubelet.plugin("nvidia.com/mig-3g.40gb"), [instance.uuid])
     response = reply.container_responses[0]
-    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == instance.uuid
+    assert mounted(response) == [instance.uuid]
     assert response.envs["INFERGRID_GPU_MEMORY_MIB"] == str(instance.memory_mib)
-    assert [d.name for d in response.cdi_devices] == [f"nvidia.com/gpu={instance.uuid}"]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "envs", "mounts", "cdi"),
+    [
+        ("volume-mounts", {"NVIDIA_VISIBLE_DEVICES": MOUNT_DIR}, ["{a}", "{b}"], []),
+        ("cdi", {}, [], ["nvidia.com/gpu={a}", "nvidia.com/gpu={b}"]),
+        ("envvar", {"NVIDIA_VISIBLE_DEVICES": "{a},{b}"}, [], []),
+    ],
+)
+def test_each_device_list_strategy_shows_the_container_exactly_its_gpus(
+    start_plugin, strategy, envs, mounts, cdi
+):
+    """volume-mounts (default) and cdi do not trust the pod's env; envvar does."""
+    p = start_plugin("l4-0", device_list_strategy=strategy, mps=True)
+    p.kubelet.wait_registered({RESOURCE_GPU})
+    a, b = sorted([p.gpu(0).uuid, p.gpu(2).uuid])
+    p.pods.items = [pod("train", "l4-0", whole("main", a, b))]
+    response = allocate(p.kubelet.plugin(RESOURCE_GPU), [b, a]).container_responses[0]
+    expected_envs = {k: v.format(a=a, b=b) for k, v in envs.items()}
+    assert dict(response.envs) == {**expected_envs, "INFERGRID_GPU_MEMORY_MIB": "23034"}
+    assert mounted(response) == [m.format(a=a, b=b) for m in mounts]
+    assert [d.name for d in response.cdi_devices] == [c.format(a=a, b=b) for c in cdi]
 
 
 def test_a_multi_container_pod_gets_each_container_its_own_share(start_plugin):
@@ -306,7 +340,7 @@ def test_refused_requests_say_what_is_missing_and_change_nothing(start_plugin, p
     assert message in refused.value.details()
     assert p.granted == [] and p.runtime.manager.ledger.honoured == {}
     p.pods.items = [pod("valid", "l4-0", whole("c", g))]
-    assert allocate(stub, [g]).container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == g
+    assert mounted(allocate(stub, [g]).container_responses[0]) == [g]
 
 
 def test_allocate_refuses_when_the_api_server_does_not_answer(start_plugin):

@@ -1,14 +1,16 @@
 """The committed gRPC stubs are exactly what grpcio-tools makes from the official proto."""
 
 from device_plugin.kubelet import api_pb2
-from device_plugin.kubelet.codegen import OUTPUTS, PROTO, ROOT, generate_into
+from device_plugin.kubelet.codegen import OUTPUTS, PROTOS, ROOT, generate_into
+from device_plugin.kubelet.podresources import api_pb2 as podresources_pb2
 
 
 def test_generated_stubs_match_the_proto(tmp_path):
-    for fresh in generate_into(tmp_path):
-        committed = ROOT / PROTO.parent / fresh.name
-        assert committed.read_text() == fresh.read_text(), f"{committed.name} is stale: make protos"
-    assert len(OUTPUTS) == 3
+    fresh_files = generate_into(tmp_path)
+    for fresh in fresh_files:
+        committed = ROOT / fresh.relative_to(tmp_path)
+        assert committed.read_text() == fresh.read_text(), f"{committed} is stale: make protos"
+    assert len(fresh_files) == len(OUTPUTS) * len(PROTOS) == 6
 
 
 def test_the_services_are_the_kubelets_v1beta1_ones():
@@ -22,3 +24,11 @@ def test_the_services_are_the_kubelets_v1beta1_ones():
         "Allocate",
         "PreStartContainer",
     }
+
+
+def test_the_pod_resources_service_is_the_kubelets_v1_one():
+    service = podresources_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    assert service.full_name == "v1.PodResourcesLister"
+    assert [m.name for m in service.methods] == ["List"]
+    fields = podresources_pb2.ContainerDevices.DESCRIPTOR.fields_by_name
+    assert (fields["resource_name"].number, fields["device_ids"].number) == (1, 2)
