@@ -183,7 +183,8 @@ def test_install_creates_every_workload_ready_on_kwok_nodes(cluster, release):
         for pod in component_pods(cluster, release, component):
             assert pod.spec.node_name == CPU_NODE, "pinned by the e2e values' nodeSelector"
     scheduler = component_pods(cluster, release, "scheduler")[0]
-    assert {c.name for c in scheduler.status.container_statuses} == {"kube-scheduler", "extender"}
+    statuses = [*scheduler.status.container_statuses, *scheduler.status.init_container_statuses]
+    assert {c.name for c in statuses} == {"kube-scheduler", "extender"}
     ds = apps.read_namespaced_daemon_set(release.sa("device-plugin"), release.namespace)
     gpus = gpu_nodes(cluster)
     assert ds.status.desired_number_scheduled == len(gpus)
@@ -694,6 +695,12 @@ def test_the_chart_runs_every_component_in_containers_on_the_real_node(
             helm(cluster, "uninstall", name, "--namespace", ns, "--wait")
 
 
+def all_statuses(pod: client.V1Pod) -> dict[str, client.V1ContainerStatus]:
+    """Every container's status, the extender's (a native sidecar, an init container) too."""
+    found = [*(pod.status.container_statuses or []), *(pod.status.init_container_statuses or [])]
+    return {s.name: s for s in found}
+
+
 def check_running_on_the_real_node(cluster, rel: Release, real) -> None:
     core = client.CoreV1Api(cluster.api)
     for component, image in (("operator", "operator"), ("scheduler", "scheduler-extender"),
@@ -701,14 +708,14 @@ def check_running_on_the_real_node(cluster, rel: Release, real) -> None:
 
         def ready(component: str = component) -> bool:
             (pod,) = component_pods(cluster, rel, component)
-            statuses = pod.status.container_statuses or []
-            return bool(statuses) and all(s.ready for s in statuses)
+            statuses = all_statuses(pod)
+            return bool(statuses) and all(s.ready for s in statuses.values())
 
         # helm --wait may return before a DaemonSet's pod passes its readiness probe.
         wait_until(ready, 120, f"the {component} Ready by its own probe")
         (pod,) = component_pods(cluster, rel, component)
         assert pod.spec.node_name == real.name, component
-        statuses = {s.name: s for s in pod.status.container_statuses}
+        statuses = all_statuses(pod)
         assert all(s.started and s.restart_count == 0 for s in statuses.values()), component
         assert image_ref(image) in {s.image for s in statuses.values()}, component
     scheduler = component_pods(cluster, rel, "scheduler")[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from kubernetes import client
@@ -17,7 +19,13 @@ from e2e.cluster.processes import wait_until
 from e2e.cluster.real_node import capacity_advertised
 from e2e.real_pods import REAL_NODE_LABEL, logs_of, shell_pod, wait_phase
 from infergrid import constants
-from infergrid.assignment_annotation import decode_assignment
+from infergrid.assignment_annotation import (
+    AssignedGpu,
+    ContainerAssignment,
+    PodAssignment,
+    decode_assignment,
+    encode_assignment,
+)
 from infergrid.fleet import FleetNode, load_fleet
 from infergrid.inventory import node_capacity
 
@@ -154,3 +162,87 @@ def test_a_kubelet_restart_keeps_pods_running_and_the_plugin_registers_again(
     assert after.phase == "Running"
     assert after.container_statuses[0].container_id == before.container_id
     assert after.container_statuses[0].restart_count == 0
+
+
+def unmarked(assignment: PodAssignment) -> PodAssignment:
+    """The assignment as if the plugin's `allocated` mark had never been written."""
+    containers = tuple(replace(c, allocated=False) for c in assignment.containers)
+    return replace(assignment, containers=containers)
+
+
+def forged_share(node: str, gpu: str, mib: int) -> str:
+    """What an intruder writes where no admission policy runs: a share of `gpu` for its
+    container `main`, as if the extender had placed it."""
+    share = ContainerAssignment("main", (AssignedGpu(gpu, mib, 0),), shared=True)
+    return encode_assignment(PodAssignment(node, datetime.now(UTC), (share,)))
+
+
+def test_a_plugin_restart_with_the_marks_lost_still_refuses_an_over_commit(
+    cluster, namespace, extender, real
+):
+    """Issue 18, point 6: the plugin rebuilds what it granted from the kubelet's PodResources
+    API, not from the `allocated` marks in annotations. A share holds 60000 MiB of a GPU,
+    its mark is wiped, the plugin restarts, and a pod placed past the scheduler with a
+    forged 40000 MiB share of the same 81920 MiB GPU is refused by Allocate."""
+    core = client.CoreV1Api(cluster.api)
+    limits = {constants.RESOURCE_VGPU: "1", constants.RESOURCE_GPU_MEMORY: "60000"}
+    core.create_namespaced_pod(
+        namespace, shell_pod("holder", "sleep 3600", limits, scheduler=constants.SCHEDULER_NAME)
+    )
+    wait_phase(core, namespace, "holder", "Running")
+    wait_until(lambda: assigned(core, namespace, "holder").containers[0].allocated, 30,
+               "the holder marked allocated")  # fmt: skip
+    held = assigned(core, namespace, "holder")
+    (gpu,) = held.containers[0].gpus
+    wiped = {"metadata": {"annotations": {
+        constants.ANNOTATION_GPU_ASSIGNMENT: encode_assignment(unmarked(held))}}}  # fmt: skip
+    core.patch_namespaced_pod("holder", namespace, wiped)
+    with LocalCluster().host_device_plugin_stopped(real):
+        pass  # stopped, started again: its ledger is gone, the marks are too
+
+    intruder = shell_pod(
+        "intruder",
+        "sleep 3600",
+        {constants.RESOURCE_VGPU: "1", constants.RESOURCE_GPU_MEMORY: "40000"},
+    )
+    # Bound by nodeName, past every scheduler, while naming ours: the plugin cannot tell.
+    intruder["spec"].update(nodeName=real.name, schedulerName=constants.SCHEDULER_NAME)
+    intruder["metadata"]["annotations"] = {
+        constants.ANNOTATION_GPU_ASSIGNMENT: forged_share(real.name, gpu.uuid, 40000)
+    }  # fmt: skip
+    core.create_namespaced_pod(namespace, intruder)
+    failed = wait_phase(core, namespace, "intruder", "Failed")
+    assert failed.status.reason == "UnexpectedAdmissionError"
+    assert "does not fit beside the containers already granted" in failed.status.message
+    assert gpu.uuid in failed.status.message or "free" in failed.status.message
+    holder = core.read_namespaced_pod("holder", namespace).status
+    assert holder.phase == "Running"
+
+
+def test_two_shares_admitted_together_never_get_more_than_their_own_and_are_marked_by_identity(
+    cluster, namespace, real
+):
+    """Issue 18, point 6: the kubelet names devices, not pods. Two shares of one GPU with
+    different sizes wait for admission at once, the later-assigned one created first: each
+    container's memory limit is at most its own share, and each pod's `allocated` mark is
+    written on the pod the kubelet's PodResources shows holding the devices."""
+    core = client.CoreV1Api(cluster.api)
+    gpu = next(g for g in real.inventory.gpus if not g.mig_instances)
+    now = datetime.now(UTC)
+    sizes = {"small": 8192, "large": 16384}
+    # `large` is assigned first but created second: by assignedAt it would be matched first.
+    order = {"large": now - timedelta(seconds=30), "small": now}
+    for name in ("small", "large"):
+        share = ContainerAssignment("main", (AssignedGpu(gpu.uuid, sizes[name], 0),), shared=True)
+        text = encode_assignment(PodAssignment(real.name, order[name], (share,)))
+        limits = {constants.RESOURCE_VGPU: "1", constants.RESOURCE_GPU_MEMORY: str(sizes[name])}
+        pod = shell_pod(name, ENV_SCRIPT, limits)
+        pod["spec"].update(nodeName=real.name, schedulerName=constants.SCHEDULER_NAME)
+        pod["metadata"]["annotations"] = {constants.ANNOTATION_GPU_ASSIGNMENT: text}
+        core.create_namespaced_pod(namespace, pod)
+    for name, mib in sizes.items():
+        env = allocated_env(core, namespace, name)
+        assert int(env["INFERGRID_GPU_MEMORY_MIB"]) <= mib, name
+        assert env["MOUNTED_DEVICES"] == gpu.uuid
+        wait_until(lambda n=name: assigned(core, namespace, n).containers[0].allocated, 30,
+                   f"{name} marked allocated")  # fmt: skip

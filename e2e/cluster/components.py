@@ -161,8 +161,11 @@ def infergrid_scheduler_config(layout: Layout, profile: dict | None = None) -> s
 
 def device_plugin_command(fleet_file: Path, node: FleetNode, state: Path) -> list[str]:
     """InferGrid's device plugin for one node on fake NVML: on a real node it serves in the
-    kubelet's own device-plugin folder; on a KWOK node, in a folder no kubelet reads."""
+    kubelet's own device-plugin folder and reads that kubelet's PodResources; on a KWOK
+    node, in a folder no kubelet reads, and with no PodResources (the real node's kubelet
+    socket on this machine is not its kubelet's)."""
     plugin_dir = DEVICE_PLUGIN_DIR if node.real else state / "kubelet" / node.name
+    pod_resources = [] if node.real else ["--pod-resources-socket="]
     return [
         sys.executable,
         "-m",
@@ -173,6 +176,7 @@ def device_plugin_command(fleet_file: Path, node: FleetNode, state: Path) -> lis
         f"--vgpu-slots-per-gpu={node.vgpu_slots_per_gpu}",
         "--metrics-port=0",
         "--usage-interval=2",
+        *pod_resources,
     ]
 
 
