@@ -747,7 +747,7 @@ def check_the_extender_verbs_answer_on_loopback_only(cluster, rel: Release) -> N
 
 def check_a_gpu_pod_through_the_chart(cluster, rel: Release, real) -> None:
     core = client.CoreV1Api(cluster.api)
-    pod = shell_pod("through-the-chart", "echo $NVIDIA_VISIBLE_DEVICES; sleep 3600",
+    pod = shell_pod("through-the-chart", "ls /var/run/nvidia-container-devices; sleep 3600",
                     limits={RESOURCE_VGPU: "1", RESOURCE_GPU_MEMORY: "8Ki"},
                     scheduler=CHART_SCHEDULER)  # fmt: skip
     core.create_namespaced_pod(rel.served, pod)
@@ -757,5 +757,5 @@ def check_a_gpu_pod_through_the_chart(cluster, rel: Release, real) -> None:
     (gpu,) = assignment.containers[0].gpus
     assert gpu.memory_mib == 8192  # 8Ki MiB, read as a Kubernetes quantity
     wait_until(lambda: logs_of(core, rel.served, "through-the-chart").strip() == gpu.uuid, 30,
-               "the container to print the GPU the chart's plugin allocated")  # fmt: skip
+               "the container to list the GPU the chart's plugin mounted")  # fmt: skip
     core.delete_namespaced_pod("through-the-chart", rel.served, grace_period_seconds=0)

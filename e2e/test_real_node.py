@@ -229,7 +229,7 @@ def test_two_shares_admitted_together_never_get_more_than_their_own_and_are_mark
     core = client.CoreV1Api(cluster.api)
     gpu = next(g for g in real.inventory.gpus if not g.mig_instances)
     now = datetime.now(UTC)
-    sizes = {"small": 8192, "large": 16384}
+    sizes = {"small": 2048, "large": 3072}  # room beside what earlier tests still hold
     # `large` is assigned first but created second: by assignedAt it would be matched first.
     order = {"large": now - timedelta(seconds=30), "small": now}
     for name in ("small", "large"):

@@ -79,7 +79,11 @@ def test_the_sample_gets_an_engine_pod_on_the_real_node_with_its_allocation(clus
     env = kubectl(cluster.kubeconfig, "exec", "-n", served, pod.metadata.name, "--", "env")
     lines = dict(line.split("=", 1) for line in env.splitlines() if "=" in line)
     assert lines["INFERGRID_GPU_MEMORY_MIB"] == "4096"
-    assert lines["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+    # The device list comes as the kubelet's mounts (the plugin's default strategy).
+    assert lines["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
+    listed = kubectl(cluster.kubeconfig, "exec", "-n", served, pod.metadata.name, "--",
+                     "ls", "/var/run/nvidia-container-devices")  # fmt: skip
+    assert [d for d in listed.split() if d.startswith("GPU-")] == listed.split() != []
     text = pod.metadata.annotations[constants.ANNOTATION_GPU_ASSIGNMENT]
     assert pod.spec.node_name in text
 

@@ -30,7 +30,7 @@ from infergrid.fleet import Fleet, FleetNode, load_fleet
 from . import binaries, certs, components, fake_nodes, model_store
 from .node_images import node_images
 from .processes import ClusterError, ProcessTable, wait_until
-from .real_node import RealNodes, capacity_advertised
+from .real_node import RealNodes, capacity_advertised, capacity_withdrawn
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_FLEET = REPO / "e2e" / "fleets" / "sample.yaml"
@@ -159,11 +159,12 @@ class LocalCluster:
         name = f"device-plugin-{node.name}"
         argv = self.processes.argv(name)
         self.processes.stop(name)
+        core = client.CoreV1Api(self.api())
+        wait_until(lambda: capacity_withdrawn(core, node), 60, f"the kubelet to see {name} go")
         try:
             yield
         finally:
             self.processes.start(name, argv, env={**os.environ, "KUBECONFIG": str(self.kubeconfig)})
-            core = client.CoreV1Api(self.api())
             wait_until(lambda: capacity_advertised(core, node), 60, f"{name} registered again")
 
     def start_scheduler(self, name: str, profile: dict) -> None:

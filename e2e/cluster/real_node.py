@@ -327,3 +327,11 @@ def capacity_advertised(core: client.CoreV1Api, node: FleetNode) -> bool:
         (status.capacity or {}).get(name) == value == (status.allocatable or {}).get(name)
         for name, value in wanted.items()
     )
+
+
+def capacity_withdrawn(core: client.CoreV1Api, node: FleetNode) -> bool:
+    """True once the kubelet reports none of the plugin's GPU resources allocatable: it saw
+    the plugin go. Until then its node status is older than the plugin's stop, and a
+    `capacity_advertised` read after a restart could be that stale status."""
+    allocatable = core.read_node(node.name).status.allocatable or {}
+    return all(allocatable.get(name, "0") == "0" for name in node_capacity(node.inventory))
