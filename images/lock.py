@@ -89,6 +89,12 @@ def header(group: PipGroup, under: list[str], left_out: list[str]) -> list[str]:
     return lines
 
 
+def left_out(group: PipGroup, pins: list[Pin], banned: frozenset[str]) -> list[str]:
+    """The banned packages the group requires only transitively."""
+    direct = {lockfile.requirement_pin(r)[0] for r in group.requirements}
+    return runtime_only.present([p.name for p in pins if p.name not in direct], banned)
+
+
 def generate(pyproject: dict, resolver: Resolver = resolve) -> dict[str, str]:
     """The text of every group's lock, by group name. A build- or test-only package that
     a group needs only transitively is left out (torch requires setuptools, for building
@@ -102,11 +108,9 @@ def generate(pyproject: dict, resolver: Resolver = resolve) -> dict[str, str]:
             pins = resolver(group.requirements, True)
         else:
             stacked = tuple(p.requirement for p in below) + group.requirements
-            have = set(below)
-            pins = [p for p in resolver(stacked, False) if p not in have]
-        direct = {lockfile.requirement_pin(r)[0] for r in group.requirements}
-        dropped = [] if group.name == INSTALLER else runtime_only.present(
-            [p.name for p in pins if p.name not in direct], banned)  # fmt: skip
+            have = {p.name for p in below}
+            pins = [p for p in resolver(stacked, False) if p.name not in have]
+        dropped = [] if group.name == INSTALLER else left_out(group, pins, banned)
         pins = [p for p in pins if p.name not in dropped]
         texts[group.name] = lockfile.render(header(group, under, dropped), pins)
         if not group.no_deps:
