@@ -22,7 +22,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from . import binaries, components, plan, record, tools
+from . import binaries, components, lockfile, plan, record, runtime_only, tools
 from .inputs import file_digest, files_digest, package_files
 from .oci_layout import Layout
 from .stages import StageRunner
@@ -79,6 +79,12 @@ def clear_scratch(work: Path) -> None:
     work.mkdir(parents=True)
 
 
+def read_locks(chosen: list[components.Image]) -> dict[str, str]:
+    """The committed lock of every pip group the chosen images install, and pip's own."""
+    names = {g.name for i in chosen if isinstance(i, components.PythonImage) for g in i.pip_groups}
+    return {name: lockfile.read(name) for name in sorted(names | {"pip"}) if names}
+
+
 def gather_inputs(
     chosen: list[components.Image], pyproject: dict, work: Path
 ) -> tuple[plan.Inputs, dict, dict[str, Path]]:
@@ -95,6 +101,7 @@ def gather_inputs(
     inputs = plan.Inputs(
         sources={p: files_digest(f) for p, f in files.items()},
         binaries={b: file_digest(p) for b, p in binary_paths.items()},
+        locks=read_locks(chosen),
     )
     return inputs, files, binary_paths
 
@@ -130,7 +137,8 @@ def _build_locked(chosen, pyproject, home, work, progress) -> dict[str, record.B
     inputs, files, binary_paths = gather_inputs(chosen, pyproject, work)
     layout = Layout(home / "oci")
     layout.ensure()
-    runner = StageRunner(layout, home, files, binary_paths, progress)
+    banned = runtime_only.forbidden(pyproject)
+    runner = StageRunner(layout, home, files, binary_paths, banned, progress)
     built, keep = {}, set()
     for image in chosen:
         chain = plan.stages(image, inputs)

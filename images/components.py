@@ -54,6 +54,16 @@ class PipGroup:
 
 
 @dataclass(frozen=True)
+class LockedGroup:
+    """A group as the build installs it: every package of its lock, hashes checked, by
+    the pip wheel of the installer's lock (images/locks/, `python -m images.lock`)."""
+
+    group: PipGroup
+    lock: str  # the text of images/locks/<group>.txt
+    installer: str  # the text of images/locks/pip.txt
+
+
+@dataclass(frozen=True)
 class RunConfig:
     entrypoint: tuple[str, ...]
     env: tuple[tuple[str, str], ...]

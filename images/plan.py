@@ -15,6 +15,7 @@ from .components import (
     SUITE,
     BinaryImage,
     Image,
+    LockedGroup,
     PipGroup,
     PythonImage,
     RunConfig,
@@ -32,7 +33,7 @@ class Stage:
     kind: str  # debian | pip (into the venv, in a chroot) | pip-target | app | binary | config
     key: str
     label: str  # for progress lines
-    spec: object  # what the stage builds from: packages, a PipGroup, the image, its RunConfig
+    spec: object  # what it builds from: packages, a LockedGroup, the image, its RunConfig
 
     @property
     def layout_tag(self) -> str:
@@ -45,6 +46,7 @@ class Inputs:
 
     sources: dict[str, str]  # package -> files_digest
     binaries: dict[str, str]  # binary name -> sha256 of the file
+    locks: dict[str, str]  # pip group (and "pip", the installer) -> its lock's text
 
 
 def _run_key(parent: str, name: str, run: RunConfig) -> str:
@@ -55,8 +57,19 @@ def _run_key(parent: str, name: str, run: RunConfig) -> str:
     )  # fmt: skip
 
 
-def _pip_key(parent: str, kind: str, group: PipGroup) -> str:
-    return digest(parent, kind, PIP, PYTHON, group.name, str(group.no_deps), *group.requirements)
+def _pip_key(parent: str, kind: str, locked: LockedGroup) -> str:
+    """The lock's text decides what is installed (pyproject's pins only through it)."""
+    group = locked.group
+    return digest(
+        parent, kind, PIP, PYTHON, group.name, str(group.no_deps), locked.lock, locked.installer
+    )
+
+
+def _locked(group: PipGroup, inputs: Inputs) -> LockedGroup:
+    for name in (group.name, "pip"):
+        if name not in inputs.locks:
+            raise KeyError(f"no lock for the pip group {name!r}: run python -m images.lock")
+    return LockedGroup(group, inputs.locks[group.name], inputs.locks["pip"])
 
 
 def stages(image: Image, inputs: Inputs) -> list[Stage]:
@@ -77,16 +90,11 @@ def stages(image: Image, inputs: Inputs) -> list[Stage]:
 def _python_stages(image: PythonImage, inputs: Inputs) -> list[Stage]:
     key = digest(RECIPE, "debian", SUITE, *sorted(image.debian_packages))
     chain = [Stage("debian", key, "making the Debian base", image.debian_packages)]
-    pinned: tuple[str, ...] = ()
-    for group in image.pip_groups:
-        if group.no_deps:
-            install = group
-        else:  # earlier groups' pins go in again, so that pip keeps them
-            pinned += group.requirements
-            install = PipGroup(group.name, pinned)
+    for group in image.pip_groups:  # each lock holds only what the groups under it do not
         kind = "pip-target" if group.no_deps else "pip"
-        key = _pip_key(key, kind, install)
-        chain.append(Stage(kind, key, f"installing python {group.name}", install))
+        locked = _locked(group, inputs)
+        key = _pip_key(key, kind, locked)
+        chain.append(Stage(kind, key, f"installing python {group.name}", locked))
     missing = [p for p in image.packages if p not in inputs.sources]
     if missing:
         raise KeyError(f"{image.name}: no source digest for {missing}")

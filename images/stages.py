@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import debian_base, layers, python_layers, rootfs_diff, smoke
-from .components import BinaryImage, Image, PythonImage
+from . import debian_base, layers, python_layers, rootfs_diff, runtime_only, smoke
+from .components import SITE_PACKAGES, VENV, BinaryImage, Image, PythonImage
 from .oci_layout import Layout
 from .plan import Stage
 
@@ -28,6 +28,7 @@ class StageRunner:
         home: Path,
         files: dict[str, list[tuple[str, Path]]],
         binary_paths: dict[str, Path],
+        banned: frozenset[str],
         say: Callable[[str], None],
     ):
         self.layout = layout
@@ -36,6 +37,7 @@ class StageRunner:
         self.wheelhouse = home / "wheels"
         self.files = files  # package -> (path in site-packages, file)
         self.binary_paths = binary_paths
+        self.banned = banned  # packages no image may carry: images.runtime_only
         self.say = say
 
     def run(self, image: Image, chain: list[Stage], final_tag: str, labels: dict) -> float:
@@ -127,10 +129,11 @@ class StageRunner:
     def _venv_changes(self, stage: Stage, rootfs: Path, log_file: Path, say) -> list:
         masks = python_layers.MASKS
         before = rootfs_diff.snapshot(rootfs, masks)
-        python_layers.install(rootfs, stage.spec, self.wheelhouse, log_file, say)
+        python_layers.install(rootfs, stage.spec, self.wheelhouse, log_file, self.banned, say)
         after = rootfs_diff.snapshot(rootfs, masks)
         changed, removed = rootfs_diff.changes(before, after)
-        say(f"{stage.spec.name} layer: {len(changed)} paths new or changed, {len(removed)} gone")
+        name = stage.spec.group.name
+        say(f"{name} layer: {len(changed)} paths new or changed, {len(removed)} gone")
         return rootfs_diff.layer_entries(rootfs, changed, removed, after)
 
     def _keep_root(self, rootfs: Path, tag: str) -> None:
@@ -156,6 +159,8 @@ class StageRunner:
         packages = self._entries(chain[-2])  # the app or binary stage
         if isinstance(image, PythonImage):
             root = self._root_of(chain[-3].layout_tag)
+            site = runtime_only.installed(root / SITE_PACKAGES.lstrip("/"))
+            runtime_only.refuse(site, self.banned, f"the {image.name} image's {VENV}")
             with smoke.laid_over(root, packages):
                 smoke.run_checks(root, image.run, image.checks, image.name)
         else:

