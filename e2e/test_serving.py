@@ -147,6 +147,13 @@ def test_the_engine_pod_runs_restricted_without_a_service_account_token(cluster,
     assert status["NoNewPrivs"] == "1"
     assert int(status["CapEff"], 16) == 0
     assert status["Seccomp"] == "2"  # filter mode: the runtime's default profile
+    # Issue 18, point 12: the runtime image carries no installer or build tool to use.
+    probe = ("import importlib.util as u; "
+             "print(*[m for m in ('pip', 'setuptools', 'wheel', 'pytest', 'grpc_tools')"
+             " if u.find_spec(m)])")  # fmt: skip
+    found = kubectl(cluster.kubeconfig, "exec", "-n", served, pod.metadata.name, "--",
+                    "python3", "-c", probe)  # fmt: skip
+    assert found.strip() == ""
 
 
 def post(url: str, body: bytes) -> tuple[int, dict, float]:
