@@ -65,11 +65,16 @@ def plugin(cluster):
         )
         yield kubelet, proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
-        kubelet.stop()
-        shutil.rmtree(plugin_dir, ignore_errors=True)
+        stop_plugin(proc, kubelet, plugin_dir)
+
+
+def stop_plugin(proc: subprocess.Popen, kubelet, plugin_dir: Path) -> None:
+    """SIGTERM to a plugin still running, then its kubelet stand-in and folder go."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    kubelet.stop()
+    shutil.rmtree(plugin_dir, ignore_errors=True)
 
 
 def test_publishes_inventory_usage_and_labels(cluster, plugin):
@@ -251,11 +256,7 @@ def faulty_plugin(cluster, tmp_path):
         assert kubelet.wait_registered({constants.RESOURCE_GPU}, timeout=30), log.read_text()
         yield kubelet, load_fleet(fleet).nodes[0], log
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
-        kubelet.stop()
-        shutil.rmtree(plugin_dir, ignore_errors=True)
+        stop_plugin(proc, kubelet, plugin_dir)
         core.delete_node(node)
 
 

@@ -344,6 +344,15 @@ def test_device_plugin_daemonset(default):
     )
     assert config["pluginDir"] == "/var/lib/kubelet/device-plugins"
     assert "nodeName" not in config  # from NODE_NAME
+    # It sees every GPU through NVML unprivileged, also where the runtime ignores the env
+    # var: a device-list mount of "all"; and it reads the kubelet's PodResources.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts["/var/run/nvidia-container-devices/all"]]["hostPath"] == {
+        "path": "/dev/null", "type": "CharDevice"}  # fmt: skip
+    assert volumes[mounts["/var/lib/kubelet/pod-resources"]]["hostPath"]["type"] == "Directory"
+    assert config["deviceListStrategy"] == "volume-mounts"
+    assert config["podResourcesSocket"] == "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 @needs_helm
