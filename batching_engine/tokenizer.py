@@ -18,7 +18,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
-from batching_engine.token_bound import max_chars_per_token
+from batching_engine.token_bound import token_bound
 from infergrid.errors import ContractError
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -62,7 +62,7 @@ class Tokenizer:
         self.eos_token_ids = frozenset(self._eos_ids(model_dir))
         self._template = _compile_template(_chat_template(model_dir, self._config))
         # None: this tokenizer may drop characters, so length alone proves nothing.
-        self.max_chars_per_token = max_chars_per_token(json.loads(self._tokenizer.to_str()))
+        self.token_bound = token_bound(json.loads(self._tokenizer.to_str()))
 
     @property
     def vocab_size(self) -> int:

@@ -49,11 +49,12 @@ class ServedModel:
     def check_chars(self, text: str, path: str, max_tokens: int) -> None:
         """Before tokenizing: a text whose length alone proves it over `max_tokens` tokens
         is refused at once, since tokenizing megabytes takes seconds (`token_bound`)."""
-        bound = self.tokenizer.max_chars_per_token
-        if bound is not None and len(text) > max_tokens * bound:
+        bound = self.tokenizer.token_bound
+        if bound is not None and (least := bound.least_tokens(text)) > max_tokens:
             raise RequestError(
-                path, f"must hold at most {max_tokens} tokens; its {len(text)} characters are "
-                f"more, since no token of this model covers more than {bound}"
+                path, f"must hold at most {max_tokens} tokens; its {len(text)} characters make "
+                f"at least {least}, since no token of this model covers more than "
+                f"{bound.max_chars} bytes"
             )  # fmt: skip
 
     def check_tokens(self, ids: list[int], path: str) -> None:
