@@ -170,11 +170,19 @@ def unmarked(assignment: PodAssignment) -> PodAssignment:
     return replace(assignment, containers=containers)
 
 
-def forged_share(node: str, gpu: str, mib: int) -> str:
-    """What an intruder writes where no admission policy runs: a share of `gpu` for its
-    container `main`, as if the extender had placed it."""
+def placed_past_the_scheduler(
+    name: str, script: str, node: str, gpu: str, mib: int, at: datetime | None = None
+) -> dict:
+    """A share pod bound by nodeName, past every scheduler, while naming ours (the plugin
+    cannot tell), with the assignment written where no admission policy runs: a share of
+    `gpu` for its container `main`, as if the extender had placed it at `at` (now)."""
     share = ContainerAssignment("main", (AssignedGpu(gpu, mib, 0),), shared=True)
-    return encode_assignment(PodAssignment(node, datetime.now(UTC), (share,)))
+    text = encode_assignment(PodAssignment(node, at or datetime.now(UTC), (share,)))
+    limits = {constants.RESOURCE_VGPU: "1", constants.RESOURCE_GPU_MEMORY: str(mib)}
+    pod = shell_pod(name, script, limits)
+    pod["spec"].update(nodeName=node, schedulerName=constants.SCHEDULER_NAME)
+    pod["metadata"]["annotations"] = {constants.ANNOTATION_GPU_ASSIGNMENT: text}
+    return pod
 
 
 def test_a_plugin_restart_with_the_marks_lost_still_refuses_an_over_commit(
@@ -200,16 +208,7 @@ def test_a_plugin_restart_with_the_marks_lost_still_refuses_an_over_commit(
     with LocalCluster().host_device_plugin_stopped(real):
         pass  # stopped, started again: its ledger is gone, the marks are too
 
-    intruder = shell_pod(
-        "intruder",
-        "sleep 3600",
-        {constants.RESOURCE_VGPU: "1", constants.RESOURCE_GPU_MEMORY: "40000"},
-    )
-    # Bound by nodeName, past every scheduler, while naming ours: the plugin cannot tell.
-    intruder["spec"].update(nodeName=real.name, schedulerName=constants.SCHEDULER_NAME)
-    intruder["metadata"]["annotations"] = {
-        constants.ANNOTATION_GPU_ASSIGNMENT: forged_share(real.name, gpu.uuid, 40000)
-    }  # fmt: skip
+    intruder = placed_past_the_scheduler("intruder", "sleep 3600", real.name, gpu.uuid, 40000)
     core.create_namespaced_pod(namespace, intruder)
     failed = wait_phase(core, namespace, "intruder", "Failed")
     assert failed.status.reason == "UnexpectedAdmissionError"
@@ -233,12 +232,9 @@ def test_two_shares_admitted_together_never_get_more_than_their_own_and_are_mark
     # `large` is assigned first but created second: by assignedAt it would be matched first.
     order = {"large": now - timedelta(seconds=30), "small": now}
     for name in ("small", "large"):
-        share = ContainerAssignment("main", (AssignedGpu(gpu.uuid, sizes[name], 0),), shared=True)
-        text = encode_assignment(PodAssignment(real.name, order[name], (share,)))
-        limits = {constants.RESOURCE_VGPU: "1", constants.RESOURCE_GPU_MEMORY: str(sizes[name])}
-        pod = shell_pod(name, ENV_SCRIPT, limits)
-        pod["spec"].update(nodeName=real.name, schedulerName=constants.SCHEDULER_NAME)
-        pod["metadata"]["annotations"] = {constants.ANNOTATION_GPU_ASSIGNMENT: text}
+        pod = placed_past_the_scheduler(
+            name, ENV_SCRIPT, real.name, gpu.uuid, sizes[name], order[name]
+        )
         core.create_namespaced_pod(namespace, pod)
     for name, mib in sizes.items():
         env = allocated_env(core, namespace, name)
