@@ -58,7 +58,7 @@ POLICY_GPU_CLUSTERING: Final = "gpu-clustering"
 POLICY_RANDOM_FIT: Final = "random-fit"
 POLICY_FGD_PAPER: Final = "fgd-paper"
 # A candidate of ours, also simulation-only until it is offered to pods.
-POLICY_FGD_PLUS: Final = "fgd-plus"
+POLICY_FGD_CLUSTER_AWARE: Final = "fgd-cluster-aware"
 BASELINE_POLICIES: Final = (
     POLICY_FGD_PAPER,
     POLICY_BEST_FIT,

@@ -16,7 +16,7 @@ pods (one share or whole-GPU container) on thousands of nodes at once, in numpy.
 """
 
 from infergrid.placement.build import build_node_state, idle_usage
-from infergrid.placement.fgd_plus import model_contention, with_cluster
+from infergrid.placement.fgd_cluster_aware import model_contention, with_cluster
 from infergrid.placement.fit import FitResult, fit
 from infergrid.placement.fragmentation import (
     DEFAULT_WORKLOAD,

@@ -56,7 +56,7 @@ class Scenario:
     ``requests`` holds each pod shape's request as the core sees it, and
     ``workload`` the trace's typical pods (fgd's workload and the metric's M),
     with how contested each GPU model of these nodes is and their CPU per GPU
-    (fgd-plus reads both).
+    (fgd-cluster-aware reads both).
     """
 
     nodes: tuple[TraceNode, ...]
