@@ -72,6 +72,32 @@ MUST_MATCH = ("best-fit", "dot-product", "random-fit")
 
 
 ALL_POLICIES = (OURS, *PAPER_POLICIES, *EXTENDER_POLICIES)
+PRODUCTION = (OURS, *EXTENDER_POLICIES)
+"""Policies the extender serves: they learn their workload from the pods, as it does."""
+TRACE_FED = " (trace workload)"
+"""Suffix of a production policy's results fed the trace's typical pods (``--workload trace``)
+instead of learning: the difference is what learning costs."""
+SHOWN = (*ALL_POLICIES, *(p + TRACE_FED for p in PRODUCTION))
+
+
+def result_key(name: str, learned: bool) -> str:
+    """Where a run's results are kept: production policies fed the trace apart."""
+    return name if learned or name not in PRODUCTION else name + TRACE_FED
+
+
+def migrate(store: dict[str, Any]) -> None:
+    """Results of production policies saved before they learned (no ``workload`` field) were
+    fed the trace's workload: they move to that key, and the learned runs are run anew."""
+    for trace, runs in store.items():
+        if trace not in TRACES:
+            continue
+        for name in PRODUCTION:
+            seeds = runs.get(name, {})
+            old = {s: r for s, r in seeds.items() if "workload" not in r}
+            for seed, record in old.items():
+                record["workload"] = "trace"
+                runs.setdefault(name + TRACE_FED, {})[seed] = record
+                del seeds[seed]
 
 
 def policies_for(trace: str) -> tuple[str, ...]:
@@ -88,8 +114,10 @@ def sweep(
     seeds: tuple[int, ...],
     store: dict[str, Any],
     path: Path,
+    learned: bool = True,
 ) -> None:
-    """Replay each missing (trace, policy, seed) one at a time, saving after every run."""
+    """Replay each missing (trace, policy, seed) one at a time, saving after every run;
+    ``learned`` False feeds the production policies the trace's workload."""
     nodes = load_nodes(TRACE_DIR / NODES)
     for trace in traces:
         todo = [
@@ -97,16 +125,21 @@ def sweep(
             for name in policies_for(trace)
             if names is None or name in names
             for seed in seeds
-            if str(seed) not in store.get(trace, {}).get(name, {})
+            if str(seed) not in store.get(trace, {}).get(result_key(name, learned), {})
         ]
         if not todo:
             continue
         pods = load_pods(TRACE_DIR / f"openb_pod_list_{trace}.csv")
         for name, seed in todo:
-            (result,) = simulate(nodes, pods, [sim_policy(name)], [seed], quiet=True)
+            (result,) = simulate(
+                nodes, pods, [sim_policy(name)], [seed], quiet=True, learned=learned
+            )
             (run,) = result.runs
             record = _run_record(run, full=trace == "default")
-            store.setdefault(trace, {}).setdefault(name, {})[str(seed)] = record
+            if name in PRODUCTION:
+                record["workload"] = "learned" if learned else "trace"
+            key = result_key(name, learned)
+            store.setdefault(trace, {}).setdefault(key, {})[str(seed)] = record
             _save(store, path)
             print(
                 f"{trace:12s} {name:15s} seed {seed}: {run.seconds:5.1f} s, "
@@ -161,6 +194,7 @@ def _paper(paper, trace: str, label: str | None, k: int, column: str) -> float |
 
 def paper_label(name: str) -> str | None:
     """The paper's label to set beside a policy: fgd-cluster-aware stands beside the paper's FGD."""
+    name = name.removesuffix(TRACE_FED)
     return SIM_POLICIES[name].paper if name != OURS else SIM_POLICIES["fgd-paper"].paper
 
 
@@ -189,7 +223,7 @@ class View:
         return self.paper.get((trace, label, k), {}).get(column) if label else None
 
     def names(self, trace: str) -> list[str]:
-        return [n for n in ALL_POLICIES if self.store.get(trace, {}).get(n)]
+        return [n for n in SHOWN if self.store.get(trace, {}).get(n)]
 
     def traces(self) -> list[str]:
         return [t for t in TRACES if t in self.store]
@@ -655,6 +689,13 @@ def main() -> int:
     parser.add_argument("--png", type=Path, default=HERE / "packing.png")
     parser.add_argument("--render-only", action="store_true", help="no replays: redraw only")
     parser.add_argument("--time", action="store_true", help="time one run through the CLI")
+    parser.add_argument(
+        "--workload",
+        choices=("learned", "trace"),
+        default="learned",
+        help="production policies learn their workload as the extender does (default), or "
+        f"are fed the trace's (kept as '<policy>{TRACE_FED}')",
+    )
     args = parser.parse_args()
     traces = list(TRACES) if args.traces == "all" else args.traces.split(",")
     names = None if args.policies == "all" else tuple(args.policies.split(","))
@@ -665,10 +706,11 @@ def main() -> int:
         parser.error(f"unknown trace or policy: {', '.join(unknown)}")
     seeds = parse_seeds(args.seeds)
     store: dict[str, Any] = json.loads(args.results.read_text()) if args.results.exists() else {}
+    migrate(store)
     if args.time:
         time_one(store, args.results)
     elif not args.render_only:
-        sweep(traces, names, seeds, store, args.results)
+        sweep(traces, names, seeds, store, args.results, args.workload == "learned")
     text = render(store, seeds)
     print(text)
     args.out.write_text(text)

@@ -15,7 +15,6 @@ pod shape like kube-scheduler's old equivalence cache. Property tests hold the
 two equal.
 """
 
-from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from itertools import compress
 from typing import Final, NamedTuple
@@ -32,6 +31,10 @@ from infergrid.pod_request import PodGpuRequest
 
 MAX_SHAPES: Final = 4096
 """Pod shapes remembered before the memo of decisions starts over."""
+
+MAX_KEYS: Final = 1 << 16
+"""Node keys whose decisions are remembered before the memo starts over. A key no node holds
+any more is kept until then: the simulator's nodes often come back to a state another left."""
 
 NO_NODE: Final = "no-inventory"
 """The resource counted for a node without a state (unknown, no inventory, bad data)."""
@@ -53,12 +56,16 @@ class Verdicts(NamedTuple):
 
 
 class NodeSet:
-    """Nodes' placement states by name, each under its owner's key; see the module."""
+    """Nodes' placement states by name, each under its owner's key; see the module.
 
-    def __init__(self) -> None:
+    ``indexed`` False keeps no offer index: for nodes whose pods always come with a
+    ``HostRequest`` (the simulator's), which only the exact core checks.
+    """
+
+    def __init__(self, indexed: bool = True) -> None:
         self._index = OfferIndex()
-        self._states: dict[str, tuple[Hashable, NodeState]] = {}
-        self._users: Counter[Hashable] = Counter()
+        self._indexed = indexed
+        self._states: dict[str, tuple[Hashable, NodeState, dict[int, Decision]]] = {}
         self._decisions: dict[Hashable, dict[int, Decision]] = {}
         self._shapes: dict[tuple[object, ...], int] = {}
         self.evaluations = 0
@@ -70,25 +77,23 @@ class NodeSet:
     def put(self, state: NodeState, key: Hashable) -> int:
         """Holds ``state`` under ``key``: its index row, or -1 where the index cannot hold it."""
         name = state.name
-        old = self._states.get(name)
-        if old is not None:
-            self._forget(old[0])
-        self._states[name] = (key, state)
-        self._users[key] += 1
-        if not self._index.update(state):
+        if len(self._decisions) >= MAX_KEYS:
+            self._decisions.clear()
+            self._states = {n: (k, s, self._memo(k)) for n, (k, s, _) in self._states.items()}
+        self._states[name] = (key, state, self._memo(key))
+        if not (self._indexed and self._index.update(state)):
             return -1
         return int(self._index.rows([name])[0])
 
     def discard(self, name: str) -> None:
         """Drops the node, if held."""
-        old = self._states.pop(name, None)
-        if old is not None:
-            self._forget(old[0])
+        self._states.pop(name, None)
         self._index.discard(name)
 
     def get(self, name: str) -> tuple[Hashable, NodeState] | None:
         """The node's key and state, if held."""
-        return self._states.get(name)
+        held = self._states.get(name)
+        return None if held is None else held[:2]
 
     def rows(self, names: Sequence[str]) -> Rows:
         """The index row of each name; -1 where it has none (not held, or not indexable)."""
@@ -97,11 +102,12 @@ class NodeSet:
     def row_of(self, name: str) -> int:
         return int(self._index.rows([name])[0])
 
-    def _forget(self, key: Hashable) -> None:
-        self._users[key] -= 1
-        if self._users[key] <= 0:
-            del self._users[key]
-            self._decisions.pop(key, None)
+    def _memo(self, key: Hashable) -> dict[int, Decision]:
+        """The decisions remembered under ``key``, shared by every node that holds it."""
+        memo = self._decisions.get(key)
+        if memo is None:
+            memo = self._decisions[key] = {}
+        return memo
 
     # The questions.
 
@@ -205,8 +211,7 @@ class NodeSet:
         held = self._states.get(name)
         if held is None:
             return f"node {name} has no placement state"
-        key, state = held
-        memo = self._decisions.setdefault(key, {})
+        _, state, memo = held
         decision = memo.get(shape)
         if decision is None:
             decision = memo[shape] = self._decide(state, request, host, policy, score)
@@ -242,7 +247,8 @@ class NodeSet:
         if found is None:
             if len(self._shapes) >= MAX_SHAPES:
                 self._shapes.clear()
-                self._decisions.clear()
+                for memo in self._decisions.values():
+                    memo.clear()
             found = self._shapes[shape] = len(self._shapes)
         return found
 

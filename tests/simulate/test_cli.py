@@ -45,6 +45,17 @@ def test_the_table_has_a_row_per_policy(capsys, trace):
     assert [line.split()[0] for line in lines[1:3]] == ["fgd-cluster-aware", "best-fit"]
 
 
+def test_the_trace_workload_switch_runs_the_production_policies_unlearned(capsys, trace):
+    flags = ("--policies", "fgd,binpack", "--seeds", "1", "--json")
+    runs = {}
+    for workload in ("learned", "trace"):
+        status, out, _ = simulate(capsys, trace, *flags, "--workload", workload)
+        assert status == 0
+        runs[workload] = {p["name"]: p["checkpoints"] for p in json.loads(out)["policies"]}
+    # binpack reads no workload: the switch changes nothing there.
+    assert runs["learned"]["binpack"] == runs["trace"]["binpack"]
+
+
 def test_json_follows_the_documented_schema(capsys, trace):
     status, out, _ = simulate(
         capsys, trace, "--policies", "random-fit,fgd-paper", "--seeds", "3,5", "--json"
