@@ -142,7 +142,7 @@ class NodeSet:
             others = np.flatnonzero(rows < 0).tolist()
         else:
             others = range(len(names))
-        shape = self._shape_id(request, None, policy, False)
+        shape = self._shape_id(request, None, policy, False) if len(others) else 0
         for at in others:
             name = names[at]
             result = self._decided(name, missing.get(at), shape, request, None, policy, False)
@@ -178,7 +178,7 @@ class NodeSet:
             others = np.flatnonzero(rows < 0).tolist()
         else:
             others = range(len(names))
-        shape = self._shape_id(request, host, policy, True)
+        shape = self._shape_id(request, host, policy, True) if len(others) else 0
         for at in others:
             found = self._decided(names[at], None, shape, request, host, policy, True)
             if not isinstance(found, str) and found[1] is not None:

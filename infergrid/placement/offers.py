@@ -369,16 +369,16 @@ class OfferIndex:
             return reason.message, reason.resource
 
         lines, short = _per_group(_packed(columns), line)
+        counted = short == RESOURCE_GPU  # a count: every busy GPU says why, as in ``fit``
+        if not counted.any():
+            return lines, short.tolist()
         (container,) = request.gpu_containers
         prefix = f"container {container.name!r}: "
-        resources: list[str] = []
-        for at, (row, first) in enumerate(zip(rows.tolist(), short.tolist(), strict=True)):
-            resources.append(first)
-            if first == RESOURCE_GPU:  # a count: every busy GPU says why, as in ``fit``
-                busy = self._busy_why[row]
-                lines[at] += busy.joined(prefix)
-                resources += [RESOURCE_GPU] * len(busy.reasons)
-        return lines, resources
+        busy = [self._busy_why[row] for row in rows[counted].tolist()]
+        tails = np.empty(len(busy), dtype=object)
+        tails[:] = [b.joined(prefix) for b in busy]
+        lines[counted] = lines[counted] + tails
+        return lines, [*short.tolist(), *[RESOURCE_GPU] * sum(len(b.reasons) for b in busy)]
 
     # Writing a row.
 
