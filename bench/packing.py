@@ -31,6 +31,7 @@ from typing import Any
 from infergrid.simulate.cli import parse_seeds, simulate
 from infergrid.simulate.metrics import LAST_BIN
 from infergrid.simulate.policies import SIM_POLICIES, sim_policy
+from infergrid.simulate.replay import LEARNING
 from infergrid.simulate.trace import load_nodes, load_pods
 
 HERE = Path(__file__).resolve().parent
@@ -72,8 +73,9 @@ MUST_MATCH = ("best-fit", "dot-product", "random-fit")
 
 
 ALL_POLICIES = (OURS, *PAPER_POLICIES, *EXTENDER_POLICIES)
-PRODUCTION = (OURS, *EXTENDER_POLICIES)
-"""Policies the extender serves: they learn their workload from the pods, as it does."""
+PRODUCTION = LEARNING
+"""The extender's policies that read a workload: they learn it from the pods, as it does
+(binpack and spread read none, so one run serves both ways)."""
 TRACE_FED = " (trace workload)"
 """Suffix of a production policy's results fed the trace's typical pods (``--workload trace``)
 instead of learning: the difference is what learning costs."""
@@ -83,21 +85,6 @@ SHOWN = (*ALL_POLICIES, *(p + TRACE_FED for p in PRODUCTION))
 def result_key(name: str, learned: bool) -> str:
     """Where a run's results are kept: production policies fed the trace apart."""
     return name if learned or name not in PRODUCTION else name + TRACE_FED
-
-
-def migrate(store: dict[str, Any]) -> None:
-    """Results of production policies saved before they learned (no ``workload`` field) were
-    fed the trace's workload: they move to that key, and the learned runs are run anew."""
-    for trace, runs in store.items():
-        if trace not in TRACES:
-            continue
-        for name in PRODUCTION:
-            seeds = runs.get(name, {})
-            old = {s: r for s, r in seeds.items() if "workload" not in r}
-            for seed, record in old.items():
-                record["workload"] = "trace"
-                runs.setdefault(name + TRACE_FED, {})[seed] = record
-                del seeds[seed]
 
 
 def policies_for(trace: str) -> tuple[str, ...]:
@@ -270,9 +257,13 @@ def render(store: dict[str, Any], seeds: tuple[int, ...]) -> str:
         "fgd-paper, "
         "best-fit, dot-product, gpu-packing, gpu-clustering and random-fit are our replicas "
         "of the paper's FGD and baselines (`infergrid/placement/baselines.py`), run through "
-        "the placement core's tables. fgd, binpack and spread are the extender's own. Every "
-        "placement goes through the core's `fit` and scorers; the simulator only orders "
-        "arrivals and picks the best-scored node (`infergrid/simulate/`).",
+        "the placement core's tables. fgd-cluster-aware, fgd, binpack and spread are the "
+        "extender's own. Every placement goes through the extender's entry point, the core's "
+        "`NodeSet` (`infergrid/placement/node_set.py`); the simulator only orders arrivals and "
+        "picks the best-scored node (`infergrid/simulate/`). fgd and fgd-cluster-aware learn "
+        "their workload from the pods as they arrive, as the extender does; rows marked "
+        f"'{TRACE_FED.strip()}' were fed the trace's typical pods instead "
+        "(`--workload trace`): the difference is what learning costs.",
         "",
         "![default trace: unallocated GPU % against arrived workload, median of "
         f"{len(seeds)} seeds](packing.png)",
@@ -305,6 +296,9 @@ REPRODUCE = [
     "# a part of it, e.g. the acceptance runs first",
     "nice -n 10 .venv/bin/python bench/packing.py --traces default "
     "--policies fgd-cluster-aware,fgd-paper,best-fit,dot-product,random-fit",
+    "# fgd and fgd-cluster-aware fed the trace's workload instead of learning it",
+    "nice -n 10 .venv/bin/python bench/packing.py --workload trace "
+    "--policies fgd-cluster-aware,fgd",
     "# time one policy on one seed of the default trace through the CLI (saved with the runs)",
     "nice -n 10 .venv/bin/python bench/packing.py --time",
     "# this file and packing.png again from the saved runs, without replaying",
@@ -706,7 +700,6 @@ def main() -> int:
         parser.error(f"unknown trace or policy: {', '.join(unknown)}")
     seeds = parse_seeds(args.seeds)
     store: dict[str, Any] = json.loads(args.results.read_text()) if args.results.exists() else {}
-    migrate(store)
     if args.time:
         time_one(store, args.results)
     elif not args.render_only:
