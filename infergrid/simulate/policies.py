@@ -18,8 +18,10 @@ it picks a node from the scores:
   every equal node and packs far worse.) It is also what ``best_node`` does
   with names. ``random`` picks uniformly: random-fit's only choice.
 
-fgd, fgd-paper and fgd-cluster-aware weigh fragmentation over the trace's typical pods
-(``typical_workload``), like the paper; the other policies ignore the workload.
+fgd-paper weighs fragmentation over the trace's typical pods (``typical_workload``),
+like the paper; fgd and fgd-cluster-aware learn theirs from the pods as the extender
+does (``replay.LEARNING``), or read the trace's with ``--workload trace``; the other
+policies ignore the workload.
 """
 
 from collections import Counter
