@@ -207,3 +207,33 @@ def test_a_pod_with_an_impossible_request_waits_with_the_field_named(cluster, na
         60,
         "the invalid request in the event",
     )
+
+
+def test_a_pod_naming_an_unknown_policy_waits_with_the_annotation_named(
+    cluster, namespace, extender
+):
+    """Never placed by another policy: every node refuses it, naming the annotation."""
+    core = client.CoreV1Api(cluster.api)
+    pod = share_pod("densest", 4096, annotations={constants.ANNOTATION_PLACEMENT_POLICY: "densest"})
+    core.create_namespaced_pod(namespace, pod)
+    wait_until(
+        lambda: any(
+            "'densest' is not one of" in m for m in scheduling_failures(core, namespace, "densest")
+        ),
+        60,
+        "a FailedScheduling event naming the unknown policy",
+    )
+    message = next(m for m in scheduling_failures(core, namespace, "densest") if "densest" in m)
+    assert constants.ANNOTATION_PLACEMENT_POLICY in message
+    assert constants.POLICY_FGD_CLUSTER_AWARE in message
+    assert core.read_namespaced_pod("densest", namespace).spec.node_name is None
+
+
+def test_a_burst_asking_for_fgd_cluster_aware_is_placed_without_over_commit(
+    cluster, namespace, extender, two_fresh_nodes
+):
+    """The simulator's best policy is one a pod can ask for by name."""
+    core = client.CoreV1Api(cluster.api)
+    placed = burst_on(core, namespace, two_fresh_nodes, constants.POLICY_FGD_CLUSTER_AWARE, 4)
+    assert len(placed) == 4
+    audit(core)

@@ -3,8 +3,11 @@
 Every rejected node gets its reason, so the pod's FailedScheduling event
 tells people what to change. A node that can never take the pod (unknown, no
 inventory, invalid request) goes to FailedAndUnresolvableNodes, so preemption
-does not evict pods for nothing. The view answers for all nodes at once; this
-module only resolves the pod's request and policy once and normalises.
+does not evict pods for nothing, and so does a pod asking for a policy that does
+not exist: its reason names the annotation. The view brings the nodes up to date;
+the placement core's ``NodeSet``, the entry point the simulator replays through
+too, answers for all of them at once. This module only resolves the pod's request
+and policy once and normalises.
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ def filter_nodes(
             categories=["invalid-request"] * len(names),
         )
     view.observe(str((pod.get("metadata") or {}).get("uid", "")), request)
-    found = view.filter(names, request, _policy(request, view), now)
+    rows, missing = view.current(names, now)
+    found = view.nodes.filter(names, request, _policy(request, view), rows, missing)
+    view.remember(found, len(names))
     return FilterOutcome(found.passed, found.failed, found.unresolvable, found.categories)
 
 
@@ -57,7 +62,8 @@ def prioritize_nodes(
         request = parse_pod_request(pod, default_policy)
     except ContractError:
         return dict.fromkeys(names, 0)
-    raw = view.raw_scores(names, request, _policy(request, view), now)
+    rows, _ = view.current(names, now)
+    raw = view.nodes.scores(names, request, _policy(request, view), rows=rows)
     return dict(zip(names, _normalized(raw), strict=True))
 
 

@@ -589,3 +589,9 @@ def test_images_and_chart_agree():
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert chart["appVersion"] == version
+
+
+def test_default_policy_offers_every_policy_a_pod_may_ask_for():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    extender = schema["properties"]["scheduler"]["properties"]["extender"]["properties"]
+    assert extender["defaultPolicy"]["enum"] == list(constants.PLACEMENT_POLICIES)

@@ -119,9 +119,9 @@ class Workload:
     """Task types and their popularity, which sum to 1.
 
     ``contention`` says how contested each GPU model is in the cluster the
-    workload runs on (0 is average; see ``fgd_plus.model_contention``), and
+    workload runs on (0 is average; see ``fgd_cluster_aware.model_contention``), and
     ``cluster_cpu_per_gpu`` how many CPU millicores that cluster has per GPU
-    (0: not known). Only fgd-plus reads them; they take no part in equality.
+    (0: not known). Only fgd-cluster-aware reads them; they take no part in equality.
     """
 
     tasks: tuple[tuple[Demand, float], ...]

@@ -29,11 +29,11 @@ from infergrid.constants import (
     RESOURCE_VGPU,
 )
 from infergrid.inventory import Gpu, GpuInventory, encode_inventory
-from infergrid.placement import offers, resolve_policy
+from infergrid.placement import Verdicts, offers, resolve_policy
 from infergrid.pod_request import parse_pod_request
 from infergrid.usage import GpuUsage, GpuUsageSample, encode_usage
 from scheduler_extender import watch_cache
-from scheduler_extender.view import PlacementView, Verdicts
+from scheduler_extender.view import PlacementView
 from scheduler_extender.watch_cache import ADDED, DELETED, MODIFIED, ClusterCache
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -95,11 +95,16 @@ def view(cache: ClusterCache) -> PlacementView:
 
 
 def filtered(view: PlacementView, mib: int = 16384) -> Verdicts:
-    return view.filter(NAMES, parse_pod_request(share_pod(mib)), BINPACK, NOW)
+    rows, missing = view.current(NAMES, NOW)
+    found = view.nodes.filter(NAMES, parse_pod_request(share_pod(mib)), BINPACK, rows, missing)
+    view.remember(found, len(NAMES))
+    return found
 
 
 def scored(view: PlacementView, names: list[str], mib: int = 4096) -> list[float]:
-    return view.raw_scores(names, parse_pod_request(share_pod(mib)), BINPACK, NOW).tolist()
+    rows, _ = view.current(names, NOW)
+    request = parse_pod_request(share_pod(mib))
+    return view.nodes.scores(names, request, BINPACK, rows=rows).tolist()
 
 
 def test_a_bind_between_filters_rejects_with_the_new_reason(cache, view):
