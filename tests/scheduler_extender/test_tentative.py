@@ -22,7 +22,10 @@ from infergrid.constants import (
     RESOURCE_GPU_MEMORY,
     RESOURCE_VGPU,
 )
+from infergrid.errors import ContractError
+from infergrid.settings import parse_settings
 from scheduler_extender.binder import Binder
+from scheduler_extender.config import SETTINGS, ExtenderConfig
 from scheduler_extender.tentative import (
     Reserver,
     bind_outcome,
@@ -262,3 +265,23 @@ def test_fuzzed_bodies_never_get_a_500_with_holds_on(path, body):
     assert status in (200, 400)
     if isinstance(result, dict):
         assert not result["Error"].startswith("internal error")
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+
+def test_by_default_holds_last_10_s_and_filters_do_not_wait():
+    cfg = ExtenderConfig()
+    assert (cfg.tentative_reservation_s, cfg.bind_wait_s) == (10.0, 0.0)
+
+
+@pytest.mark.parametrize("value", [-1, 301, "10s", True])
+def test_a_bad_hold_timeout_is_refused_naming_the_setting(value):
+    with pytest.raises(ContractError, match="tentativeReservationSeconds"):
+        parse_settings({"version": "v1", "tentativeReservationSeconds": value}, SETTINGS)
+
+
+def test_a_hold_timeout_of_0_turns_holds_off():
+    assert parse_settings({"version": "v1", "tentativeReservationSeconds": 0}, SETTINGS) == {
+        "tentative_reservation_s": 0.0
+    }
