@@ -14,6 +14,7 @@ filter first waits for the binds of pods that passed filter before it (`pending_
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -125,9 +126,8 @@ class ExtenderService:
             metrics.REJECTIONS.labels(category).inc(count)
         if out.passed:
             self.barrier.passed_filter(uid, args.pod)
-        if self.reserver is not None and len(out.passed) == 1:
-            # kube-scheduler binds a lone feasible node without asking prioritize.
-            self.reserver.hold(args.pod, uid, out.passed[0])
+        if len(out.passed) == 1:  # kube-scheduler binds a lone node without asking prioritize
+            self._hold_next(args.pod, uid, out.passed[0])
         return _reply(filter_result(out.passed, out.failed, out.unresolvable))
 
     async def prioritize(self, request: web.Request) -> web.Response:
@@ -138,9 +138,10 @@ class ExtenderService:
             args.pod, args.node_names, self.view, self.default_policy, self.clock()
         )
         if self.reserver is not None:
-            chosen = predicted_node(args.node_names, scores)
-            if chosen is not None and self.reserver.hold(args.pod, uid, chosen):
-                scores = sole_top(scores, chosen)
+            chosen, tied = predicted_node(scores)
+            if chosen is not None:
+                scores = sole_top(scores, tied)
+                self._hold_next(args.pod, uid, chosen)
         return _reply(priority_list(scores))
 
     def _new_cycle(self, uid: str) -> None:
@@ -148,6 +149,13 @@ class ExtenderService:
         if self.reserver is not None:
             self.reserver.expire()
             self.reserver.forget(uid)
+
+    def _hold_next(self, pod: dict[str, Any], uid: str, node: str) -> None:
+        """Holds the pod's placement on `node` as the event loop's next step, right after the
+        answer is sent: off kube-scheduler's wait for the answer, yet before the loop reads
+        another request (callbacks already queued run before those of new input)."""
+        if self.reserver is not None:
+            asyncio.get_running_loop().call_soon(self.reserver.hold, pod, uid, node)
 
     async def bind(self, request: web.Request) -> web.Response:
         args = decode_binding_args(await request.read())

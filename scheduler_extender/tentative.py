@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import compress, islice, repeat
 from typing import Any, Literal
 
 from infergrid.errors import ContractError
@@ -49,23 +50,28 @@ def bind_outcome(held_node: str | None, bind_node: str) -> BindOutcome:
     return "confirm" if held_node == bind_node else "move"
 
 
-def predicted_node(names: Sequence[str], scores: Mapping[str, int]) -> str | None:
-    """The node kube-scheduler will bind when the extender's score decides: the first of
-    `names` with the top score; None when no node scores above 0 (none fits)."""
-    top = max(scores.values(), default=0)
+def predicted_node(scores: Mapping[str, int]) -> tuple[str | None, list[str]]:
+    """The node kube-scheduler will bind when the extender's score decides: the first with the
+    top score, in the order asked about (None when no node scores above 0: none fits); and
+    the other nodes tied with it."""
+    values = list(scores.values())
+    top = max(values, default=0)
     if top <= 0:
-        return None
-    return next(name for name in names if scores.get(name) == top)
+        return None, []
+    if values.count(top) == 1:  # the common case, found in C without a pass in Python
+        return next(islice(scores, values.index(top), None)), []
+    tied = list(compress(scores, map(top.__eq__, values)))
+    return tied[0], tied[1:]
 
 
-def sole_top(scores: Mapping[str, int], chosen: str) -> dict[str, int]:
-    """`scores` with every node tied with `chosen` one lower, so `chosen` alone scores the
-    top. Order among all other nodes is kept."""
-    top = scores[chosen]
-    return {
-        name: score - 1 if score == top and name != chosen else score
-        for name, score in scores.items()
-    }
+def sole_top(scores: dict[str, int], tied: Sequence[str]) -> dict[str, int]:
+    """`scores` with each of `tied` (the nodes tied with the chosen one) one lower, so the
+    chosen node alone scores the top. The order among all other nodes is kept."""
+    if not tied:
+        return scores
+    lower = dict(scores)
+    lower.update(zip(tied, repeat(scores[tied[0]] - 1)))
+    return lower
 
 
 @dataclass
