@@ -214,14 +214,13 @@ class ClusterCache:
         """Holds ``assignment`` tentatively until ``until`` (or bind, or the watch ends it).
 
         Replaces an earlier tentative reservation of the pod; does nothing, and
-        says so, where bind already holds the pod's GPUs or its pod event
-        carries them: those are what the pod has.
+        says so, where bind already holds the pod's GPUs, or the watch has shown
+        the pod carrying them or bound: what it has is decided.
         """
         with self._lock:
             pod, held = self._pods.get(uid), self._reservations.get(uid)
-            if (pod is not None and pod.assignment is not None) or (
-                held is not None and held.until is None
-            ):
+            decided = pod is not None and (pod.assignment is not None or bool(pod.node_name))
+            if decided or (held is not None and held.until is None):
                 return False
             made = _Reservation(namespace, name, assignment, self.version + 1, until, request)
             self._reservations[uid] = made

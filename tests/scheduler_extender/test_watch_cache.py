@@ -254,12 +254,13 @@ def test_a_new_hold_of_the_pod_replaces_its_old_one(cache):
     assert cache.assignments_on("node-b") == [assignment("node-b")]
 
 
-def test_no_hold_where_the_pod_already_has_its_gpus(cache):
+def test_no_hold_where_the_pod_already_has_its_gpus_or_is_bound(cache):
     cache.reserve("u1", "ns", "pod-u1", assignment("node-a"))  # bind holds them
     cache.apply_pod(ADDED, pod_json("u2", assignment("node-a")))  # its annotation holds them
-    assert not hold(cache, "u1", "node-b") and not hold(cache, "u2", "node-b")
+    cache.apply_pod(ADDED, bound_pod("u3", "node-a"))  # bound by someone else
+    assert not any(hold(cache, uid, "node-b") for uid in ("u1", "u2", "u3"))
     assert cache.assignments_on("node-b") == []
-    assert cache.tentative("u1") is None and cache.tentative("u2") is None
+    assert all(cache.tentative(uid) is None for uid in ("u1", "u2", "u3"))
 
 
 def test_confirm_turns_a_hold_into_a_binds_reservation_that_never_runs_out(cache):
