@@ -33,12 +33,20 @@ def post(port: int, path: str, body: dict) -> dict:
         return json.loads(resp.read())
 
 
+def settled(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    status = core.read_namespaced_pod(name, namespace).status
+    ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
+    return status.phase == "Running" and ready
+
+
 def test_a_second_bind_of_a_bound_pod_is_refused_and_changes_nothing(cluster, namespace, extender):
     core = client.CoreV1Api(cluster.api)
     entries = [{"name": f"trust{i}-{uuid.uuid4().hex[:6]}", "gpus": GPUS} for i in range(2)]
     with idle_nodes(cluster.api, entries) as (first, other):
         core.create_namespaced_pod(namespace, share_pod("once", 4096, node=first))
         wait_until(lambda: bound(core, namespace, ["once"]), 60, "the pod bound")
+        # KWOK writes the pod's status after the bind: compare only once it has settled.
+        wait_until(lambda: settled(core, namespace, "once"), 60, "the pod Running and Ready")
         before = core.read_namespaced_pod("once", namespace)
 
         answer = post(extender.port, "/bind", {
