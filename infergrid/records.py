@@ -20,6 +20,7 @@ from infergrid.constants import (
 )
 from infergrid.errors import ContractError
 from infergrid.inventory import GpuInventory, decode_inventory
+from infergrid.quantity import parse_milli_quantity
 from infergrid.usage import GpuUsage, decode_usage
 
 TERMINAL_PHASES: Final = ("Succeeded", "Failed")
@@ -40,6 +41,8 @@ class NodeRecord:
     inventory: GpuInventory | None
     usage: GpuUsage | None
     problem: str | None
+    cpu_milli: int = 0
+    """Allocatable CPU in millicores (0 where the node reports none readable)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +80,18 @@ def node_record(node: dict[str, Any]) -> NodeRecord:
     for key, doc in ((ANNOTATION_GPU_INVENTORY, inventory), (ANNOTATION_GPU_USAGE, usage)):
         if doc is not None and doc.node != name:
             problems.append(f"{key}: node: names {doc.node!r}, not this node {name!r}")
-    return NodeRecord(name, inventory, usage, "; ".join(problems) or None)
+    return NodeRecord(name, inventory, usage, "; ".join(problems) or None, _allocatable_cpu(node))
+
+
+def _allocatable_cpu(node: dict[str, Any]) -> int:
+    """The node's allocatable CPU in millicores; 0 when absent or unreadable, which only
+    leaves fgd-cluster-aware without the cluster's CPU per GPU (the API server validates
+    quantities, so this is for hand-made objects)."""
+    raw = ((node.get("status") or {}).get("allocatable") or {}).get("cpu")
+    try:
+        return 0 if raw is None else parse_milli_quantity(raw, "status.allocatable.cpu")
+    except ContractError:
+        return 0
 
 
 def pod_record(pod: dict[str, Any]) -> PodRecord:

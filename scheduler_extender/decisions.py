@@ -20,7 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from infergrid.errors import ContractError
-from infergrid.placement import Policy, normalize_scores, resolve_policy
+from infergrid.placement import HostRequest, Policy, normalize_scores, resolve_policy
+from infergrid.pod_host import parse_host_request
 from infergrid.pod_request import PodGpuRequest, parse_pod_request
 from scheduler_extender.view import PlacementView
 
@@ -37,6 +38,15 @@ def _policy(request: PodGpuRequest, view: PlacementView) -> Policy:
     return resolve_policy(request.policy, view.workload())
 
 
+def _host(pod: dict[str, Any]) -> HostRequest | None:
+    """The pod's CPU and GPU models, for the learned workload only; None where an amount
+    does not read (kube-scheduler, not the extender, refuses such a pod)."""
+    try:
+        return parse_host_request(pod)
+    except ContractError:
+        return None
+
+
 def filter_nodes(
     pod: dict[str, Any], names: list[str], view: PlacementView, default_policy: str, now: datetime
 ) -> FilterOutcome:
@@ -47,7 +57,7 @@ def filter_nodes(
             unresolvable={n: f"invalid GPU request: {err}" for n in names},
             categories=["invalid-request"] * len(names),
         )
-    view.observe(str((pod.get("metadata") or {}).get("uid", "")), request)
+    view.observe(str((pod.get("metadata") or {}).get("uid", "")), request, _host(pod))
     rows, missing = view.current(names, now)
     found = view.nodes.filter(names, request, _policy(request, view), rows, missing)
     view.remember(found, len(names))

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from infergrid.placement import (
+    HostRequest,
     LearnedWorkload,
     NodeSet,
     NodeState,
@@ -130,22 +131,26 @@ class PlacementView:
         if len(verdicts.passed) < asked:
             self._asked.append((list(verdicts.passed), verdicts.passed_rows.copy()))
 
-    def observe(self, uid: str, request: PodGpuRequest) -> None:
-        """Counts a pod once into the recent-request distribution that fgd scores against."""
-        self._learned.observe(uid, request)
+    def observe(self, uid: str, request: PodGpuRequest, host: HostRequest | None) -> None:
+        """Counts a pod once into the recent-request distribution that fgd scores against,
+        with its CPU and GPU models (``host``) where they read."""
+        self._learned.observe(uid, request, host)
 
     def workload(self) -> Workload:
         """The learned workload, with the GPUs of each model in the cache's node list."""
         return self._learned.workload()
 
     def _cluster(self) -> tuple[dict[str, int], int]:
-        """GPUs of each model over the cache's nodes; CPU is 0 (not known): the cache keeps
-        no node's CPU, which kube-scheduler accounts for."""
+        """GPUs of each model, and allocatable CPU in all, over the cache's GPU nodes."""
         per_model: dict[str, int] = {}
+        cpu_milli = 0
         for record in self.cache.nodes().values():
-            for gpu in record.inventory.gpus if record.inventory else ():
+            if record.inventory is None or not record.inventory.gpus:
+                continue
+            cpu_milli += record.cpu_milli
+            for gpu in record.inventory.gpus:
                 per_model[gpu.model] = per_model.get(gpu.model, 0) + 1
-        return per_model, 0
+        return per_model, cpu_milli
 
     def _sync(self, names: list[str], now: datetime) -> tuple[Rows, dict[int, str]]:
         """The index row of each name, written from the node's current state (-1 where it

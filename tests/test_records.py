@@ -92,6 +92,15 @@ def test_a_node_without_annotations_has_nothing_and_no_problem():
     assert node_record(node_json("cpu-0")) == NodeRecord("cpu-0", None, None, None)
 
 
+@pytest.mark.parametrize(("cpu", "millis"), [("16", 16000), ("7500m", 7500), (None, 0), ("x", 0)])
+def test_a_node_carries_its_allocatable_cpu_and_a_bad_one_counts_as_none(cpu, millis):
+    node = gpu_node("node-a")
+    if cpu is not None:
+        node["status"] = {"allocatable": {"cpu": cpu, "memory": "64Gi"}}
+    record = node_record(node)
+    assert record.cpu_milli == millis and record.problem is None
+
+
 @pytest.mark.parametrize(
     "annotation, text, problem",
     [

@@ -40,7 +40,12 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Final
 
-from infergrid.placement.fragmentation import Workload, free_capacity, node_fragmentation
+from infergrid.placement.fragmentation import (
+    Workload,
+    fragmentation_before,
+    free_capacity,
+    node_fragmentation,
+)
 from infergrid.placement.state import ALL_CORES, NodeState
 
 RESOLUTION: Final = 0.04
@@ -162,7 +167,7 @@ def with_cluster(
 def fgd_cluster_aware_score(before: NodeState, after: NodeState, workload: Workload) -> float:
     """fgd-cluster-aware (see the module): quantised FGD, less stranded GPUs, contested models."""
     short, per_gpu = _cpu_plan(workload)
-    decrease = node_fragmentation(before, workload) - node_fragmentation(after, workload)
+    decrease = fragmentation_before(before, workload) - node_fragmentation(after, workload)
     stranded = stranded_gpus(after, per_gpu) - stranded_gpus(before, per_gpu)
     taken = free_gpus(before) - free_gpus(after)
     contested = workload.contention.get(before.product, 0.0) * taken

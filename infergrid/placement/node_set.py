@@ -22,10 +22,11 @@ from typing import Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from infergrid.placement.fit import FitResult, fit
+from infergrid.placement.fit import FitResult, fit, surely_unfit
 from infergrid.placement.host import HostRequest
 from infergrid.placement.offers import OfferIndex, Rows
 from infergrid.placement.policy import Policy
+from infergrid.placement.shortfall import Shortfall
 from infergrid.placement.state import NodeState
 from infergrid.pod_request import PodGpuRequest
 
@@ -33,13 +34,19 @@ MAX_SHAPES: Final = 4096
 """Pod shapes remembered before the memo of decisions starts over."""
 
 MAX_KEYS: Final = 1 << 16
-"""Node keys whose decisions are remembered before the memo starts over. A key no node holds
-any more is kept until then: the simulator's nodes often come back to a state another left."""
+"""Node keys whose decisions one pod shape remembers before its memo starts over. A key no
+node holds any more is kept until then: the simulator's nodes often come back to a state
+another left."""
 
 NO_NODE: Final = "no-inventory"
 """The resource counted for a node without a state (unknown, no inventory, bad data)."""
 
 Decision = tuple[FitResult, float | None]
+
+_UNFIT: Final = FitResult(
+    shortfalls=(Shortfall(None, "", 0, 0, "does not fit (scores are not explained)"),)
+)
+"""What a score remembers where ``surely_unfit`` spared the fit: only filter explains."""
 Floats = npt.NDArray[np.float64]
 
 
@@ -65,8 +72,12 @@ class NodeSet:
     def __init__(self, indexed: bool = True) -> None:
         self._index = OfferIndex()
         self._indexed = indexed
-        self._states: dict[str, tuple[Hashable, NodeState, dict[int, Decision]]] = {}
-        self._decisions: dict[Hashable, dict[int, Decision]] = {}
+        self._states: dict[str, tuple[Hashable, NodeState]] = {}
+        self._key_ids: dict[Hashable, int] = {}
+        """A small number per node key, so memo lookups hash an int, not the key."""
+        self._keys: dict[str, int] = {}
+        self._decisions: dict[int, dict[int, Decision]] = {}
+        """Per pod shape, the decision on each node key's number: looked up with ``map``."""
         self._shapes: dict[tuple[object, ...], int] = {}
         self.evaluations = 0
         """How many times the exact core ran (a fit, and a score where asked): for tests and
@@ -77,10 +88,10 @@ class NodeSet:
     def put(self, state: NodeState, key: Hashable) -> int:
         """Holds ``state`` under ``key``: its index row, or -1 where the index cannot hold it."""
         name = state.name
-        if len(self._decisions) >= MAX_KEYS:
-            self._decisions.clear()
-            self._states = {n: (k, s, self._memo(k)) for n, (k, s, _) in self._states.items()}
-        self._states[name] = (key, state, self._memo(key))
+        if len(self._key_ids) >= MAX_KEYS:
+            self._forget()
+        self._states[name] = (key, state)
+        self._keys[name] = self._key_id(key)
         if not (self._indexed and self._index.update(state)):
             return -1
         return int(self._index.rows([name])[0])
@@ -88,12 +99,12 @@ class NodeSet:
     def discard(self, name: str) -> None:
         """Drops the node, if held."""
         self._states.pop(name, None)
+        self._keys.pop(name, None)
         self._index.discard(name)
 
     def get(self, name: str) -> tuple[Hashable, NodeState] | None:
         """The node's key and state, if held."""
-        held = self._states.get(name)
-        return None if held is None else held[:2]
+        return self._states.get(name)
 
     def rows(self, names: Sequence[str]) -> Rows:
         """The index row of each name; -1 where it has none (not held, or not indexable)."""
@@ -102,11 +113,24 @@ class NodeSet:
     def row_of(self, name: str) -> int:
         return int(self._index.rows([name])[0])
 
-    def _memo(self, key: Hashable) -> dict[int, Decision]:
-        """The decisions remembered under ``key``, shared by every node that holds it."""
-        memo = self._decisions.get(key)
+    def _key_id(self, key: Hashable) -> int:
+        found = self._key_ids.get(key)
+        if found is None:
+            found = self._key_ids[key] = len(self._key_ids)
+        return found
+
+    def _forget(self) -> None:
+        """Starts the memo over, numbering only the keys nodes hold now."""
+        self._key_ids.clear()
+        self._decisions.clear()
+        self._keys = {name: self._key_id(key) for name, (key, _) in self._states.items()}
+
+    def _memo(self, shape: int) -> dict[int, Decision]:
+        """The decisions remembered for the pod shape, by node key number (shared by
+        every node that holds the key)."""
+        memo = self._decisions.get(shape)
         if memo is None:
-            memo = self._decisions[key] = {}
+            memo = self._decisions[shape] = {}
         return memo
 
     # The questions.
@@ -142,10 +166,10 @@ class NodeSet:
             others = np.flatnonzero(rows < 0).tolist()
         else:
             others = range(len(names))
-        shape = self._shape_id(request, None, policy, False) if len(others) else 0
+        memo = self._memo(self._shape_id(request, None, policy, False)) if len(others) else {}
         for at in others:
             name = names[at]
-            result = self._decided(name, missing.get(at), shape, request, None, policy, False)
+            result = self._decided(name, missing.get(at), memo, request, policy)
             if isinstance(result, str):
                 out.unresolvable[name] = result
                 out.categories.append(NO_NODE)
@@ -178,11 +202,23 @@ class NodeSet:
             others = np.flatnonzero(rows < 0).tolist()
         else:
             others = range(len(names))
-        shape = self._shape_id(request, host, policy, True) if len(others) else 0
-        for at in others:
-            found = self._decided(names[at], None, shape, request, host, policy, True)
-            if not isinstance(found, str) and found[1] is not None:
-                raw[at] = found[1]
+        if not len(others):
+            return raw
+        memo = self._memo(self._shape_id(request, host, policy, True))
+        asked = names if isinstance(others, range) else [names[at] for at in others]
+        keys = list(map(self._keys.get, asked))
+        found = list(map(memo.get, keys))  # the simulator asks this for every pod: in C
+        if None in found:
+            for at, decision in enumerate(found):
+                key = keys[at]
+                if decision is None and key is not None:
+                    decision = memo.get(key)  # another node under the key, just now
+                    if decision is None:
+                        state = self._states[asked[at]][1]
+                        decision = memo[key] = self._decide(state, request, host, policy, True)
+                    found[at] = decision
+        # None (no state, or no fit) becomes NaN in a float array.
+        raw[others] = np.array([d and d[1] for d in found], dtype=np.float64)
         return raw
 
     def place(
@@ -199,22 +235,20 @@ class NodeSet:
         self,
         name: str,
         why_none: str | None,
-        shape: int,
+        memo: dict[int, Decision],
         request: PodGpuRequest,
-        host: HostRequest | None,
         policy: Policy,
-        score: bool,
     ) -> Decision | str:
-        """The memoised decision on the named node, or why it has none."""
+        """Filter's memoised decision on the named node, or why it has none."""
         if why_none is not None:
             return why_none
         held = self._states.get(name)
         if held is None:
             return f"node {name} has no placement state"
-        _, state, memo = held
-        decision = memo.get(shape)
+        key = self._keys[name]
+        decision = memo.get(key)
         if decision is None:
-            decision = memo[shape] = self._decide(state, request, host, policy, score)
+            decision = memo[key] = self._decide(held[1], request, None, policy, False)
         return decision
 
     def _decide(
@@ -226,10 +260,11 @@ class NodeSet:
         score: bool,
     ) -> Decision:
         self.evaluations += 1
+        if score and surely_unfit(request, state, host):
+            return (_UNFIT, None)
         result = fit(request, state, policy, host)
-        raw = None
-        if score and result.fits and result.after is not None:
-            raw = policy.raw_score(state, result.after, policy.workload)
+        after = result.after if score else None
+        raw = None if after is None else policy.raw_score(state, after, policy.workload)
         return (result, raw)
 
     def _shape_id(
@@ -247,8 +282,7 @@ class NodeSet:
         if found is None:
             if len(self._shapes) >= MAX_SHAPES:
                 self._shapes.clear()
-                for memo in self._decisions.values():
-                    memo.clear()
+                self._decisions.clear()
             found = self._shapes[shape] = len(self._shapes)
         return found
 

@@ -34,7 +34,7 @@ from infergrid.placement.baselines import (
     random_fit_score,
 )
 from infergrid.placement.fgd_cluster_aware import fgd_cluster_aware_score
-from infergrid.placement.fragmentation import Workload, node_fragmentation
+from infergrid.placement.fragmentation import Workload, fragmentation_before, node_fragmentation
 from infergrid.placement.state import NodeState
 
 MAX_EXTENDER_PRIORITY: Final = 10
@@ -82,7 +82,7 @@ def spread_score(before: NodeState, after: NodeState, workload: Workload) -> flo
 
 def fgd_score(before: NodeState, after: NodeState, workload: Workload) -> float:
     """fgd: minus the increase in node fragmentation, so the smallest increase scores best."""
-    return node_fragmentation(before, workload) - node_fragmentation(after, workload)
+    return fragmentation_before(before, workload) - node_fragmentation(after, workload)
 
 
 RAW_SCORERS: Final[Mapping[str, RawScorer]] = MappingProxyType(

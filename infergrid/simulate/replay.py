@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
+import numpy as np
+
 from infergrid.constants import POLICY_FGD, POLICY_FGD_CLUSTER_AWARE
 from infergrid.placement import (
     HostRequest,
@@ -206,9 +208,11 @@ class _Run:
         self.signatures = [self._signature(p) for p in range(len(self.nodes))]
         self.node_set = NodeSet(indexed=False)  # pods carry CPU: the exact core answers
         self.groups: dict[Signature, set[int]] = {}
+        self.names: dict[Signature, str] = {}
+        """The name of one member of each group, in the groups' order: the one asked."""
         for position, signature in enumerate(self.signatures):
             self.node_set.put(self.nodes[position], self._key(position, signature))
-            self.groups.setdefault(signature, set()).add(position)
+            self._join(position, signature)
         self.fragments: dict[Signature, tuple[float, float]] = {}
         self.failed = 0
         self.placed_on: list[str | None] = []
@@ -246,7 +250,7 @@ class _Run:
         the workload learned so far (or the trace's, which never changes)."""
         if self.learned is None:
             return self.policy
-        self.learned.observe(str(arrival), self.scenario.requests[shape][0])
+        self.learned.observe(str(arrival), *self.scenario.requests[shape])
         workload = self.learned.workload()
         if workload is not self.policy.workload:
             self.policy = resolve_policy(self.sim.core, workload)
@@ -265,38 +269,28 @@ class _Run:
         return signature if self.cache else (position, signature)
 
     def _choose(self, shape: int, policy: Policy) -> int | None:
-        """The position the pod goes to, or None when no node fits."""
-        best: float | None = None
-        tied: list[set[int]] = []
-        for score, members in self._scored(shape, policy):
-            if score is None:
-                continue
-            if best is None or score > best:
-                best, tied = score, [members]
-            elif score == best:
-                tied.append(members)
-        if best is None:
+        """The position the pod goes to, or None when no node fits: the node set scores
+        one node per group (every node, without the cache), the pick compares rounded."""
+        if self.cache:
+            names = list(self.names.values())
+            members = list(self.groups.values())
+        else:
+            names = [node.name for node in self.nodes]
+            members = [{p} for p in range(len(self.nodes))]
+        request, host = self.scenario.requests[shape]
+        raw = self.node_set.scores(names, request, policy, host)
+        fitting = np.flatnonzero(~np.isnan(raw)).tolist()
+        if not fitting:
             return None
+        rounded = [self._rounded(r) for r in raw[fitting].tolist()]
+        best = max(rounded)
+        tied = [members[at] for at, r in zip(fitting, rounded, strict=True) if r == best]
         if self.sim.tie_break == "order":
             return min(min(group) for group in tied)
         positions = sorted(p for group in tied for p in group)
         return positions[self.picks.randrange(len(positions))]
 
-    def _scored(self, shape: int, policy: Policy) -> list[tuple[float | None, set[int]]]:
-        """(score as the pick compares it, positions) for every node: the node set asked about
-        one node per group (every node, without the cache); None where the pod does not fit."""
-        if self.cache:
-            members = list(self.groups.values())
-        else:
-            members = [{p} for p in range(len(self.nodes))]
-        names = [self.nodes[next(iter(group))].name for group in members]  # any: alike
-        request, host = self.scenario.requests[shape]
-        raw = self.node_set.scores(names, request, policy, host).tolist()
-        return [(self._rounded(r), group) for r, group in zip(raw, members, strict=True)]
-
-    def _rounded(self, raw: float) -> float | None:
-        if math.isnan(raw):
-            return None
+    def _rounded(self, raw: float) -> float:
         return math.floor(raw) if self.sim.integer_scores else round(raw, SCORE_DIGITS)
 
     def _place(self, position: int, shape: int, policy: Policy) -> None:
@@ -309,11 +303,26 @@ class _Run:
         old, new = self.signatures[position], self._signature(position)
         self.signatures[position] = new
         self.node_set.put(after, self._key(position, new))
-        group = self.groups[old]
+        self._leave(position, old)
+        self._join(position, new)
+
+    def _join(self, position: int, signature: Signature) -> None:
+        """Put the node in its signature's group; a new group is named by it."""
+        group = self.groups.get(signature)
+        if group is None:
+            group = self.groups[signature] = set()
+            self.names[signature] = self.nodes[position].name
+        group.add(position)
+
+    def _leave(self, position: int, signature: Signature) -> None:
+        """Take the node out of its group, which another member names from now on (groups
+        and names are changed together, so they list signatures in the same order)."""
+        group = self.groups[signature]
         group.discard(position)
         if not group:
-            del self.groups[old]
-        self.groups.setdefault(new, set()).add(position)
+            del self.groups[signature], self.names[signature]
+        elif self.names[signature] == self.nodes[position].name:
+            self.names[signature] = self.nodes[next(iter(group))].name
 
     def _fragment(self, position: int) -> tuple[float, float]:
         """(F_n, idle(n)) of the node, in milli-GPUs, over the typical pods."""

@@ -33,6 +33,7 @@ from infergrid.placement import (
     fit,
     resolve_policy,
 )
+from infergrid.placement.fit import surely_unfit
 from infergrid.placement.offers import MAX_GPUS
 from infergrid.pod_request import PodGpuRequest
 
@@ -297,3 +298,11 @@ def test_a_node_with_every_gpu_held_says_how_many_and_why():
 
 def _plain(index: int) -> GpuState:
     return GpuState(f"GPU-{index}", index, "M", 1024, 10, 0, True, True, MappingProxyType({}))
+
+
+@settings(max_examples=300, deadline=None)
+@given(nodes(), requests, st.sampled_from(POLICIES))
+def test_what_surely_unfit_refuses_the_core_refuses_too(state, request, policy):
+    """A scorer skips the fit where ``surely_unfit`` says so: it must never skip a fit."""
+    if surely_unfit(request, state, None):
+        assert not fit(request, state, policy).fits
