@@ -7,8 +7,8 @@ fragmentation scores are the ones the extender would have given. A pod's task
 carries its GPUs, and the CPU and GPU models it asks for, as the paper's typical
 pods do: fgd-cluster-aware reads both.
 
-The distribution is re-read every ``WORKLOAD_REFRESH`` new pods (while it knows few,
-each time the pods it knows have doubled), but a re-read is adopted only
+The distribution is re-read at the first pod and then every ``WORKLOAD_REFRESH`` new
+pods, but a re-read is adopted only
 when it has drifted from the one in use by ``WORKLOAD_DRIFT`` or more, or the
 cluster changed: each adoption changes the scores of every node, and so empties
 the memo of decisions, while a window of random arrivals wobbles by a few percent
@@ -89,7 +89,7 @@ class LearnedWorkload:
     def workload(self) -> Workload:
         """The distribution in use; re-read first when enough new pods were seen, and
         replaced when the re-read drifted or the cluster changed."""
-        if self._unread >= min(WORKLOAD_REFRESH, max(1, len(self._recent) // 2)):
+        if self._unread and (self._unread >= WORKLOAD_REFRESH or len(self._recent) <= self._unread):
             self._unread = 0
             shape = self._cluster_shape()
             candidate = self._read(shape)
