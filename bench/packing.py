@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from infergrid.placement import LEARNING
 from infergrid.simulate.cli import parse_seeds, simulate
 from infergrid.simulate.metrics import LAST_BIN
 from infergrid.simulate.policies import SIM_POLICIES, sim_policy
-from infergrid.simulate.replay import LEARNING
 from infergrid.simulate.trace import load_nodes, load_pods
 
 HERE = Path(__file__).resolve().parent

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from infergrid.errors import ContractError
-from infergrid.placement import HostRequest, Policy, normalize_scores, resolve_policy
+from infergrid.placement import LEARNING, HostRequest, Policy, normalize_scores, resolve_policy
 from infergrid.pod_host import parse_host_request
 from infergrid.pod_request import PodGpuRequest, parse_pod_request
 from scheduler_extender.view import PlacementView
@@ -73,7 +73,9 @@ def prioritize_nodes(
     except ContractError:
         return dict.fromkeys(names, 0)
     rows, _ = view.current(names, now)
-    raw = view.nodes.scores(names, request, _policy(request, view), rows=rows)
+    # The policies that learn read CPU too: the pod's, as the simulator passes it.
+    host = _host(pod) if request.policy in LEARNING else None
+    raw = view.nodes.scores(names, request, _policy(request, view), host, rows)
     return dict(zip(names, _normalized(raw), strict=True))
 
 

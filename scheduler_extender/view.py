@@ -9,13 +9,16 @@ was last checked, its change log which nodes did, and each row's heartbeat
 whether its staleness flipped, so a call after one bind looks up one node, not
 thousands, and one in which nothing moved none.
 
-This module only keeps the node set current and says why a node has no state;
+A node's state carries its CPU and memory (``host``): allocatable from the node, and
+what its live pods request, as kube-scheduler counts them; fgd and fgd-cluster-aware
+read it. This module only keeps the node set current and says why a node has no state;
 every decision is the placement core's ``NodeSet``'s (``decisions.py`` asks it).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from itertools import compress
 from operator import itemgetter
@@ -26,6 +29,7 @@ import numpy.typing as npt
 
 from infergrid.placement import (
     HostRequest,
+    HostResources,
     LearnedWorkload,
     NodeSet,
     NodeState,
@@ -109,6 +113,11 @@ class PlacementView:
         assert record.inventory is not None
         assignments = self.cache.assignments_on(record.name)
         state = build_node_state(record.inventory, record.usage, assignments, now, self.stale_after)
+        if record.cpu_milli:
+            cpu, memory = self.cache.requested_on(record.name)
+            state = replace(
+                state, host=HostResources(record.cpu_milli, record.memory_mib, cpu, memory)
+            )
         return state, self.nodes.put(state, key)
 
     def node_state(self, name: str, now: datetime) -> NodeState | str:

@@ -108,6 +108,10 @@ class ClusterCache:
         """A heap of (until, uid) per tentative reservation made; stale entries are skipped."""
         self._held: dict[str, PodAssignment] = {}
         self._on_node: dict[str, dict[str, PodAssignment]] = {}
+        self._asks: dict[str, tuple[str, int, int]] = {}
+        """Per live bound pod with CPU or memory requests: (node, millicores, MiB)."""
+        self._requested: dict[str, tuple[int, int]] = {}
+        """Per node, the CPU and memory its live pods request, as kube-scheduler counts."""
         self._node_versions: dict[str, int] = {}
         self._changes: deque[tuple[int, frozenset[str]]] = deque(maxlen=CHANGE_LOG)
         self._nodes_listed = threading.Event()
@@ -290,6 +294,11 @@ class ClusterCache:
             held = self._reservations.get(uid)
             return held is not None and held.until is None
 
+    def requested_on(self, node: str) -> tuple[int, int]:
+        """The CPU (millicores) and memory (MiB) the live pods bound to ``node`` request."""
+        with self._lock:
+            return self._requested.get(node, (0, 0))
+
     def assignments_on(self, node: str) -> list[PodAssignment]:
         """Every assignment on ``node``, reservations included, oldest first."""
         with self._lock:
@@ -344,10 +353,38 @@ class ClusterCache:
     # Index upkeep.
 
     def _refresh(self, uid: str) -> set[str]:
-        """Re-indexes what ``uid`` holds: its pod's assignment, else its reservation.
+        """Re-indexes what ``uid`` holds: its pod's assignment, else its reservation, and
+        its pod's CPU and memory requests on its node.
 
-        Returns the nodes whose assignments changed.
+        Returns the nodes whose assignments or requests changed.
         """
+        return self._refresh_asks(uid) | self._refresh_held(uid)
+
+    def _refresh_asks(self, uid: str) -> set[str]:
+        pod = self._pods.get(uid)
+        new = None
+        if pod is not None and pod.node_name and (pod.cpu_milli or pod.memory_mib):
+            new = (pod.node_name, pod.cpu_milli, pod.memory_mib)
+        old = self._asks.get(uid)
+        if old == new:
+            return set()
+        for ask, sign in ((old, -1), (new, 1)):
+            if ask is None:
+                continue
+            node, cpu, memory = ask
+            had_cpu, had_memory = self._requested.get(node, (0, 0))
+            now = (had_cpu + sign * cpu, had_memory + sign * memory)
+            if now == (0, 0):
+                self._requested.pop(node, None)
+            else:
+                self._requested[node] = now
+        if new is None:
+            del self._asks[uid]
+        else:
+            self._asks[uid] = new
+        return {ask[0] for ask in (old, new) if ask is not None}
+
+    def _refresh_held(self, uid: str) -> set[str]:
         old = self._held.get(uid)
         pod, reservation = self._pods.get(uid), self._reservations.get(uid)
         new = pod.assignment if pod is not None else None

@@ -596,6 +596,8 @@ def test_default_policy_offers_every_policy_a_pod_may_ask_for():
     schema = json.loads((CHART / "values.schema.json").read_text())
     extender = schema["properties"]["scheduler"]["properties"]["extender"]["properties"]
     assert extender["defaultPolicy"]["enum"] == list(constants.PLACEMENT_POLICIES)
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["scheduler"]["extender"]["defaultPolicy"] == constants.DEFAULT_POLICY
 
 
 @needs_helm

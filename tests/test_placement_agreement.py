@@ -4,7 +4,9 @@
 extender does. Here random small clusters take random streams of pods under
 every policy a pod may ask for. The simulator replays them (its workload
 learned from the pods, as the extender learns it); the extender, fed the same
-nodes as annotations, filters and prioritizes each pod through ``decisions``
+nodes as annotations (and allocatable CPU, some of it scarce), is asked, as
+kube-scheduler asks it, about the nodes with the pod's CPU free; it filters and
+prioritizes each pod through ``decisions``
 and binds the simulator's choice as its binder does. For every pod both must
 agree on which nodes fit, and the node the simulator picks must be the
 extender's first best: top of prioritize, and first in node order among the
@@ -21,7 +23,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from infergrid.assignment_annotation import encode_assignment
 from infergrid.constants import (
+    ANNOTATION_GPU_ASSIGNMENT,
     ANNOTATION_GPU_INVENTORY,
     ANNOTATION_GPU_USAGE,
     ANNOTATION_PLACEMENT_POLICY,
@@ -32,7 +36,8 @@ from infergrid.constants import (
     RESOURCE_VGPU,
 )
 from infergrid.inventory import encode_inventory
-from infergrid.placement import fit, idle_usage, resolve_policy, to_pod_assignment
+from infergrid.placement import LEARNING, fit, idle_usage, resolve_policy, to_pod_assignment
+from infergrid.pod_host import parse_host_request
 from infergrid.pod_request import parse_pod_request
 from infergrid.simulate.arrivals import Arrivals
 from infergrid.simulate.cluster import _EPOCH as NOW
@@ -47,22 +52,33 @@ from scheduler_extender.watch_cache import ADDED, ClusterCache
 
 STALE_AFTER = timedelta(seconds=30)
 PLENTY = 10**6
-"""CPU millicores and memory MiB of each node: kube-scheduler's checks never bind here."""
+"""Memory MiB of each node, and CPU millicores of some: kube-scheduler's checks never bind."""
 
 trace_nodes = st.lists(
-    st.tuples(st.sampled_from(("T4", "V100")), st.sampled_from((1, 2, 4, 8))),
+    st.tuples(
+        st.sampled_from(("T4", "V100")),
+        st.sampled_from((1, 2, 4, 8)),
+        st.sampled_from((8000, 16000, 32000, PLENTY)),
+    ),
     min_size=1,
     max_size=5,
-).map(lambda specs: [TraceNode(f"n{i}", PLENTY, PLENTY, g, m) for i, (m, g) in enumerate(specs)])
+).map(lambda specs: [TraceNode(f"n{i}", cpu, PLENTY, g, m) for i, (m, g, cpu) in enumerate(specs)])
 
 trace_pods = st.lists(
-    st.one_of(
-        st.tuples(st.just(1), st.sampled_from((100, 250, 500, 700, 900))),
-        st.tuples(st.sampled_from((1, 1, 2, 4)), st.just(MILLI_GPU)),
+    st.tuples(
+        st.one_of(
+            st.tuples(st.just(1), st.sampled_from((100, 250, 500, 700, 900))),
+            st.tuples(st.sampled_from((1, 1, 2, 4)), st.just(MILLI_GPU)),
+        ),
+        st.sampled_from((0, 500, 2000, 8000)),
     ),
     min_size=1,
     max_size=30,
-).map(lambda specs: [TracePod(f"p{i}", 0, 0, n, m, frozenset()) for i, (n, m) in enumerate(specs)])
+).map(
+    lambda specs: [
+        TracePod(f"p{i}", cpu, 0, n, m, frozenset()) for i, ((n, m), cpu) in enumerate(specs)
+    ]
+)
 
 
 def node_json(node: TraceNode) -> dict:
@@ -71,7 +87,11 @@ def node_json(node: TraceNode) -> dict:
         ANNOTATION_GPU_INVENTORY: encode_inventory(inventory),
         ANNOTATION_GPU_USAGE: encode_usage(idle_usage(inventory, NOW)),
     }
-    return {"metadata": {"name": node.name, "annotations": annotations}}
+    allocatable = {"cpu": f"{node.cpu_milli}m", "memory": f"{node.memory_mib}Mi"}
+    return {
+        "metadata": {"name": node.name, "annotations": annotations},
+        "status": {"allocatable": allocatable},
+    }
 
 
 def pod_json(pod: TracePod, uid: str, policy: str) -> dict:
@@ -84,11 +104,18 @@ def pod_json(pod: TracePod, uid: str, policy: str) -> dict:
             RESOURCE_GPU_MEMORY: str(memory),
             RESOURCE_GPU_CORES: str(cores),
         }
+    resources = {"limits": limits, "requests": {"cpu": f"{pod.cpu_milli}m"}}
     return {
-        "metadata": {"name": uid, "namespace": "t", "uid": uid,
+        "metadata": {"name": uid, "namespace": "t", "uid": uid, "resourceVersion": "1",
                      "annotations": {ANNOTATION_PLACEMENT_POLICY: policy}},
-        "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]},
+        "spec": {"containers": [{"name": "main", "resources": resources}]},
     }  # fmt: skip
+
+
+def cpu_free(cache: ClusterCache, node: TraceNode) -> int:
+    """The node's CPU that no bound pod requests, as kube-scheduler's NodeResourcesFit sees
+    it (from the same watch the extender keeps)."""
+    return node.cpu_milli - cache.requested_on(node.name)[0]
 
 
 def first_best(names: list[str], raw: np.ndarray) -> str | None:
@@ -98,7 +125,7 @@ def first_best(names: list[str], raw: np.ndarray) -> str | None:
     return names[rounded.index(max(feasible))] if feasible else None
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace_nodes, trace_pods, st.sampled_from(PLACEMENT_POLICIES))
 def test_the_simulator_chooses_what_the_extender_would(nodes, pods, policy):
     scenario = Scenario.of(nodes, pods)
@@ -109,10 +136,11 @@ def test_the_simulator_chooses_what_the_extender_would(nodes, pods, policy):
     for node in nodes:
         cache.apply_node(ADDED, node_json(node))
     view = PlacementView(cache, STALE_AFTER)
-    names = [n.name for n in nodes]
     for arrival, (pod, chosen) in enumerate(zip(pods, placed_on, strict=True)):
         body = pod_json(pod, f"u{arrival}", policy)
-        passed = filter_nodes(body, names, view, "binpack", NOW).passed
+        # kube-scheduler asks the extender only about nodes with the pod's CPU free.
+        names = [n.name for n in nodes if cpu_free(cache, n) >= pod.cpu_milli]
+        passed = filter_nodes(body, names, view, "binpack", NOW).passed if names else []
         if chosen is None:
             assert passed == [], (arrival, passed)
             continue
@@ -122,12 +150,17 @@ def test_the_simulator_chooses_what_the_extender_would(nodes, pods, policy):
         request = parse_pod_request(body)
         rows, _ = view.current(passed, NOW)
         workload_policy = resolve_policy(request.policy, view.workload())
-        raw = view.nodes.scores(passed, request, workload_policy, rows=rows)
+        host = parse_host_request(body) if policy in LEARNING else None
+        raw = view.nodes.scores(passed, request, workload_policy, host, rows)
         assert first_best(passed, raw) == chosen, (
             arrival,
             dict(zip(passed, raw.tolist(), strict=True)),
         )
-        # Bind as the binder does: fit on the chosen node's state, recorded as the annotation.
+        # Bind as the binder does: fit on the chosen node's state, recorded as the annotation,
+        # and the watch then shows the pod bound (its CPU counted on the node).
         result = fit(request, view.node_state(chosen, NOW), workload_policy)
         assignment = to_pod_assignment(chosen, result.placements, NOW)
-        cache.reserve(f"u{arrival}", "t", f"u{arrival}", assignment)
+        body["metadata"]["annotations"][ANNOTATION_GPU_ASSIGNMENT] = encode_assignment(assignment)
+        body["spec"]["nodeName"] = chosen
+        body["status"] = {"phase": "Running"}
+        cache.apply_pod(ADDED, body)

@@ -33,7 +33,7 @@ from infergrid.placement.fragmentation import (
 )
 from infergrid.placement.gpu_choice import GPU_CHOICES, SIMULATION_GPU_CHOICES, GpuChoice
 from infergrid.placement.host import HostRequest, host_shortfalls, reserve_host
-from infergrid.placement.learned import LearnedWorkload
+from infergrid.placement.learned import LEARNING, LearnedWorkload
 from infergrid.placement.node_set import NodeSet, Verdicts
 from infergrid.placement.offers import OfferIndex, Rejections
 from infergrid.placement.policy import Policy, resolve_policy
@@ -80,6 +80,7 @@ __all__ = [
     "HostRequest",
     "HostResources",
     "MigSlot",
+    "LEARNING",
     "LearnedWorkload",
     "NodeSet",
     "NodeState",

@@ -20,10 +20,15 @@ from collections.abc import Callable, Mapping
 from itertools import chain
 from typing import Final
 
+from infergrid.constants import POLICY_FGD, POLICY_FGD_CLUSTER_AWARE
 from infergrid.placement.fgd_cluster_aware import with_cluster
 from infergrid.placement.fragmentation import WORKLOAD_WINDOW, Demand, Workload
 from infergrid.placement.host import HostRequest
 from infergrid.pod_request import PodGpuRequest
+
+LEARNING: Final = (POLICY_FGD, POLICY_FGD_CLUSTER_AWARE)
+"""The production policies that read the learned workload, and so the pod's CPU and the
+nodes' (``host``) too; binpack and spread would learn for nothing."""
 
 WORKLOAD_REFRESH: Final = 50
 """The request distribution is re-read after this many new pods, not after each one."""

@@ -20,7 +20,7 @@ it picks a node from the scores:
 
 fgd-paper weighs fragmentation over the trace's typical pods (``typical_workload``),
 like the paper; fgd and fgd-cluster-aware learn theirs from the pods as the extender
-does (``replay.LEARNING``), or read the trace's with ``--workload trace``; the other
+does (``placement.LEARNING``), or read the trace's with ``--workload trace``; the other
 policies ignore the workload.
 """
 

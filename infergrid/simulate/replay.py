@@ -34,8 +34,8 @@ from typing import Final
 
 import numpy as np
 
-from infergrid.constants import POLICY_FGD, POLICY_FGD_CLUSTER_AWARE
 from infergrid.placement import (
+    LEARNING,
     HostRequest,
     LearnedWorkload,
     NodeSet,
@@ -178,10 +178,6 @@ def replay(
         curves=curves(played.measurements),
         learned=played.learned,
     )
-
-
-LEARNING: Final = (POLICY_FGD, POLICY_FGD_CLUSTER_AWARE)
-"""The production policies that read a workload; binpack and spread would learn for nothing."""
 
 
 def learns(scenario: Scenario, policy: SimPolicy) -> bool:

@@ -227,6 +227,37 @@ REQUEST = parse_pod_request(
 )  # fmt: skip
 
 
+def asking(uid: str, node: str | None, cpu: str, memory: str = "1Gi", phase: str = "Running"):
+    """A pod of ``uid`` bound to ``node`` (None: not yet), requesting CPU and memory."""
+    pod = pod_json(uid, phase=phase)
+    pod["spec"]["containers"] = [
+        {"name": "c", "resources": {"requests": {"cpu": cpu, "memory": memory}}}
+    ]
+    if node is not None:
+        pod["spec"]["nodeName"] = node
+    return pod
+
+
+def test_each_node_sums_what_its_live_pods_request_gpu_or_not(cache):
+    cache.apply_node(ADDED, gpu_node("node-a"))
+    cache.apply_pod(ADDED, asking("a", None, "2"))
+    assert cache.requested_on("node-a") == (0, 0)  # pending: on no node yet
+    before = cache.node_version("node-a")
+    cache.apply_pod(MODIFIED, asking("a", "node-a", "2"))
+    cache.apply_pod(ADDED, asking("b", "node-a", "500m", "512Mi"))
+    assert cache.requested_on("node-a") == (2500, 1536)
+    assert cache.node_version("node-a") > before  # its state moved: rebuilt at the next call
+    cache.apply_pod(MODIFIED, asking("a", "node-a", "2", phase="Succeeded"))
+    cache.apply_pod(DELETED, asking("b", "node-a", "500m", "512Mi"))
+    assert cache.requested_on("node-a") == (0, 0)
+
+
+def test_a_relist_recounts_the_requests(cache):
+    cache.apply_pod(ADDED, asking("a", "node-a", "2"))
+    cache.replace_all_pods([asking("b", "node-b", "1")])
+    assert (cache.requested_on("node-a"), cache.requested_on("node-b")) == ((0, 0), (1000, 1024))
+
+
 def hold(cache: ClusterCache, uid: str, node: str = "node-a", until: float = 10.0) -> bool:
     return cache.hold(uid, "ns", f"pod-{uid}", assignment(node), REQUEST, until)
 
