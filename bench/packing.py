@@ -410,7 +410,7 @@ def _timing(view: View) -> list[str]:
             f"trace, through the CLI, loading the trace included: **{timing['seconds']:.1f} s** "
             f"wall ({timing['pods']} pods), measured {timing['when']} under `nice -n 10` on "
             "this project's 2-core machine while it was shared with other work (load average "
-            f"{timing['load']:.1f} before the run). The issue's bound is 60 s.",
+            f"{timing['load']:.1f} before the run). The bound is 30 s.",
             "",
             f"    {timing['command']}",
             "",

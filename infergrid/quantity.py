@@ -53,8 +53,18 @@ def parse_whole_quantity(raw: object, path: str) -> int:
     JSON integer. Fractions (``"1.5"``, ``"100m"``), negatives, amounts above ``LARGEST``
     and anything that is not a quantity raise a ContractError for ``path``.
     """
+    return _parse(raw, path, milli=False)
+
+
+def parse_milli_quantity(raw: object, path: str) -> int:
+    """Thousandths of a Kubernetes quantity, rounded up as Kubernetes' ``MilliValue`` does:
+    CPU in millicores (``"100m"`` is 100, ``"1.5"`` 1500, ``"2"`` 2000), up to ``LARGEST``."""
+    return _parse(raw, path, milli=True)
+
+
+def _parse(raw: object, path: str, milli: bool) -> int:
     if isinstance(raw, int) and not isinstance(raw, bool):
-        return _in_range(raw, raw, path)
+        return _in_range(raw, raw * 1000 if milli else raw, path)
     if not isinstance(raw, str):
         raise ContractError(path, f"expected a quantity such as '2' or '20k', got {raw!r}")
     if len(raw) > LONGEST:
@@ -66,27 +76,10 @@ def parse_whole_quantity(raw: object, path: str) -> int:
         raise ContractError(
             path, f"{raw!r} is not a Kubernetes quantity (digits, then k, Mi, e3 or the like)"
         )
-    return _in_range(raw, _value(match, raw, path), path)
+    return _in_range(raw, _value(match, raw, path, milli), path)
 
 
-def parse_milli_quantity(raw: object, path: str) -> int:
-    """Thousandths of a Kubernetes quantity, rounded up as Kubernetes' ``MilliValue`` does:
-    CPU in millicores (``"100m"`` is 100, ``"1.5"`` 1500, ``"2"`` 2000)."""
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        return _in_range(raw, raw * 1000, path)
-    if not isinstance(raw, str):
-        raise ContractError(path, f"expected a quantity such as '500m' or '2', got {raw!r}")
-    if len(raw) > LONGEST:
-        raise ContractError(
-            path, f"is {len(raw)} characters long; a quantity has at most {LONGEST} here"
-        )
-    match = _QUANTITY.fullmatch(raw)
-    if match is None or not (match["whole"] or match["fraction"]):
-        raise ContractError(path, f"{raw!r} is not a Kubernetes quantity (such as 500m or 2)")
-    return _in_range(raw, _value(match, raw, path, milli=True), path)
-
-
-def _value(match: re.Match[str], raw: str, path: str, milli: bool = False) -> int:
+def _value(match: re.Match[str], raw: str, path: str, milli: bool) -> int:
     """The match's exact value (in thousandths, rounded up, with ``milli``), when it is a
     whole number of sane size."""
     fraction = match["fraction"] or ""
