@@ -581,7 +581,9 @@ NOTES = [
     "paper's FGD; "
     "fgd, binpack and spread have no paper counterpart. For the sweep's time budget they "
     "ran on the default trace, binpack also on every cpu* trace, and fgd and spread also "
-    "on cpu250; every other cell has 10 seeds.",
+    "on cpu250. The seeds column of each table says how many seeds a cell has: the learned "
+    "fgd-cluster-aware sweep stopped short on multigpu50 and cpu200 and has not run on cpu250 "
+    "yet (`--policies fgd-cluster-aware` resumes it).",
     "",
 ]
 """Why ours and the paper's differ where they do (checked against the saved runs)."""
