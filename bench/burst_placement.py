@@ -1,20 +1,29 @@
-"""Where a burst of replicas lands through the real kube-scheduler: policy kept, or spoiled.
+"""Where a burst of replicas lands through the real kube-scheduler, and at what pods/s.
 
 A Deployment's replicas reach kube-scheduler at once. It binds asynchronously, so each pod is
 filtered and scored while the bind of the one before may still be on its way; and its stock
 score plugins have placement policies of their own (the emptiest node, balanced use, replicas
 of one owner spread over nodes). This bench creates Deployments of 4 GiB GPU shares (as the
 operator does for an InferenceService) on a fresh local cluster (4 KWOK nodes x 4 L4 GPUs of
-24 GiB) and counts the GPUs and nodes their pods land on, under three settings, each a separate
+24 GiB) and counts the GPUs and nodes their pods land on, under four settings, each a separate
 kube-scheduler bound to the same extender:
 
-- stock scoring, no wait: kube-scheduler's default profile, extender `bindWaitSeconds: 0`;
-- InferGrid profile, no wait: the placement scorers off (e2e/cluster/components.py);
-- InferGrid profile + wait: the extender's filter waits for earlier pods' binds (the default).
+- stock scoring: kube-scheduler's default profile, the extender neither waits nor holds;
+- InferGrid profile, neither: the placement scorers off (e2e/cluster/components.py);
+- InferGrid profile + wait: the extender's filter waits for earlier pods' binds
+  (`bindWaitSeconds: 2`, `tentativeReservationSeconds: 0`);
+- InferGrid profile + tentative reservations: prioritize holds each pod's placement until its
+  bind (`tentativeReservationSeconds: 10`, `bindWaitSeconds: 0`; the default).
 
 binpack wants the fewest GPUs (6 shares fill a 24 GiB GPU), spread a GPU per pod, then nodes.
 
-    .venv/bin/python -m bench.burst_placement [--pods 8] [--rounds 3] [--json]
+Then, in the same run, what each costs in pods/s: `--throughput-nodes` more KWOK nodes of 8
+idle GPUs, and `--throughput-pods` gated whole-GPU pods released at once, bound by the default
+kube-scheduler alone, then by infergrid-scheduler through the extender with the wait, with
+tentative reservations, and with neither; each rate and its ratio to kube-scheduler alone.
+
+    .venv/bin/python -m bench.burst_placement [--pods 8] [--rounds 3]
+        [--throughput-nodes 1000] [--throughput-pods 500] [--json]
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ import statistics
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from infergrid import constants
@@ -37,11 +48,23 @@ nodes:
 """
 SHARE_MIB = 4096
 STOCK = "stock-scheduler"
-SETTINGS = (  # (label, scheduler name, extender bindWaitSeconds)
-    ("stock scoring, no wait", STOCK, 0),
-    ("InferGrid profile, no wait", constants.SCHEDULER_NAME, 0),
-    ("InferGrid profile + wait", constants.SCHEDULER_NAME, 2),
+NEITHER = ["--bind-wait", "0", "--tentative-reservation", "0"]
+WAIT = ["--bind-wait", "2", "--tentative-reservation", "0"]
+HOLDS = ["--bind-wait", "0", "--tentative-reservation", "10"]
+SETTINGS = (  # (label, scheduler name, extender flags)
+    ("stock scoring, neither", STOCK, NEITHER),
+    ("InferGrid profile, neither", constants.SCHEDULER_NAME, NEITHER),
+    ("InferGrid profile + wait", constants.SCHEDULER_NAME, WAIT),
+    ("InferGrid profile + tentative", constants.SCHEDULER_NAME, HOLDS),
 )
+THROUGHPUT = (  # (namespace, label, extender flags); None: kube-scheduler alone
+    ("alone", "kube-scheduler alone", None),
+    ("wait", "extender + wait", WAIT),
+    ("tentative", "extender + tentative reservations", HOLDS),
+    ("neither", "extender, neither", NEITHER),
+)
+THROUGHPUT_GPUS = {"model": "NVIDIA L4", "count": 8, "memoryMiB": 23034, "smCount": 58,
+                   "computeCapability": "8.9"}  # fmt: skip
 
 
 def burst(api, namespace: str, scheduler: str, policy: str, pods: int) -> dict:
@@ -78,48 +101,96 @@ def burst(api, namespace: str, scheduler: str, policy: str, pods: int) -> dict:
     return {"gpus": len(gpus), "nodes": len(nodes), "most_on_one_gpu": max(gpus.values())}
 
 
-def run(pods: int, rounds: int) -> list[dict]:
+def run(pods: int, rounds: int, throughput_nodes: int, throughput_pods: int) -> dict:
     from e2e.cluster.local_cluster import LocalCluster
-    from e2e.extender_support import ExtenderProcess
 
     work = Path(tempfile.mkdtemp(prefix="infergrid-burst-"))
     (work / "fleet.yaml").write_text(FLEET)
     cluster = LocalCluster(work / "state")
     cluster.up(work / "fleet.yaml")
-    rows = []
     try:
         cluster.start_scheduler(STOCK, {"schedulerName": STOCK})
-        api = cluster.api()
-        for label, scheduler, wait_s in SETTINGS:
-            extender = ExtenderProcess(cluster.extender_url(), cluster.kubeconfig,
-                                       work / f"extender-{wait_s}.log")  # fmt: skip
-            extender.args = ["--bind-wait", str(wait_s)]
-            extender.start()
-            try:
-                for policy in (constants.POLICY_BINPACK, constants.POLICY_SPREAD):
-                    runs = [burst(api, f"{policy}-w{wait_s}-{scheduler}-{r}", scheduler,
-                                  policy, pods) for r in range(rounds)]  # fmt: skip
-                    rows.append({"setting": label, "policy": policy, "pods": pods,
-                                 "runs": runs, **medians(runs)})  # fmt: skip
-                    print_row(rows[-1])
-            finally:
-                extender.stop()
+        bursts = placement(cluster, work, pods, rounds)
+        rates = throughput(cluster, work, throughput_nodes, throughput_pods)
     finally:
         cluster.down()
+    return {"bursts": bursts, "throughput": rates}
+
+
+def placement(cluster, work: Path, pods: int, rounds: int) -> list[dict]:
+    """Each setting's bursts, binpack and spread, `rounds` of each."""
+    api = cluster.api()
+    rows = []
+    for at, (label, scheduler, flags) in enumerate(SETTINGS):
+        with extender(cluster, work / f"extender-{at}.log", flags):
+            for policy in (constants.POLICY_BINPACK, constants.POLICY_SPREAD):
+                runs = [burst(api, f"{policy}-{at}-{r}", scheduler, policy, pods)
+                        for r in range(rounds)]  # fmt: skip
+                rows.append({"setting": label, "policy": policy, "pods": pods,
+                             "runs": runs, **medians(runs)})  # fmt: skip
+                print_row(rows[-1])
     return rows
+
+
+def throughput(cluster, work: Path, nodes: int, pods: int) -> list[dict]:
+    """Pods/s of each THROUGHPUT setting on `nodes` more nodes, and its ratio to kube-scheduler
+    alone; nothing when `nodes` is 0."""
+    from kubernetes import client
+
+    from bench.extender_latency import release_and_time
+    from e2e.extender_support import idle_nodes
+
+    if not nodes:
+        return []
+    api = cluster.api()
+    core = client.CoreV1Api(api)
+    rows: list[dict] = []
+    alone = 0.0  # the first setting's rate
+    with idle_nodes(api, [{"name": "rate", "count": nodes, "gpus": THROUGHPUT_GPUS}]):
+        print(f"\n{'pods/s of ' + str(pods) + ' pods on ' + str(nodes) + ' nodes':<36}"
+              f" {'pods/s':>7} {'ratio':>6}", file=sys.stderr)  # fmt: skip
+        for namespace, label, flags in THROUGHPUT:
+            if flags is None:
+                rate = release_and_time(core, namespace, pods, None)
+            else:
+                # Heartbeats are published once: they must not go stale during the run.
+                with extender(cluster, work / f"rate-{namespace}.log",
+                              [*flags, "--stale-after", "3600"]):  # fmt: skip
+                    rate = release_and_time(core, namespace, pods, True)
+            alone = alone or rate
+            rows.append({"setting": label, "nodes": nodes, "pods": pods,
+                         "pods_per_s": round(rate, 1),
+                         "ratio": round(rate / alone, 3)})  # fmt: skip
+            print(f"{label:<36} {rows[-1]['pods_per_s']:>7g} {rows[-1]['ratio']:>6g}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    return rows
+
+
+@contextmanager
+def extender(cluster, log: Path, flags: list[str]) -> Iterator[None]:
+    """The extender with `flags`, at the URL the cluster's schedulers call, while inside."""
+    from e2e.extender_support import ExtenderProcess
+
+    process = ExtenderProcess(cluster.extender_url(), cluster.kubeconfig, log)
+    process.args = flags
+    process.start()
+    try:
+        yield
+    finally:
+        process.stop()
 
 
 def medians(runs: list[dict]) -> dict:
     return {f"median_{k}": statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
-HEADER = (f"{'setting':<28} {'policy':<8} {'GPUs used':>9} {'nodes used':>10}"
+HEADER = (f"{'setting':<30} {'policy':<8} {'GPUs used':>9} {'nodes used':>10}"
           f" {'most on one GPU':>15}   per round (GPUs/nodes)")  # fmt: skip
 
 
 def print_row(row: dict) -> None:
     rounds = " ".join(f"{r['gpus']}/{r['nodes']}" for r in row["runs"])
-    print(f"{row['setting']:<28} {row['policy']:<8} {row['median_gpus']:>9g}"
+    print(f"{row['setting']:<30} {row['policy']:<8} {row['median_gpus']:>9g}"
           f" {row['median_nodes']:>10g} {row['median_most_on_one_gpu']:>15g}   {rounds}",
           file=sys.stderr, flush=True)  # fmt: skip
 
@@ -128,15 +199,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=8, help="pods per burst")
     parser.add_argument("--rounds", type=int, default=3, help="bursts per setting and policy")
+    parser.add_argument(
+        "--throughput-nodes", type=int, default=1000, help="nodes of the pods/s part (0: skip it)"
+    )
+    parser.add_argument("--throughput-pods", type=int, default=500,
+                        help="pods released at once per pods/s setting")  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     ideal = -(-args.pods * SHARE_MIB // 24576)
     print(f"{args.pods} shares of {SHARE_MIB} MiB per burst; binpack ideal {ideal} GPU(s) on one"
           f" node, spread ideal {args.pods} GPUs, 1 per GPU", file=sys.stderr)  # fmt: skip
     print(HEADER, file=sys.stderr)
-    rows = run(args.pods, args.rounds)
+    result = run(args.pods, args.rounds, args.throughput_nodes, args.throughput_pods)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

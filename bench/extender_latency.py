@@ -1,171 +1,59 @@
-"""Extender latency over real HTTP, and kube-scheduler throughput with and without it.
+"""Extender latency over real HTTP: this checkout beside an earlier revision, in one run.
 
-Part 1 (always): filter and prioritize latency, p50 and p99, at 100, 1,000 and
-5,000 nodes of 8 GPUs in a mixed state (about half of the memory assigned to
-shares and whole GPUs, some measured use outside assignments), for a stream
-of pods of typical shapes, each bound between calls so the state keeps moving.
-This is the extender's own work: pods are bound through a bench route, so the
-service runs without its wait for earlier pods' binds (bindWaitSeconds 0),
-which part 2 includes.
+Filter and prioritize latency, p50 and p99, at 100, 1,000 and 5,000 nodes of 8
+GPUs in a mixed state (about half of the memory assigned to shares and whole
+GPUs, some measured use outside assignments), for a stream of pods of typical
+shapes, each bound between calls so the state keeps moving. Each extender runs
+in a process of its own (``bench/extender_server.py``), as in production, with
+tentative reservations where its revision has them (bind then confirms the
+hold). ``--baseline REV`` serves the same cache and pods from that revision's
+code too, row beside row, and prints each of this checkout's p99s over the
+baseline's under the same policy (or, for a policy the baseline lacks, over its
+binpack). Throughput through the real kube-scheduler, with the wait for binds and
+with tentative reservations, is ``bench/burst_placement.py``'s.
 
-Part 2: pods per second through the real kube-scheduler on 1,000 KWOK nodes
-of a fresh local cluster: the same gated pods released at once, bound by
-infergrid-scheduler with the extender, against the default scheduler without
-it, and their ratio; and once more with the extender's bindWaitSeconds 0, to
-show what its wait for earlier pods' binds costs. (--cluster-nodes 0 skips it.)
-
-    .venv/bin/python -m bench.extender_latency --nodes 100,1000,5000 [--pods 200] [--json]
+    .venv/bin/python -m bench.extender_latency --nodes 100,1000,5000 [--pods 200]
+        [--policies binpack,fgd,fgd-cluster-aware] [--baseline b67179c] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
+import contextlib
 import json
-import multiprocessing
+import os
 import random
 import statistics
+import subprocess
+import sys
+import tarfile
 import tempfile
 import time
 import urllib.request
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator
 from pathlib import Path
 
-from aiohttp import web
-
-from infergrid.assignment_annotation import encode_assignment
-from infergrid.constants import (
-    ANNOTATION_GPU_ASSIGNMENT,
-    ANNOTATION_GPU_INVENTORY,
-    ANNOTATION_GPU_USAGE,
-    ANNOTATION_TOPOLOGY,
-    RESOURCE_GPU,
-    RESOURCE_GPU_CORES,
-    RESOURCE_GPU_MEMORY,
-    RESOURCE_VGPU,
-)
-from infergrid.fleet import Fleet, parse_fleet
-from infergrid.inventory import encode_inventory
-from infergrid.placement import build_node_state, fit, resolve_policy, to_pod_assignment
-from infergrid.pod_request import parse_pod_request
-from infergrid.usage import GpuUsage, GpuUsageSample, encode_usage
-from scheduler_extender.app import ExtenderService
-from scheduler_extender.binder import Binder
-from scheduler_extender.view import PlacementView
-from scheduler_extender.watch_cache import ADDED, ClusterCache
-
-NOW = datetime.now(UTC)
-MODELS = [
-    ("NVIDIA A100-SXM4-80GB", 81920, 108, "8.0", "all"),
-    ("NVIDIA H100 80GB HBM3", 81559, 132, "9.0", "all"),
-    ("NVIDIA L4", 23034, 58, "8.9", "none"),
-]
-SHAPES = [  # (limits, annotations, weight): what inference fleets ask for
-    ({RESOURCE_VGPU: "1", RESOURCE_GPU_MEMORY: "4096"}, {}, 30),
-    ({RESOURCE_VGPU: "1", RESOURCE_GPU_MEMORY: "8192", RESOURCE_GPU_CORES: "30"}, {}, 25),
-    ({RESOURCE_VGPU: "1", RESOURCE_GPU_MEMORY: "16384"}, {}, 15),
-    ({RESOURCE_GPU: "1"}, {}, 20),
-    ({RESOURCE_GPU: "2"}, {ANNOTATION_TOPOLOGY: "nvlink"}, 7),
-    ({RESOURCE_GPU: "4"}, {ANNOTATION_TOPOLOGY: "nvlink"}, 3),
-]
-
-
-def pod_json(i: int, rnd: random.Random) -> dict:
-    limits, annotations, _ = rnd.choices(SHAPES, weights=[s[2] for s in SHAPES])[0]
-    return {
-        "metadata": {"name": f"pod-{i}", "namespace": "bench", "uid": f"uid-{i}",
-                     "annotations": dict(annotations)},
-        "spec": {"containers": [{"name": "engine", "resources": {"limits": dict(limits)}}]},
-    }  # fmt: skip
-
-
-def fleet(nodes: int, rnd: random.Random):
-    groups = []
-    for i in range(nodes):
-        model, mib, sms, cc, nvlink = MODELS[i % len(MODELS)]
-        groups.append({
-            "name": f"node-{i:05d}",
-            "gpus": {"model": model, "count": 8, "memoryMiB": mib, "smCount": sms,
-                     "computeCapability": cc},
-            "topology": {"nvlink": nvlink, "numaNodes": 2},
-        })  # fmt: skip
-    return parse_fleet({"version": "v1", "nodes": groups}, "bench").nodes
-
-
-def mixed_cache(nodes: int, rnd: random.Random) -> ClusterCache:
-    """Nodes half full of the same shapes, placed by the core itself, plus foreign use."""
-    cache = ClusterCache()
-    binpack = resolve_policy("binpack")
-    uid = 0
-    for node in fleet(nodes, rnd):
-        inv = node.inventory
-        used = {g.uuid: rnd.choice([0, 0, 0, 2048]) for g in inv.gpus}
-        usage = GpuUsage(inv.node, NOW, tuple(GpuUsageSample(u, m, 0) for u, m in used.items()))
-        state = build_node_state(inv, usage, (), NOW, timedelta(days=1))
-        target = rnd.uniform(0.3, 0.7) * sum(g.memory_mib for g in inv.gpus)
-        held = 0
-        while held < target:
-            uid += 1
-            result = fit(parse_pod_request(pod_json(uid, rnd)), state, binpack)
-            if not result.fits:
-                break
-            assignment = to_pod_assignment(inv.node, result.placements, NOW)
-            held += sum(g.memory_mib for c in assignment.containers for g in c.gpus)
-            state = result.after
-            cache.apply_pod(ADDED, {
-                "metadata": {"uid": f"seed-{uid}", "name": f"seed-{uid}", "namespace": "bench",
-                             "resourceVersion": "1",
-                             "annotations": {
-                                 ANNOTATION_GPU_ASSIGNMENT: encode_assignment(assignment)}},
-                "spec": {"nodeName": inv.node, "schedulerName": "infergrid-scheduler"},
-                "status": {"phase": "Running"},
-            })  # fmt: skip
-        cache.apply_node(ADDED, {"metadata": {"name": inv.node, "annotations": {
-            ANNOTATION_GPU_INVENTORY: encode_inventory(inv),
-            ANNOTATION_GPU_USAGE: encode_usage(usage),
-        }}})  # fmt: skip
-    return cache
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SERVER = HERE / "extender_server.py"
+CURRENT = "this checkout"
 
 
 class Server:
-    """The extender app in a process of its own, as in production: the client's JSON work
-    and the server's share no interpreter lock. The process builds the mixed cache, freezes
-    it out of garbage collection as the extender does once synced, and serves the real app
-    plus one bench-only route that records a placement the way bind would."""
+    """``extender_server.py`` serving ``policy`` from the code under ``tree``."""
 
-    def __init__(self, nodes: int, seed: int):
-        context = multiprocessing.get_context("fork")
-        parent, child = context.Pipe()
-        self.process = context.Process(target=self._run, args=(nodes, seed, child), daemon=True)
-        self.process.start()
-        self.port, self.names = parent.recv()
-
-    @staticmethod
-    def _run(nodes: int, seed: int, conn) -> None:
-        cache = mixed_cache(nodes, random.Random(seed))
-        view = PlacementView(cache, timedelta(days=1))
-        service = ExtenderService(view, Binder(None, view, "binpack"), "binpack", lambda: True)
-        app = service.app()
-
-        async def reserve(request: web.Request) -> web.Response:
-            body = await request.json()
-            bind_like_the_extender(cache, view, body["Pod"], body["Node"])
-            return web.json_response({})
-
-        app.router.add_post("/bench/reserve", reserve)
-        gc.collect()
-        gc.freeze()
-
-        async def serve() -> None:
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            conn.send((site._server.sockets[0].getsockname()[1], sorted(cache.nodes())))
-            await asyncio.Event().wait()
-
-        asyncio.run(serve())
+    def __init__(self, tree: Path, nodes: int, policy: str, seed: int):
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        command = [sys.executable, str(SERVER), "--nodes", str(nodes), "--policy", policy,
+                   "--seed", str(seed)]  # fmt: skip
+        self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            self.stop()
+            raise RuntimeError(f"the extender under {tree} did not start (policy {policy})")
+        ready = json.loads(line)
+        self.port, self.names = ready["port"], ready["names"]
 
     def post(self, path: str, body: dict) -> tuple[float, object]:
         """Seconds from sending the request to its last byte received; parsed afterwards."""
@@ -178,7 +66,7 @@ class Server:
 
     def stop(self) -> None:
         self.process.kill()
-        self.process.join()
+        self.process.wait()
 
 
 def pct(samples: list[float]) -> dict[str, float]:
@@ -187,8 +75,13 @@ def pct(samples: list[float]) -> dict[str, float]:
             "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 3)}  # fmt: skip
 
 
-def latency(nodes: int, pods: int, seed: int = 7) -> dict:
-    server = Server(nodes, seed)
+def latency(tree: Path, label: str, nodes: int, pods: int, policy: str, seed: int = 7) -> dict:
+    """One extender, one stream of pods: each filtered, scored, and bound where it scored
+    best."""
+    sys.path.insert(0, str(HERE))
+    from extender_server import pod_json  # the pods the server's cache was built from
+
+    server = Server(tree, nodes, policy, seed)
     rnd = random.Random(seed + 1)
     filters, priorities, passed = [], [], []
     try:
@@ -206,100 +99,54 @@ def latency(nodes: int, pods: int, seed: int = 7) -> dict:
             server.post("/bench/reserve", {"Pod": pod, "Node": best})
     finally:
         server.stop()
-    return {"nodes": nodes, "gpus": nodes * 8, "pods": pods,
+    return {"code": label, "policy": policy, "nodes": nodes, "gpus": nodes * 8, "pods": pods,
             "mean_feasible_nodes": round(statistics.mean(passed)),
             "filter": pct(filters), "prioritize": pct(priorities)}  # fmt: skip
 
 
-def bind_like_the_extender(cache: ClusterCache, view: PlacementView, pod: dict, node: str) -> None:
-    """What bind records: the core's placement, reserved in the cache."""
-    request = parse_pod_request(pod)
-    result = fit(request, view.node_state(node, NOW), resolve_policy("binpack"))
-    if result.fits:
-        assignment = to_pod_assignment(node, result.placements, NOW)
-        meta = pod["metadata"]
-        cache.reserve(meta["uid"], meta["namespace"], meta["name"], assignment)
+@contextlib.contextmanager
+def checkout(rev: str) -> Iterator[Path]:
+    """The revision's files in a temporary directory (``git archive``), for its code."""
+    with tempfile.TemporaryDirectory(prefix="infergrid-baseline-") as where:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev],
+                                 check=True, capture_output=True).stdout  # fmt: skip
+        with tempfile.TemporaryFile() as tar:
+            tar.write(archive)
+            tar.seek(0)
+            with tarfile.open(fileobj=tar) as files:
+                files.extractall(where, filter="data")
+        yield Path(where)
 
 
-def throughput(nodes: int, pods: int) -> dict:
-    """Gated pods released at once; seconds until all are bound, per scheduler."""
-    from kubernetes import client
-
-    from e2e.cluster import fake_nodes
-    from e2e.cluster.local_cluster import LocalCluster
-    from e2e.extender_support import ExtenderProcess
-
-    work = Path(tempfile.mkdtemp(prefix="infergrid-bench-"))
-    fleet_file = work / "fleet.yaml"
-    fleet_file.write_text(
-        "version: v1\nnodes:\n- name: seed\n  gpus: {model: NVIDIA L4, count: 1,"
-        " memoryMiB: 23034, smCount: 58, computeCapability: '8.9'}\n"
-    )
-    cluster = LocalCluster(work / "state")
-    cluster.up(fleet_file)
-    extender = ExtenderProcess(cluster.extender_url(), cluster.kubeconfig, work / "extender.log")
-    try:
-        api = cluster.api()
-        core = client.CoreV1Api(api)
-        rnd = random.Random(3)
-        bench_nodes = fleet(nodes, rnd)
-        fake_nodes.create(api, Fleet(bench_nodes))
-        for node in bench_nodes:
-            inv = node.inventory
-            usage = GpuUsage(inv.node, datetime.now(UTC),
-                             tuple(GpuUsageSample(g.uuid, 0, 0) for g in inv.gpus))  # fmt: skip
-            core.patch_node(inv.node, {"metadata": {"annotations": {
-                ANNOTATION_GPU_INVENTORY: encode_inventory(inv),
-                ANNOTATION_GPU_USAGE: encode_usage(usage)}}})  # fmt: skip
-        fake_nodes.wait_schedulable(api, cluster.processes, timeout=600)
-        runs = {}
-        # The extender as deployed (its filter waits for earlier pods' binds), then with
-        # bindWaitSeconds 0: what that wait costs in pods/s.
-        for label, scheduler, wait in (("default-scheduler", None, "2"),
-                                       ("infergrid-scheduler", True, "2"),
-                                       ("infergrid-no-wait", True, "0")):  # fmt: skip
-            extender.args = ["--stale-after", "3600", "--bind-wait", wait]
-            extender.start()
-            try:
-                runs[label] = release_and_time(core, label, pods, scheduler)
-            finally:
-                extender.stop()
-    finally:
-        cluster.down()
-    plain, ours, no_wait = (runs[k] for k in runs)
-    return {"nodes": nodes, "pods": pods, "pods_per_s_default": round(plain, 1),
-            "pods_per_s_extender": round(ours, 1), "ratio": round(ours / plain, 3),
-            "pods_per_s_extender_no_wait": round(no_wait, 1),
-            "ratio_no_wait": round(no_wait / plain, 3)}  # fmt: skip
+def policies_of(tree: Path) -> set[str]:
+    """The placement policies the code under ``tree`` knows."""
+    code = "from infergrid.constants import PLACEMENT_POLICIES as P; print(','.join(P))"
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    found = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, check=True,
+                           capture_output=True, text=True).stdout  # fmt: skip
+    return set(found.strip().split(","))
 
 
-def release_and_time(core, namespace: str, pods: int, extender: bool | None) -> float:
-    from e2e.cluster.fake_nodes import KWOK_TOLERATION
-    from e2e.cluster.processes import wait_until
-
-    core.create_namespace({"metadata": {"name": namespace}})
-    wait_until(lambda: core.read_namespaced_service_account("default", namespace), 60, "the SA")
-    names = [f"p-{i:04d}" for i in range(pods)]
-    for name in names:
-        spec = {"schedulingGates": [{"name": "bench"}], "tolerations": [KWOK_TOLERATION],
-                "containers": [{"name": "c", "image": "x",
-                                "resources": {"limits": {RESOURCE_GPU: "1"}}}]}  # fmt: skip
-        if extender:
-            spec["schedulerName"] = "infergrid-scheduler"
-        core.create_namespaced_pod(namespace, {"metadata": {"name": name}, "spec": spec})
-    started = time.perf_counter()
-    for name in names:
-        core.patch_namespaced_pod(name, namespace, {"spec": {"schedulingGates": None}})
-
-    def all_bound() -> bool:
-        return all(p.spec.node_name for p in core.list_namespaced_pod(namespace).items)
-
-    wait_until(all_bound, 900, f"{pods} pods bound by {namespace}")
-    return pods / (time.perf_counter() - started)
+def ratios(rows: list[dict]) -> list[dict]:
+    """Each of this checkout's p99s over the baseline's at the same size: same policy, or
+    the baseline's binpack (its default) for a policy it lacks."""
+    base = {(r["nodes"], r["policy"]): r for r in rows if r["code"] != CURRENT}
+    out = []
+    for r in rows:
+        if r["code"] != CURRENT:
+            continue
+        b = base.get((r["nodes"], r["policy"])) or base.get((r["nodes"], "binpack"))
+        if b is None:
+            continue
+        out.append({"nodes": r["nodes"], "policy": r["policy"], "against": b["policy"],
+                    "filter_p99": round(r["filter"]["p99_ms"] / b["filter"]["p99_ms"], 3),
+                    "prioritize_p99": round(
+                        r["prioritize"]["p99_ms"] / b["prioritize"]["p99_ms"], 3)})  # fmt: skip
+    return out
 
 
-def print_latency(r: dict) -> None:
-    print(f"{r['nodes']:>6} {r['gpus']:>6} {r['mean_feasible_nodes']:>9}"
+def print_row(r: dict) -> None:
+    print(f"{r['code']:>16} {r['policy']:>18} {r['nodes']:>6} {r['mean_feasible_nodes']:>9}"
           f" {r['filter']['p50_ms']:>11.2f} {r['filter']['p99_ms']:>11.2f}"
           f" {r['prioritize']['p50_ms']:>9.2f} {r['prioritize']['p99_ms']:>9.2f}",
           flush=True)  # fmt: skip
@@ -309,27 +156,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="100,1000,5000")
     parser.add_argument("--pods", type=int, default=200)
-    parser.add_argument("--cluster-nodes", type=int, default=1000)
-    parser.add_argument("--cluster-pods", type=int, default=500)
+    parser.add_argument("--policies", default="binpack,fgd,fgd-cluster-aware")
+    parser.add_argument("--baseline", help="a git revision whose code to measure beside")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    policies = args.policies.split(",")
     if not args.json:
-        print(f"{'nodes':>6} {'GPUs':>6} {'feasible':>9} {'filter p50':>11} {'filter p99':>11}"
-              f" {'prio p50':>9} {'prio p99':>9}   (ms)")  # fmt: skip
-    rows = []
-    for n in args.nodes.split(","):
-        rows.append(latency(int(n), args.pods))
-        if not args.json:
-            print_latency(rows[-1])
-    through = throughput(args.cluster_nodes, args.cluster_pods) if args.cluster_nodes else None
+        print(f"{'code':>16} {'policy':>18} {'nodes':>6} {'feasible':>9} {'filter p50':>11}"
+              f" {'filter p99':>11} {'prio p50':>9} {'prio p99':>9}   (ms)")  # fmt: skip
+    rows: list[dict] = []
+    with contextlib.ExitStack() as stack:
+        trees = [(CURRENT, ROOT)]
+        if args.baseline:
+            trees.insert(0, (args.baseline, stack.enter_context(checkout(args.baseline))))
+        known = {label: policies_of(tree) for label, tree in trees}
+        for n in (int(x) for x in args.nodes.split(",")):
+            for policy in policies:
+                for label, tree in trees:
+                    if policy not in known[label]:
+                        continue
+                    rows.append(latency(tree, label, n, args.pods, policy))
+                    if not args.json:
+                        print_row(rows[-1])
+    compared = ratios(rows) if args.baseline else []
     if args.json:
-        print(json.dumps({"latency": rows, "throughput": through}, indent=2))
-    elif through:
-        print(f"\nkube-scheduler on {through['nodes']} KWOK nodes, {through['pods']} pods:"
-              f" {through['pods_per_s_default']} pods/s without the extender,"
-              f" {through['pods_per_s_extender']} pods/s with it"
-              f" (ratio {through['ratio']}); {through['pods_per_s_extender_no_wait']} pods/s"
-              f" with it and bindWaitSeconds 0 (ratio {through['ratio_no_wait']})")  # fmt: skip
+        print(json.dumps({"latency": rows, "p99_over_baseline": compared}, indent=2))
+        return
+    for c in compared:
+        print(
+            f"{c['nodes']:>6} nodes, {c['policy']} over {args.baseline}'s {c['against']}:"
+            f" filter p99 x{c['filter_p99']}, prioritize p99 x{c['prioritize_p99']}"
+        )
 
 
 if __name__ == "__main__":

@@ -89,12 +89,32 @@ def test_a_burst_of_spread_shares_takes_a_gpu_each_and_a_binpack_burst_fills_one
     cluster, namespace, extender, two_fresh_nodes
 ):
     """kube-scheduler binds asynchronously: each pod of a burst is placed while the bind of the
-    one before may still be on its way. The extender's filter waits for it, so every pod is
-    placed knowing where the earlier ones went."""
-    core = client.CoreV1Api(cluster.api)
-    spread = burst_on(core, namespace, two_fresh_nodes, constants.POLICY_SPREAD, 4)
+    one before may still be on its way. By default prioritize holds each pod's placement (a
+    tentative reservation) until its bind, so every pod is placed knowing where the earlier
+    ones went."""
+    bursts_keep_their_policy(client.CoreV1Api(cluster.api), namespace, two_fresh_nodes)
+
+
+def test_with_the_wait_instead_of_holds_a_burst_is_placed_as_well(
+    cluster, namespace, extender, two_fresh_nodes
+):
+    """The older way: no holds, and a filter waits for the binds of the pods before it."""
+    default_args = extender.args
+    extender.stop()
+    extender.args = ["--tentative-reservation", "0", "--bind-wait", "2"]
+    extender.start()
+    try:
+        bursts_keep_their_policy(client.CoreV1Api(cluster.api), namespace, two_fresh_nodes)
+    finally:
+        extender.stop()
+        extender.args = default_args
+        extender.start()
+
+
+def bursts_keep_their_policy(core, namespace: str, nodes: list[str]) -> None:
+    spread = burst_on(core, namespace, nodes, constants.POLICY_SPREAD, 4)
     assert len(set(spread)) == 4, spread  # the emptiest node each time, then its emptiest GPU
-    binpack = burst_on(core, namespace, two_fresh_nodes, constants.POLICY_BINPACK, 4)
+    binpack = burst_on(core, namespace, nodes, constants.POLICY_BINPACK, 4)
     assert len(set(binpack)) == 1, binpack  # 4 + 16 GiB of one 24 GiB GPU
     audit(core)
 
@@ -207,3 +227,33 @@ def test_a_pod_with_an_impossible_request_waits_with_the_field_named(cluster, na
         60,
         "the invalid request in the event",
     )
+
+
+def test_a_pod_naming_an_unknown_policy_waits_with_the_annotation_named(
+    cluster, namespace, extender
+):
+    """Never placed by another policy: every node refuses it, naming the annotation."""
+    core = client.CoreV1Api(cluster.api)
+    pod = share_pod("densest", 4096, annotations={constants.ANNOTATION_PLACEMENT_POLICY: "densest"})
+    core.create_namespaced_pod(namespace, pod)
+    wait_until(
+        lambda: any(
+            "'densest' is not one of" in m for m in scheduling_failures(core, namespace, "densest")
+        ),
+        60,
+        "a FailedScheduling event naming the unknown policy",
+    )
+    message = next(m for m in scheduling_failures(core, namespace, "densest") if "densest" in m)
+    assert constants.ANNOTATION_PLACEMENT_POLICY in message
+    assert constants.POLICY_FGD_CLUSTER_AWARE in message
+    assert core.read_namespaced_pod("densest", namespace).spec.node_name is None
+
+
+def test_a_burst_asking_for_fgd_cluster_aware_is_placed_without_over_commit(
+    cluster, namespace, extender, two_fresh_nodes
+):
+    """The simulator's best policy is one a pod can ask for by name."""
+    core = client.CoreV1Api(cluster.api)
+    placed = burst_on(core, namespace, two_fresh_nodes, constants.POLICY_FGD_CLUSTER_AWARE, 4)
+    assert len(placed) == 4
+    audit(core)

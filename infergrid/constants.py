@@ -46,7 +46,9 @@ CRD_SHORT_NAME: Final = "infsvc"
 POLICY_BINPACK: Final = "binpack"
 POLICY_SPREAD: Final = "spread"
 POLICY_FGD: Final = "fgd"
-PLACEMENT_POLICIES: Final = (POLICY_BINPACK, POLICY_SPREAD, POLICY_FGD)
+# fgd, plus what it ignores of the cluster: CPU per GPU and how contested each GPU model is.
+POLICY_FGD_CLUSTER_AWARE: Final = "fgd-cluster-aware"
+PLACEMENT_POLICIES: Final = (POLICY_BINPACK, POLICY_SPREAD, POLICY_FGD, POLICY_FGD_CLUSTER_AWARE)
 DEFAULT_POLICY: Final = POLICY_BINPACK
 
 # Policies only the trace simulator runs, to compare with the ones above: the
@@ -57,8 +59,6 @@ POLICY_GPU_PACKING: Final = "gpu-packing"
 POLICY_GPU_CLUSTERING: Final = "gpu-clustering"
 POLICY_RANDOM_FIT: Final = "random-fit"
 POLICY_FGD_PAPER: Final = "fgd-paper"
-# A candidate of ours, also simulation-only until it is offered to pods.
-POLICY_FGD_PLUS: Final = "fgd-plus"
 BASELINE_POLICIES: Final = (
     POLICY_FGD_PAPER,
     POLICY_BEST_FIT,

@@ -18,6 +18,7 @@ longer than ``LONGEST`` characters, or an exponent far outside that range, is
 refused before any big number is built, so hostile input costs nothing.
 """
 
+import math
 import re
 from fractions import Fraction
 from typing import Final
@@ -52,8 +53,18 @@ def parse_whole_quantity(raw: object, path: str) -> int:
     JSON integer. Fractions (``"1.5"``, ``"100m"``), negatives, amounts above ``LARGEST``
     and anything that is not a quantity raise a ContractError for ``path``.
     """
+    return _parse(raw, path, milli=False)
+
+
+def parse_milli_quantity(raw: object, path: str) -> int:
+    """Thousandths of a Kubernetes quantity, rounded up as Kubernetes' ``MilliValue`` does:
+    CPU in millicores (``"100m"`` is 100, ``"1.5"`` 1500, ``"2"`` 2000), up to ``LARGEST``."""
+    return _parse(raw, path, milli=True)
+
+
+def _parse(raw: object, path: str, milli: bool) -> int:
     if isinstance(raw, int) and not isinstance(raw, bool):
-        return _in_range(raw, raw, path)
+        return _in_range(raw, raw * 1000 if milli else raw, path)
     if not isinstance(raw, str):
         raise ContractError(path, f"expected a quantity such as '2' or '20k', got {raw!r}")
     if len(raw) > LONGEST:
@@ -65,11 +76,12 @@ def parse_whole_quantity(raw: object, path: str) -> int:
         raise ContractError(
             path, f"{raw!r} is not a Kubernetes quantity (digits, then k, Mi, e3 or the like)"
         )
-    return _in_range(raw, _value(match, raw, path), path)
+    return _in_range(raw, _value(match, raw, path, milli), path)
 
 
-def _value(match: re.Match[str], raw: str, path: str) -> int:
-    """The match's exact value, when it is a whole number of sane size."""
+def _value(match: re.Match[str], raw: str, path: str, milli: bool) -> int:
+    """The match's exact value (in thousandths, rounded up, with ``milli``), when it is a
+    whole number of sane size."""
     fraction = match["fraction"] or ""
     mantissa = int((match["whole"] + fraction).lstrip("0") or "0")
     if mantissa == 0:
@@ -82,12 +94,16 @@ def _value(match: re.Match[str], raw: str, path: str) -> int:
         power_of_two, power_of_ten = 0, int(match["exponent"])
     else:
         power_of_two, power_of_ten = 0, _DECIMAL_POWERS[match["decimal"]]
-    power_of_ten -= len(fraction)
+    power_of_ten -= len(fraction) - (3 if milli else 0)
     if power_of_ten >= _TOO_LARGE_POWER:
         raise ContractError(path, _too_large(raw))
     if power_of_ten < _TOO_SMALL_POWER:
+        if milli:
+            return 1  # a positive sliver, rounded up
         raise ContractError(path, _not_whole(raw))
     value = mantissa * 2**power_of_two * Fraction(10) ** power_of_ten
+    if milli:
+        return math.ceil(value)
     if value.denominator != 1:
         raise ContractError(path, _not_whole(raw))
     return value.numerator

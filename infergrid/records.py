@@ -20,6 +20,9 @@ from infergrid.constants import (
 )
 from infergrid.errors import ContractError
 from infergrid.inventory import GpuInventory, decode_inventory
+from infergrid.placement.host import HostRequest
+from infergrid.pod_host import MIB, parse_host_request
+from infergrid.quantity import parse_milli_quantity, parse_whole_quantity
 from infergrid.usage import GpuUsage, decode_usage
 
 TERMINAL_PHASES: Final = ("Succeeded", "Failed")
@@ -40,6 +43,10 @@ class NodeRecord:
     inventory: GpuInventory | None
     usage: GpuUsage | None
     problem: str | None
+    cpu_milli: int = 0
+    """Allocatable CPU in millicores (0 where the node reports none readable)."""
+    memory_mib: int = 0
+    """Allocatable memory in MiB (0 where the node reports none readable)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +62,10 @@ class PodRecord:
     problem: str | None = None
     phase: str = ""
     resource_version: str = ""
+    cpu_milli: int = 0
+    """The pod's effective CPU request in millicores, as kube-scheduler counts it."""
+    memory_mib: int = 0
+    """The pod's effective memory request in MiB."""
 
     @property
     def key(self) -> str:
@@ -77,7 +88,21 @@ def node_record(node: dict[str, Any]) -> NodeRecord:
     for key, doc in ((ANNOTATION_GPU_INVENTORY, inventory), (ANNOTATION_GPU_USAGE, usage)):
         if doc is not None and doc.node != name:
             problems.append(f"{key}: node: names {doc.node!r}, not this node {name!r}")
-    return NodeRecord(name, inventory, usage, "; ".join(problems) or None)
+    cpu, memory = _allocatable(node)
+    return NodeRecord(name, inventory, usage, "; ".join(problems) or None, cpu, memory)
+
+
+def _allocatable(node: dict[str, Any]) -> tuple[int, int]:
+    """The node's allocatable CPU (millicores) and memory (MiB); 0 where absent or
+    unreadable, which only leaves fgd and fgd-cluster-aware without the node's CPU (the
+    API server validates quantities, so this is for hand-made objects)."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    try:
+        cpu = parse_milli_quantity(allocatable.get("cpu", 0), "status.allocatable.cpu")
+        memory = parse_whole_quantity(allocatable.get("memory", 0), "status.allocatable.memory")
+    except ContractError:
+        return 0, 0
+    return cpu, -(-memory // MIB)
 
 
 def pod_record(pod: dict[str, Any]) -> PodRecord:
@@ -86,6 +111,10 @@ def pod_record(pod: dict[str, Any]) -> PodRecord:
     spec = pod.get("spec") or {}
     annotations = meta.get("annotations") or {}
     assignment, problem = _decoded(annotations, ANNOTATION_GPU_ASSIGNMENT, decode_assignment)
+    try:
+        host = parse_host_request(pod)
+    except ContractError:
+        host = HostRequest()  # the API server validates quantities: hand-made objects only
     return PodRecord(
         uid=meta["uid"],
         namespace=meta.get("namespace", ""),
@@ -96,6 +125,8 @@ def pod_record(pod: dict[str, Any]) -> PodRecord:
         problem=problem,
         phase=(pod.get("status") or {}).get("phase", ""),
         resource_version=meta.get("resourceVersion", ""),
+        cpu_milli=host.cpu_milli,
+        memory_mib=host.memory_mib,
     )
 
 

@@ -7,12 +7,14 @@ other's paths, so exposing /metrics never exposes the unauthenticated verbs.
 Handlers only decode, ask `decisions` or the `Binder`, and encode. Bad input
 gets a 400 (or 413 past the body limit) with an `Error` naming the field,
 never a 500: an unexpected exception is logged and answered in `Error`.
-A filter first waits for the binds of pods that passed filter before it
-(`pending_binds`), so it decides on a cache that holds them.
+A burst is placed on a cache that holds the pods before it: prioritize holds each pod's
+placement on the node it ranks first (`tentative`, on by default), or, where that is off, a
+filter first waits for the binds of pods that passed filter before it (`pending_binds`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -36,6 +38,7 @@ from scheduler_extender.protocol import (
     filter_result,
     priority_list,
 )
+from scheduler_extender.tentative import Reserver, predicted_node, sole_top
 from scheduler_extender.view import PlacementView
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,7 @@ class ExtenderService:
         is_leader: Callable[[], bool],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         barrier: BindBarrier | None = None,
+        reserver: Reserver | None = None,
     ):
         self.view = view
         self.binder = binder
@@ -73,6 +77,7 @@ class ExtenderService:
         self.is_leader = is_leader
         self.clock = clock
         self.barrier = barrier or BindBarrier(wait_s=0)
+        self.reserver = reserver
 
     def app(self) -> web.Application:
         """kube-scheduler's: the verbs, and the probes."""
@@ -115,19 +120,42 @@ class ExtenderService:
         metrics.BIND_WAIT_SECONDS.observe(waited)
         if ran_out:
             metrics.BIND_WAIT_RAN_OUT.inc()
+        self._new_cycle(uid)
         out = filter_nodes(args.pod, args.node_names, self.view, self.default_policy, self.clock())
         for category, count in Counter(out.categories).items():
             metrics.REJECTIONS.labels(category).inc(count)
         if out.passed:
             self.barrier.passed_filter(uid, args.pod)
+        if len(out.passed) == 1:  # kube-scheduler binds a lone node without asking prioritize
+            self._hold_next(args.pod, uid, out.passed[0])
         return _reply(filter_result(out.passed, out.failed, out.unresolvable))
 
     async def prioritize(self, request: web.Request) -> web.Response:
         args = decode_extender_args(await request.read())
+        uid = pod_uid(args.pod)
+        self._new_cycle(uid)
         scores = prioritize_nodes(
             args.pod, args.node_names, self.view, self.default_policy, self.clock()
         )
+        if self.reserver is not None:
+            chosen, tied = predicted_node(scores)
+            if chosen is not None:
+                scores = sole_top(scores, tied)
+                self._hold_next(args.pod, uid, chosen)
         return _reply(priority_list(scores))
+
+    def _new_cycle(self, uid: str) -> None:
+        """Before the pod is weighed again: holds past their time go, and so does its own."""
+        if self.reserver is not None:
+            self.reserver.expire()
+            self.reserver.forget(uid)
+
+    def _hold_next(self, pod: dict[str, Any], uid: str, node: str) -> None:
+        """Holds the pod's placement on `node` as the event loop's next step, right after the
+        answer is sent: off kube-scheduler's wait for the answer, yet before the loop reads
+        another request (callbacks already queued run before those of new input)."""
+        if self.reserver is not None:
+            asyncio.get_running_loop().call_soon(self.reserver.hold, pod, uid, node)
 
     async def bind(self, request: web.Request) -> web.Response:
         args = decode_binding_args(await request.read())
@@ -153,6 +181,8 @@ class ExtenderService:
         return web.Response(text="ok\n" if ready else "not ready\n", status=200 if ready else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
+        if self.reserver is not None:
+            self.reserver.expire()
         for kind, count in self.view.cache.size().items():
             metrics.CACHE_OBJECTS.labels(kind).set(count)
         metrics.LEADER.set(1 if self.is_leader() else 0)

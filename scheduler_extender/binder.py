@@ -11,6 +11,10 @@ while it still holds what this bind wrote (another bind may have written since).
 `decided` is told as soon as the reservation is in the cache (and again, on every path,
 when bind ends): the filters waiting for this pod's bind (`pending_binds`) go on from
 there.
+
+A tentative reservation that prioritize made for the pod (`tentative`) is the early one when
+it is on the bind's node (confirmed); on another node it is released and the pod placed on
+the bind's node from the same request (moved). Either way the read-back pod decides as above.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT
 from infergrid.errors import ContractError
 from infergrid.placement import fit, resolve_policy, to_pod_assignment
 from infergrid.pod_request import PodGpuRequest, parse_pod_request
+from scheduler_extender import metrics
 from scheduler_extender.protocol import BindingArgs
+from scheduler_extender.tentative import bind_outcome
 from scheduler_extender.view import PlacementView
 
 log = logging.getLogger(__name__)
@@ -73,7 +79,7 @@ class Binder:
         try:
             async with lock:
                 held = self.view.cache.reserved(args.pod_uid)
-                early = None if held else self._reserve_early(args, filtered)
+                early = None if held else self._early(args, filtered)
                 try:
                     pod = await self._call(self._read_pod, args)
                     return await self._bind_locked(args, pod, early)
@@ -86,6 +92,26 @@ class Binder:
                     raise
         finally:
             self.decided(args.pod_uid)
+
+    def _early(self, args: BindingArgs, filtered: dict[str, Any] | None) -> Early | None:
+        """The pod's tentative reservation, confirmed or moved to the bind's node; else the
+        placement from the filtered pod."""
+        tentative = self.view.cache.tentative(args.pod_uid)
+        outcome = bind_outcome(None if tentative is None else tentative.node, args.node)
+        if tentative is None or outcome == "place":
+            return self._reserve_early(args, filtered)
+        if outcome == "confirm":
+            if not self.view.cache.confirm(args.pod_uid):  # the watch ended it just now
+                return self._reserve_early(args, filtered)
+            metrics.TENTATIVE_RESERVATIONS.labels("confirmed").inc()
+            self.decided(args.pod_uid)
+            return (tentative.request, tentative.assignment)
+        metrics.TENTATIVE_RESERVATIONS.labels("moved").inc()
+        self.view.cache.release(args.pod_uid)
+        try:
+            return (tentative.request, self._reserve(args, tentative.request))
+        except BindError:
+            return None  # the read-back pod is placed, or refused, as without a hold
 
     def _reserve_early(self, args: BindingArgs, filtered: dict[str, Any] | None) -> Early | None:
         """The placement from the filtered pod, reserved; None where the read-back pod must

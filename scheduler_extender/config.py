@@ -35,7 +35,8 @@ class ExtenderConfig:
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     resync_s: float = 300.0
-    bind_wait_s: float = 2.0
+    bind_wait_s: float = 0.0
+    tentative_reservation_s: float = 10.0
     scheduler_token_dir: Path | None = None
     scheduler_service_account: str = ""
 
@@ -95,6 +96,9 @@ SETTINGS: Final = (
     Setting("resyncSeconds", "resync_s", number(10, 86400), "full relist period of the cache"),
     Setting("bindWaitSeconds", "bind_wait_s", number(0, 10),
               "longest a filter waits for pods that passed filter to be bound (0: never)"),
+    Setting("tentativeReservationSeconds", "tentative_reservation_s", number(0, 300),
+              "prioritize holds a pod's placement on its top node until bind, at most this "
+              "long (0: off)"),
     Setting("schedulerTokenDir", "scheduler_token_dir", optional_path,
               "write kube-scheduler's API token, ca.crt and namespace here (empty: don't)"),
     Setting("schedulerServiceAccount", "scheduler_service_account", text,

@@ -3,8 +3,11 @@
 Every rejected node gets its reason, so the pod's FailedScheduling event
 tells people what to change. A node that can never take the pod (unknown, no
 inventory, invalid request) goes to FailedAndUnresolvableNodes, so preemption
-does not evict pods for nothing. The view answers for all nodes at once; this
-module only resolves the pod's request and policy once and normalises.
+does not evict pods for nothing, and so does a pod asking for a policy that does
+not exist: its reason names the annotation. The view brings the nodes up to date;
+the placement core's ``NodeSet``, the entry point the simulator replays through
+too, answers for all of them at once. This module only resolves the pod's request
+and policy once and normalises.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from infergrid.errors import ContractError
-from infergrid.placement import Policy, normalize_scores, resolve_policy
+from infergrid.placement import LEARNING, HostRequest, Policy, normalize_scores, resolve_policy
+from infergrid.pod_host import parse_host_request
 from infergrid.pod_request import PodGpuRequest, parse_pod_request
 from scheduler_extender.view import PlacementView
 
@@ -34,6 +38,15 @@ def _policy(request: PodGpuRequest, view: PlacementView) -> Policy:
     return resolve_policy(request.policy, view.workload())
 
 
+def _host(pod: dict[str, Any]) -> HostRequest | None:
+    """The pod's CPU and GPU models, for the learned workload only; None where an amount
+    does not read (kube-scheduler, not the extender, refuses such a pod)."""
+    try:
+        return parse_host_request(pod)
+    except ContractError:
+        return None
+
+
 def filter_nodes(
     pod: dict[str, Any], names: list[str], view: PlacementView, default_policy: str, now: datetime
 ) -> FilterOutcome:
@@ -44,8 +57,10 @@ def filter_nodes(
             unresolvable={n: f"invalid GPU request: {err}" for n in names},
             categories=["invalid-request"] * len(names),
         )
-    view.observe(str((pod.get("metadata") or {}).get("uid", "")), request)
-    found = view.filter(names, request, _policy(request, view), now)
+    view.observe(str((pod.get("metadata") or {}).get("uid", "")), request, _host(pod))
+    rows, missing = view.current(names, now)
+    found = view.nodes.filter(names, request, _policy(request, view), rows, missing)
+    view.remember(found, len(names))
     return FilterOutcome(found.passed, found.failed, found.unresolvable, found.categories)
 
 
@@ -57,7 +72,10 @@ def prioritize_nodes(
         request = parse_pod_request(pod, default_policy)
     except ContractError:
         return dict.fromkeys(names, 0)
-    raw = view.raw_scores(names, request, _policy(request, view), now)
+    rows, _ = view.current(names, now)
+    # The policies that learn read CPU too: the pod's, as the simulator passes it.
+    host = _host(pod) if request.policy in LEARNING else None
+    raw = view.nodes.scores(names, request, _policy(request, view), host, rows)
     return dict(zip(names, _normalized(raw), strict=True))
 
 

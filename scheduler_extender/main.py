@@ -28,6 +28,7 @@ from scheduler_extender.config import SETTINGS, ExtenderConfig, check
 from scheduler_extender.leader import LeaseElector
 from scheduler_extender.pending_binds import BindBarrier
 from scheduler_extender.scheduler_token import SERVICE_ACCOUNT_DIR, SchedulerToken
+from scheduler_extender.tentative import Reserver
 from scheduler_extender.view import PlacementView
 from scheduler_extender.watch_cache import ClusterCache
 
@@ -90,7 +91,12 @@ async def serve(
     is_leader = elector.is_leader if elector else (lambda: True)
     barrier = BindBarrier(cfg.bind_wait_s)
     binder = Binder(client.CoreV1Api(api), view, cfg.default_policy, decided=barrier.decided)
-    service = ExtenderService(view, binder, cfg.default_policy, is_leader, barrier=barrier)
+    reserver = None
+    if cfg.tentative_reservation_s > 0:
+        reserver = Reserver(view, cfg.default_policy, cfg.tentative_reservation_s)
+    service = ExtenderService(
+        view, binder, cfg.default_policy, is_leader, barrier=barrier, reserver=reserver
+    )
     runners = [await listen(service.app(), cfg.host, cfg.port, tls_context(cfg))]
     log.info("extender listening on %s:%d", cfg.host, cfg.port)
     if cfg.metrics_port:

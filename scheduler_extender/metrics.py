@@ -33,6 +33,13 @@ BIND_WAIT_RAN_OUT = Counter(
     "infergrid_scheduler_extender_bind_wait_ran_out_total",
     "Filters that stopped waiting because a pod that passed filter was not bound in time.",
 )
+TENTATIVE_RESERVATIONS = Counter(
+    "infergrid_scheduler_extender_tentative_reservations_total",
+    "Tentative reservations (a pod's placement held from prioritize until its bind), by event: "
+    "made, confirmed (bound where held), moved (bound on another node), expired (no bind in "
+    "time), released (the pod scheduled again).",
+    ["event"],
+)
 CACHE_OBJECTS = Gauge(
     "infergrid_scheduler_extender_cache_objects",
     "Objects in the watch-fed cache, by kind.",

@@ -1,52 +1,46 @@
-"""Placement state per node, derived from the watch cache, kept in the core's offer index.
+"""Placement state per node, kept current from the watch cache in the core's node set.
 
 A node's NodeState depends on its annotations, the assignments on it and
 whether its heartbeat is stale; the cache's per-node version plus the
 staleness bit key it, so a filter over thousands of nodes rebuilds only the
-few that moved since the last call. Each state is also written into the
-placement core's `OfferIndex`, whose row answers, for the common pods (one
-container asking for a share or for whole GPUs), fit, binpack and spread raw
-scores and the rejection reason for every node at once. Which rows are current
-is checked with arrays too: the cache's global version says whether anything
-moved since a row was last checked, its change log which nodes did, and each
-row's heartbeat whether its staleness flipped, so a call after one bind looks
-up one node, not thousands, and one in which nothing moved none.
+few that moved since the last call. Which nodes are current is checked with
+arrays: the cache's global version says whether anything moved since a row
+was last checked, its change log which nodes did, and each row's heartbeat
+whether its staleness flipped, so a call after one bind looks up one node, not
+thousands, and one in which nothing moved none.
 
-What the index does not answer (MIG, pods with several GPU containers, fgd's
-scores, nodes it cannot hold) goes node by node through `fit` and the policy's
-scorer, memoised under the node's key and the pod's shape like
-kube-scheduler's old equivalence cache. The decisions themselves are the
-placement core's, never re-implemented here.
+A node's state carries its CPU and memory (``host``): allocatable from the node, and
+what its live pods request, as kube-scheduler counts them; fgd and fgd-cluster-aware
+read it. This module only keeps the node set current and says why a node has no state;
+every decision is the placement core's ``NodeSet``'s (``decisions.py`` asks it).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from itertools import compress
 from operator import itemgetter
-from typing import Final, NamedTuple
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
 from infergrid.placement import (
-    FitResult,
+    HostRequest,
+    HostResources,
+    LearnedWorkload,
+    NodeSet,
     NodeState,
-    OfferIndex,
-    Policy,
+    Verdicts,
     Workload,
     build_node_state,
-    fit,
 )
 from infergrid.pod_request import PodGpuRequest
 from infergrid.records import NodeRecord
 from scheduler_extender.watch_cache import ClusterCache
 
-WORKLOAD_WINDOW: Final = 1000
-WORKLOAD_REFRESH: Final = 50
-"""FGD's request distribution is re-read after this many new pods, not after each one."""
-MAX_SHAPES: Final = 4096
 ASKED_LISTS: Final = 2
 """Name lists whose index rows are remembered: filter's (all nodes) and those it passed."""
 LOOKUP_CHUNK: Final = 512
@@ -59,20 +53,9 @@ _NO_HEARTBEAT: Final = -(1 << 62)
 _LONGEST_STALE: Final = (1 << 62) - 1
 """``stale_after`` in µs is capped here so the arithmetic stays in int64; no real one is near."""
 
-Decision = tuple[FitResult, float | None]
-NodeKey = tuple[int, bool]
-Unindexed = str | tuple[NodeKey, NodeState]
-"""A node without an index row: why it has no state, or its key and state for `fit`."""
-
-
-class Verdicts(NamedTuple):
-    """Filter's answer: nodes passed (in the order asked), failed and unresolvable with
-    their reasons, and the resource (or why none) behind each rejection, for metrics."""
-
-    passed: list[str]
-    failed: dict[str, str]
-    unresolvable: dict[str, str]
-    categories: list[str]
+NodeKey = tuple[str, int, bool]
+"""A node's key in the node set: its name, cache version and staleness."""
+Rows = npt.NDArray[np.int64]
 
 
 class _Stamps:
@@ -97,22 +80,17 @@ class _Stamps:
 
 
 class PlacementView:
+    """The extender's node set, kept current from the watch cache, and its learned workload."""
+
     def __init__(self, cache: ClusterCache, stale_after: timedelta):
         self.cache = cache
         self.stale_after = stale_after
+        self.nodes = NodeSet()
         self._stale_us = min(stale_after // _MICROSECOND, _LONGEST_STALE)
-        self._states: dict[str, tuple[NodeKey, NodeState]] = {}
-        self._decisions: dict[str, tuple[NodeKey, dict[int, Decision]]] = {}
-        self._shapes: dict[tuple, int] = {}
-        self._index = OfferIndex()
         self._stamps = _Stamps()
         self._stamps.fit_rows(1)
-        self._asked: deque[tuple[list[str], npt.NDArray[np.int64]]] = deque(maxlen=ASKED_LISTS)
-        self._recent: deque[PodGpuRequest] = deque(maxlen=WORKLOAD_WINDOW)
-        self._seen: deque[str] = deque(maxlen=WORKLOAD_WINDOW)
-        self._unread = 0
-        self._workload = Workload.from_requests(())
-        self._generation = 0
+        self._asked: deque[tuple[list[str], Rows]] = deque(maxlen=ASKED_LISTS)
+        self._learned = LearnedWorkload(self._cluster)
 
     def _why_none(self, name: str, record: NodeRecord | None) -> str | None:
         if record is None:
@@ -125,18 +103,22 @@ class PlacementView:
 
     def _key(self, record: NodeRecord, version: int, now: datetime) -> NodeKey:
         usage = record.usage
-        return (version, usage is None or now - usage.heartbeat > self.stale_after)
+        return (record.name, version, usage is None or now - usage.heartbeat > self.stale_after)
 
-    def _state(self, name: str, record: NodeRecord, key: NodeKey, now: datetime) -> NodeState:
-        memo = self._states.get(name)
-        if memo is None or memo[0] != key:
-            assert record.inventory is not None
-            assignments = self.cache.assignments_on(name)
-            state = build_node_state(
-                record.inventory, record.usage, assignments, now, self.stale_after
+    def _state(self, record: NodeRecord, key: NodeKey, now: datetime) -> tuple[NodeState, int]:
+        """The node's state for ``key`` (rebuilt only when the key moved) and its index row."""
+        held = self.nodes.get(record.name)
+        if held is not None and held[0] == key:
+            return held[1], self.nodes.row_of(record.name)
+        assert record.inventory is not None
+        assignments = self.cache.assignments_on(record.name)
+        state = build_node_state(record.inventory, record.usage, assignments, now, self.stale_after)
+        if record.cpu_milli:
+            cpu, memory = self.cache.requested_on(record.name)
+            state = replace(
+                state, host=HostResources(record.cpu_milli, record.memory_mib, cpu, memory)
             )
-            memo = self._states[name] = (key, state)
-        return memo[1]
+        return state, self.nodes.put(state, key)
 
     def node_state(self, name: str, now: datetime) -> NodeState | str:
         """The node's placement state, or why it has none (unknown, no inventory, bad data)."""
@@ -144,84 +126,44 @@ class PlacementView:
         why = self._why_none(name, record)
         if why is not None:
             return why
-        return self._state(name, record, self._key(record, version, now), now)
+        assert record is not None
+        return self._state(record, self._key(record, version, now), now)[0]
 
-    # Many nodes at once.
+    def current(self, names: list[str], now: datetime) -> tuple[Rows, dict[int, str]]:
+        """Brings the named nodes up to date in ``nodes``: the index row of each (-1 where
+        none), and by position why a node has no state at all."""
+        return self._sync(names, now)
 
-    def filter(
-        self, names: list[str], request: PodGpuRequest, policy: Policy, now: datetime
-    ) -> Verdicts:
-        """Which nodes the pod fits, and why each other one does not."""
-        if not self._index.answers(request):
-            return self._filter_each(names, request, policy, now)
-        rows, unindexed = self._sync(names, now)
-        held = np.flatnonzero(rows >= 0)
-        fits = self._index.fits(rows[held], request)
-        assert fits is not None
-        out = Verdicts([], {}, {}, [])
-        passed = np.zeros(len(names), dtype=np.bool_)
-        passed[held[fits]] = True
-        rejected = held[~fits]
-        if len(rejected):
-            why = self._index.why_not(rows[rejected], request, policy)
-            failed = compress(names, _mask(len(names), rejected))
-            out.failed.update(zip(failed, why.reasons, strict=True))
-            out.categories.extend(why.resources)
-        if unindexed:
-            self._filter_unindexed(names, unindexed, passed, out, request, policy)
-        out.passed.extend(compress(names, passed.tolist()))
-        if len(out.passed) < len(names):  # prioritize is asked about these next
-            self._asked.append((list(out.passed), rows[passed]))
-        return out
+    def remember(self, verdicts: Verdicts, asked: int) -> None:
+        """Keeps the rows of the nodes that passed a filter of ``asked`` nodes: prioritize
+        is asked about those next."""
+        if len(verdicts.passed) < asked:
+            self._asked.append((list(verdicts.passed), verdicts.passed_rows.copy()))
 
-    def _filter_unindexed(
-        self,
-        names: list[str],
-        unindexed: dict[int, Unindexed],
-        passed: npt.NDArray[np.bool_],
-        out: Verdicts,
-        request: PodGpuRequest,
-        policy: Policy,
-    ) -> None:
-        """Nodes without an index row: why they have no state, or `fit`, memoised."""
-        shape = self._shape_id((request, policy.name, self._generation, False))
-        for at, node in unindexed.items():
-            if isinstance(node, str):
-                out.unresolvable[names[at]] = node
-                out.categories.append("no-inventory")
+    def observe(self, uid: str, request: PodGpuRequest, host: HostRequest | None) -> None:
+        """Counts a pod once into the recent-request distribution that fgd scores against,
+        with its CPU and GPU models (``host``) where they read."""
+        self._learned.observe(uid, request, host)
+
+    def workload(self) -> Workload:
+        """The learned workload, with the GPUs of each model in the cache's node list."""
+        return self._learned.workload()
+
+    def _cluster(self) -> tuple[dict[str, int], int]:
+        """GPUs of each model, and allocatable CPU in all, over the cache's GPU nodes."""
+        per_model: dict[str, int] = {}
+        cpu_milli = 0
+        for record in self.cache.nodes().values():
+            if record.inventory is None or not record.inventory.gpus:
                 continue
-            result = self._memoised(names[at], *node, shape, request, policy, False)[0]
-            passed[at] = result.fits
-            if not result.fits:
-                out.failed[names[at]] = "; ".join(result.reasons)
-                out.categories.extend(s.resource for s in result.shortfalls)
+            cpu_milli += record.cpu_milli
+            for gpu in record.inventory.gpus:
+                per_model[gpu.model] = per_model.get(gpu.model, 0) + 1
+        return per_model, cpu_milli
 
-    def raw_scores(
-        self, names: list[str], request: PodGpuRequest, policy: Policy, now: datetime
-    ) -> npt.NDArray[np.float64]:
-        """The raw score of the pod on each node, in the order given; NaN where it does not
-        fit or the node has no state."""
-        if not self._index.scores(request, policy):
-            return self._raw_scores_each(names, request, policy, now)
-        rows, unindexed = self._sync(names, now)
-        held = np.flatnonzero(rows >= 0)
-        scored = self._index.raw_scores(rows[held], request, policy)
-        assert scored is not None
-        raw = np.full(len(names), np.nan)
-        raw[held] = scored
-        if unindexed:
-            shape = self._shape_id((request, policy.name, self._generation, True))
-            for at, node in unindexed.items():
-                if not isinstance(node, str):
-                    found = self._memoised(names[at], *node, shape, request, policy, True)[1]
-                    raw[at] = np.nan if found is None else found
-        return raw
-
-    def _sync(
-        self, names: list[str], now: datetime
-    ) -> tuple[npt.NDArray[np.int64], dict[int, Unindexed]]:
-        """The index row of each name, written from the node's current state; -1, with the
-        node (or why there is none) in the returned dict by position, where it has no row.
+    def _sync(self, names: list[str], now: datetime) -> tuple[Rows, dict[int, str]]:
+        """The index row of each name, written from the node's current state (-1 where it
+        has none), and by position why a node has no state.
 
         Only rows whose node the cache says moved since they were last checked,
         or whose staleness flipped since written, are looked up; only those
@@ -236,11 +178,11 @@ class PlacementView:
         now_us = (now - _EPOCH) // _MICROSECOND
         stale = now_us - stamps.heartbeat[at] > self._stale_us
         recheck = ~held | self._moved(at, held, version) | (stale != stamps.stale[at])
-        unindexed: dict[int, Unindexed] = {}
+        missing: dict[int, str] = {}
         if not recheck.any():
             if not remembered:
                 self._asked.append((list(names), rows.copy()))
-            return rows, unindexed
+            return rows, missing
         before = rows.copy()
         todo = np.flatnonzero(recheck)
         # A remembered list's strings have their hashes cached: cheaper keys for the cache.
@@ -262,7 +204,7 @@ class PlacementView:
                     rows[position] = found
                 else:
                     rows[position] = -1
-                    unindexed[position] = found
+                    missing[position] = found
         current = rows[todo]
         stamps.checked[current[current >= 0]] = version
         if not np.array_equal(rows, before):
@@ -270,7 +212,7 @@ class PlacementView:
             remembered = False
         if not remembered:
             self._asked.append((list(names), rows.copy()))
-        return rows, unindexed
+        return rows, missing
 
     def _moved(
         self, at: npt.NDArray[np.int64], held: npt.NDArray[np.bool_], version: int
@@ -290,13 +232,13 @@ class PlacementView:
         if changed is None:
             return behind
         flagged = np.zeros(len(checked), dtype=np.bool_)
-        changed_rows = self._index.rows(tuple(changed))
+        changed_rows = self.nodes.rows(tuple(changed))
         flagged[changed_rows[changed_rows >= 0]] = True
         moved = behind & flagged[at]
         checked[at[behind & ~moved]] = version
         return moved
 
-    def _rows(self, names: list[str]) -> tuple[npt.NDArray[np.int64], list[str] | None]:
+    def _rows(self, names: list[str]) -> tuple[Rows, list[str] | None]:
         """The index row of each name (-1 where none), and the equal list remembered, if any.
 
         kube-scheduler asks filter about all nodes and prioritize about those
@@ -307,133 +249,30 @@ class PlacementView:
             if known == names:
                 self._asked.rotate(-at - 1)  # most recent last: the next append evicts the other
                 return rows.copy(), known
-        return self._index.rows(names), None
+        return self.nodes.rows(names), None
 
     def _rewrite(
         self, name: str, record: NodeRecord | None, version: int, now: datetime
-    ) -> int | Unindexed:
-        """Rebuilds the node's state and index row: the row, or the node as it has none."""
+    ) -> int | str:
+        """Brings the node's state up to date: its index row (-1: none), or why it has no
+        state."""
         why = self._why_none(name, record)
         if why is not None:
-            self._index.discard(name)
+            self.nodes.discard(name)
             return why
         assert record is not None
         key = self._key(record, version, now)
-        state = self._state(name, record, key, now)
-        if not self._index.update(state):
-            return (key, state)
-        row = int(self._index.rows([name])[0])
+        row = self._state(record, key, now)[1]
+        if row < 0:
+            return row
         stamps = self._stamps
         stamps.fit_rows(row + 1)
-        stamps.version[row], stamps.stale[row] = version, key[1]
+        stamps.version[row], stamps.stale[row] = version, key[2]
         stamps.heartbeat[row] = _micros(record)
         return row
-
-    # Node by node, through fit.
-
-    def decide(
-        self, names: list[str], request: PodGpuRequest, policy: Policy, now: datetime, score: bool
-    ) -> list[Decision | str]:
-        """Per node: the pod's fit and, when `score` and it fits, the raw score; or why not."""
-        shape = self._shape_id((request, policy.name, self._generation, score))
-        out: list[Decision | str] = []
-        for name, (record, version) in zip(names, self.cache.lookup(names), strict=True):
-            why = self._why_none(name, record)
-            if why is not None:
-                out.append(why)
-                continue
-            assert record is not None
-            key = self._key(record, version, now)
-            state = self._state(name, record, key, now)
-            out.append(self._memoised(name, key, state, shape, request, policy, score))
-        return out
-
-    def _filter_each(
-        self, names: list[str], request: PodGpuRequest, policy: Policy, now: datetime
-    ) -> Verdicts:
-        out = Verdicts([], {}, {}, [])
-        for name, decision in zip(
-            names, self.decide(names, request, policy, now, False), strict=True
-        ):
-            if isinstance(decision, str):
-                out.unresolvable[name] = decision
-                out.categories.append("no-inventory")
-            elif decision[0].fits:
-                out.passed.append(name)
-            else:
-                out.failed[name] = "; ".join(decision[0].reasons)
-                out.categories.extend(s.resource for s in decision[0].shortfalls)
-        return out
-
-    def _raw_scores_each(
-        self, names: list[str], request: PodGpuRequest, policy: Policy, now: datetime
-    ) -> npt.NDArray[np.float64]:
-        raw = np.full(len(names), np.nan)
-        for at, decision in enumerate(self.decide(names, request, policy, now, True)):
-            if not isinstance(decision, str) and decision[1] is not None:
-                raw[at] = decision[1]
-        return raw
-
-    def _memoised(
-        self,
-        name: str,
-        key: NodeKey,
-        state: NodeState,
-        shape: int,
-        request: PodGpuRequest,
-        policy: Policy,
-        score: bool,
-    ) -> Decision:
-        memo = self._decisions.get(name)
-        if memo is None or memo[0] != key:
-            memo = self._decisions[name] = (key, {})
-        decision = memo[1].get(shape)
-        if decision is None:
-            decision = memo[1][shape] = self._decide(state, request, policy, score)
-        return decision
-
-    @staticmethod
-    def _decide(state: NodeState, request: PodGpuRequest, policy: Policy, score: bool) -> Decision:
-        result = fit(request, state, policy)
-        raw = None
-        if score and result.fits and result.after is not None:
-            raw = policy.raw_score(state, result.after, policy.workload)
-        return (result, raw)
-
-    def _shape_id(self, shape: tuple) -> int:
-        """A small number per pod shape, hashed once per call instead of once per node."""
-        found = self._shapes.get(shape)
-        if found is None:
-            if len(self._shapes) >= MAX_SHAPES:
-                self._shapes.clear()
-                self._decisions.clear()
-            found = self._shapes[shape] = len(self._shapes)
-        return found
-
-    def observe(self, uid: str, request: PodGpuRequest) -> None:
-        """Counts a pod once into the recent-request distribution that FGD scores against."""
-        if uid in self._seen or not request.gpu_containers:
-            return
-        self._seen.append(uid)
-        self._recent.append(request)
-        self._unread += 1
-
-    def workload(self) -> Workload:
-        if self._unread and (self._unread >= WORKLOAD_REFRESH or len(self._recent) <= self._unread):
-            self._workload = Workload.from_requests(self._recent)
-            self._unread = 0
-            self._generation += 1
-        return self._workload
 
 
 def _micros(record: NodeRecord) -> int:
     """The node's heartbeat in µs since the epoch, exact; ``_NO_HEARTBEAT`` without usage."""
     usage = record.usage
     return _NO_HEARTBEAT if usage is None else (usage.heartbeat - _EPOCH) // _MICROSECOND
-
-
-def _mask(size: int, positions: npt.NDArray[np.intp]) -> list[bool]:
-    """``size`` flags, true at ``positions``: for ``compress``, which walks them in C."""
-    flags = np.zeros(size, dtype=np.bool_)
-    flags[positions] = True
-    return flags.tolist()

@@ -7,11 +7,15 @@ need no cluster; ``start`` adds the one I/O edge, two list+watch threads.
 
 A reservation is an assignment the extender has just written at bind, held until
 the watch delivers the pod carrying it, so two binds in a row cannot both take
-the same free memory.
+the same free memory. A tentative one (`hold`) is the placement prioritize
+predicts kube-scheduler will bind: it takes its GPUs at once like any other,
+until bind confirms it (`confirm`), or it runs out (`expire_tentative`), or the
+watch shows its pod gone or bound without it.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import threading
@@ -25,6 +29,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from infergrid.assignment_annotation import PodAssignment
+from infergrid.pod_request import PodGpuRequest
 from infergrid.records import LIVE_PODS, NodeRecord, PodRecord, is_live, node_record, pod_record
 
 log = logging.getLogger(__name__)
@@ -53,6 +58,19 @@ class _Reservation:
     assignment: PodAssignment
     made_at: int
     """The cache version right after it was made; a relist that began later has seen it."""
+    until: float | None = None
+    """When a tentative reservation runs out (monotonic seconds); None once bind holds it."""
+    request: PodGpuRequest | None = None
+    """What a tentative reservation was placed from: bind keeps it for the same request."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tentative:
+    """A tentative reservation as bind sees it: where, what, and from which request."""
+
+    node: str
+    assignment: PodAssignment
+    request: PodGpuRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +104,14 @@ class ClusterCache:
         self._nodes: dict[str, NodeRecord] = {}
         self._pods: dict[str, PodRecord] = {}
         self._reservations: dict[str, _Reservation] = {}
+        self._deadlines: list[tuple[float, str]] = []
+        """A heap of (until, uid) per tentative reservation made; stale entries are skipped."""
         self._held: dict[str, PodAssignment] = {}
         self._on_node: dict[str, dict[str, PodAssignment]] = {}
+        self._asks: dict[str, tuple[str, int, int]] = {}
+        """Per live bound pod with CPU or memory requests: (node, millicores, MiB)."""
+        self._requested: dict[str, tuple[int, int]] = {}
+        """Per node, the CPU and memory its live pods request, as kube-scheduler counts."""
         self._node_versions: dict[str, int] = {}
         self._changes: deque[tuple[int, frozenset[str]]] = deque(maxlen=CHANGE_LOG)
         self._nodes_listed = threading.Event()
@@ -122,8 +146,9 @@ class ClusterCache:
                 self._pods.pop(uid, None)
             else:
                 self._pods[uid] = record
-            if record is None or record.assignment is not None:
-                self._reservations.pop(uid, None)
+            held = self._reservations.get(uid)
+            if held is not None and _reservation_ends(record, held, None):
+                del self._reservations[uid]
             if before != (self._pods.get(uid), self._reservations.get(uid)):
                 self._commit(self._refresh(uid))
 
@@ -181,6 +206,73 @@ class ClusterCache:
             if self._reservations.pop(uid, None) is not None:
                 self._commit(self._refresh(uid))
 
+    def hold(
+        self,
+        uid: str,
+        namespace: str,
+        name: str,
+        assignment: PodAssignment,
+        request: PodGpuRequest,
+        until: float,
+    ) -> bool:
+        """Holds ``assignment`` tentatively until ``until`` (or bind, or the watch ends it).
+
+        Replaces an earlier tentative reservation of the pod; does nothing, and
+        says so, where bind already holds the pod's GPUs, or the watch has shown
+        the pod carrying them or bound: what it has is decided.
+        """
+        with self._lock:
+            pod, held = self._pods.get(uid), self._reservations.get(uid)
+            decided = pod is not None and (pod.assignment is not None or bool(pod.node_name))
+            if decided or (held is not None and held.until is None):
+                return False
+            made = _Reservation(namespace, name, assignment, self.version + 1, until, request)
+            self._reservations[uid] = made
+            heapq.heappush(self._deadlines, (until, uid))
+            self._commit(self._refresh(uid))
+            return True
+
+    def tentative(self, uid: str) -> Tentative | None:
+        """The pod's tentative reservation, if one is held."""
+        with self._lock:
+            held = self._reservations.get(uid)
+            if held is None or held.until is None or held.request is None:
+                return None
+            return Tentative(held.assignment.node, held.assignment, held.request)
+
+    def confirm(self, uid: str) -> bool:
+        """Bind takes the tentative reservation over: it no longer runs out. Whether one was
+        held; the GPUs it holds do not move, so no node's version does either."""
+        with self._lock:
+            held = self._reservations.get(uid)
+            if held is None or held.until is None:
+                return False
+            self._reservations[uid] = _Reservation(
+                held.namespace, held.name, held.assignment, held.made_at
+            )
+            return True
+
+    def release_tentative(self, uid: str) -> bool:
+        """Drops the pod's tentative reservation, never one bind holds; whether one went."""
+        with self._lock:
+            held = self._reservations.get(uid)
+            if held is None or held.until is None:
+                return False
+            self.release(uid)
+            return True
+
+    def expire_tentative(self, now: float) -> list[str]:
+        """Drops every tentative reservation whose time ran out by ``now``; their uids."""
+        with self._lock:
+            gone: list[str] = []
+            while self._deadlines and is_due(self._deadlines[0][0], now):
+                until, uid = heapq.heappop(self._deadlines)
+                held = self._reservations.get(uid)
+                if held is not None and held.until == until:
+                    self.release(uid)
+                    gone.append(uid)
+            return gone
+
     # Queries.
 
     def node(self, name: str) -> NodeRecord | None:
@@ -196,9 +288,16 @@ class ClusterCache:
             return self._pods.get(uid)
 
     def reserved(self, uid: str) -> bool:
-        """Whether a bind's reservation for ``uid`` is held (its pod event not yet seen)."""
+        """Whether a bind's reservation for ``uid`` is held (its pod event not yet seen); a
+        tentative one is not a bind's."""
         with self._lock:
-            return uid in self._reservations
+            held = self._reservations.get(uid)
+            return held is not None and held.until is None
+
+    def requested_on(self, node: str) -> tuple[int, int]:
+        """The CPU (millicores) and memory (MiB) the live pods bound to ``node`` request."""
+        with self._lock:
+            return self._requested.get(node, (0, 0))
 
     def assignments_on(self, node: str) -> list[PodAssignment]:
         """Every assignment on ``node``, reservations included, oldest first."""
@@ -254,10 +353,38 @@ class ClusterCache:
     # Index upkeep.
 
     def _refresh(self, uid: str) -> set[str]:
-        """Re-indexes what ``uid`` holds: its pod's assignment, else its reservation.
+        """Re-indexes what ``uid`` holds: its pod's assignment, else its reservation, and
+        its pod's CPU and memory requests on its node.
 
-        Returns the nodes whose assignments changed.
+        Returns the nodes whose assignments or requests changed.
         """
+        return self._refresh_asks(uid) | self._refresh_held(uid)
+
+    def _refresh_asks(self, uid: str) -> set[str]:
+        pod = self._pods.get(uid)
+        new = None
+        if pod is not None and pod.node_name and (pod.cpu_milli or pod.memory_mib):
+            new = (pod.node_name, pod.cpu_milli, pod.memory_mib)
+        old = self._asks.get(uid)
+        if old == new:
+            return set()
+        for ask, sign in ((old, -1), (new, 1)):
+            if ask is None:
+                continue
+            node, cpu, memory = ask
+            had_cpu, had_memory = self._requested.get(node, (0, 0))
+            now = (had_cpu + sign * cpu, had_memory + sign * memory)
+            if now == (0, 0):
+                self._requested.pop(node, None)
+            else:
+                self._requested[node] = now
+        if new is None:
+            del self._asks[uid]
+        else:
+            self._asks[uid] = new
+        return {ask[0] for ask in (old, new) if ask is not None}
+
+    def _refresh_held(self, uid: str) -> set[str]:
         old = self._held.get(uid)
         pod, reservation = self._pods.get(uid), self._reservations.get(uid)
         new = pod.assignment if pod is not None else None
@@ -402,8 +529,16 @@ def _check_event(event_type: str) -> None:
         raise ValueError(f"event type {event_type!r} is not one of {', '.join(EVENT_TYPES)}")
 
 
+def is_due(until: float, now: float) -> bool:
+    """A tentative reservation runs out at its deadline, not after it."""
+    return until <= now
+
+
 def _reservation_ends(pod: PodRecord | None, held: _Reservation, listed_at: int | None) -> bool:
-    """After a relist: the listed pod carries its assignment, or its pod is gone."""
+    """The pod (seen live, or None where it is gone or finished) carries its assignment; a
+    tentative reservation also ends once its pod is bound, as that was not this extender's
+    bind (which confirms first). A pod missing from a relist is gone when the reservation is
+    older than the list (``listed_at``; None for a watch event or a list newer than all)."""
     if pod is not None:
-        return pod.assignment is not None
+        return pod.assignment is not None or (held.until is not None and bool(pod.node_name))
     return listed_at is None or held.made_at <= listed_at

@@ -9,7 +9,7 @@ def test_mig_resource_is_the_nvidia_name_of_a_profile():
 
 def test_default_policy_is_one_of_the_policies():
     assert constants.DEFAULT_POLICY == "binpack"
-    assert set(constants.PLACEMENT_POLICIES) == {"binpack", "spread", "fgd"}
+    assert set(constants.PLACEMENT_POLICIES) == {"binpack", "spread", "fgd", "fgd-cluster-aware"}
 
 
 def test_link_types_run_from_closest_to_farthest():

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infergrid.constants import DEFAULT_POLICY, PLACEMENT_POLICIES
 from infergrid.serving_config import (
     CRD_SETTINGS,
     FORMATS,
@@ -282,3 +283,11 @@ def test_spec_model_is_what_the_serving_file_reads(path):
     assert (model["format"]["enum"], model["format"]["default"]) == (list(FORMATS), FORMATS[0])
     assert (model["task"]["enum"], model["task"]["default"]) == (list(TASKS), TASKS[0])
     assert model["name"]["maxLength"] == MODEL_NAME_MAX_LENGTH
+
+
+@pytest.mark.parametrize("path", CRD_COPIES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_spec_scheduling_policy_offers_every_policy_a_pod_may_ask_for(path):
+    """The API server refuses an unknown policy naming spec.scheduling.policy, and accepts
+    every policy the extender serves (so fgd-cluster-aware too), defaulting to the default."""
+    policy = crd_spec(path)["scheduling"]["properties"]["policy"]
+    assert (policy["enum"], policy["default"]) == (list(PLACEMENT_POLICIES), DEFAULT_POLICY)

@@ -21,6 +21,7 @@ from e2e.cluster.components import extender_resources, infergrid_profile
 from inference_operator.config import SETTINGS as OPERATOR_SETTINGS
 from infergrid import constants
 from infergrid.settings import parse_settings
+from scheduler_extender.config import SETTINGS as EXTENDER_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "helm" / "infergrid"
@@ -589,3 +590,18 @@ def test_images_and_chart_agree():
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert chart["appVersion"] == version
+
+
+def test_default_policy_offers_every_policy_a_pod_may_ask_for():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    extender = schema["properties"]["scheduler"]["properties"]["extender"]["properties"]
+    assert extender["defaultPolicy"]["enum"] == list(constants.PLACEMENT_POLICIES)
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["scheduler"]["extender"]["defaultPolicy"] == constants.DEFAULT_POLICY
+
+
+@needs_helm
+def test_the_charts_extender_holds_bursts_at_prioritize_instead_of_waiting_at_filter(default):
+    data = one(default, "ConfigMap", "-scheduler")["data"]
+    ext = parse_settings(yaml.safe_load(data["extender.yaml"]), EXTENDER_SETTINGS)
+    assert (ext["tentative_reservation_s"], ext["bind_wait_s"]) == (10.0, 0.0)

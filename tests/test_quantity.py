@@ -11,7 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from infergrid.errors import ContractError
-from infergrid.quantity import LARGEST, LONGEST, parse_whole_quantity
+from infergrid.quantity import LARGEST, LONGEST, parse_milli_quantity, parse_whole_quantity
 
 FIELD = "spec.containers[0].resources.limits[infergrid.io/gpu-memory]"
 
@@ -187,3 +187,29 @@ def test_every_negative_is_refused(n):
     for text in (f"-{n}", -n):
         with pytest.raises(ContractError, match="is negative"):
             parse_whole_quantity(text, FIELD)
+
+
+@pytest.mark.parametrize(
+    ("raw", "millis"),
+    [
+        ("100m", 100),
+        ("1", 1000),
+        ("1.5", 1500),
+        ("2k", 2_000_000),
+        (4, 4000),
+        ("0.0001", 1),  # rounded up, as Kubernetes' MilliValue does
+        ("1n", 1),
+        ("1e-100", 1),
+        ("1Ki", 1_024_000),
+        ("0", 0),
+    ],
+)
+def test_cpu_reads_in_millicores_rounded_up(raw, millis):
+    assert parse_milli_quantity(raw, "cpu") == millis
+
+
+@pytest.mark.parametrize("raw", ["-1", "1x", "", "m", None, "9" * 65, "1e30"])
+def test_a_bad_cpu_quantity_names_its_field(raw):
+    with pytest.raises(ContractError) as err:
+        parse_milli_quantity(raw, "spec.containers[0].resources.requests.cpu")
+    assert err.value.field == "spec.containers[0].resources.requests.cpu"

@@ -93,6 +93,29 @@ def test_a_node_without_annotations_has_nothing_and_no_problem():
 
 
 @pytest.mark.parametrize(
+    ("cpu", "memory", "host"),
+    [("16", "64Gi", (16000, 65536)), ("7500m", "1000Ki", (7500, 1)), (None, None, (0, 0)),
+     ("x", "1Gi", (0, 0))],
+)  # fmt: skip
+def test_a_node_carries_its_allocatable_cpu_and_memory_and_bad_ones_count_as_none(
+    cpu, memory, host
+):
+    node = gpu_node("node-a")
+    if cpu is not None:
+        node["status"] = {"allocatable": {"cpu": cpu, "memory": memory}}
+    record = node_record(node)
+    assert (record.cpu_milli, record.memory_mib) == host and record.problem is None
+
+
+def test_a_pod_carries_its_cpu_and_memory_requests_and_bad_ones_count_as_none():
+    pod = pod_json()
+    pod["spec"]["containers"] = [{"name": "c", "resources": {"requests": {"cpu": "1500m"}}}]
+    assert (pod_record(pod).cpu_milli, pod_record(pod).memory_mib) == (1500, 0)
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
+    assert pod_record(pod).cpu_milli == 0
+
+
+@pytest.mark.parametrize(
     "annotation, text, problem",
     [
         (ANNOTATION_GPU_INVENTORY, "{", f"{ANNOTATION_GPU_INVENTORY}: not valid JSON"),

@@ -3,7 +3,9 @@
 The scheduler extender serves it and the trace simulator replays it, so it does
 no I/O and reads no clock. The flow, per pod: ``resolve_policy`` once, then for
 each node ``fit`` (every shortfall, or the placement) and a raw score, then
-``normalize_scores`` across the feasible nodes; ``score_nodes`` does all of it.
+``normalize_scores`` across the feasible nodes. ``NodeSet`` is the one entry point
+the extender and the simulator ask: it holds many nodes' states and answers filter
+(every node's verdict, with all its shortfalls) and raw scores for them all.
 ``build_node_state`` makes a node from its annotations; ``apply`` and
 ``release`` keep it current; ``to_pod_assignment`` writes what bind records.
 ``recheck`` is the device plugin's gate at Allocate: the same rules, applied to
@@ -11,12 +13,14 @@ an assignment already decided.
 The trace simulator also passes a ``HostRequest`` (CPU, memory, GPU models) on
 nodes with ``HostResources``, and runs the simulation-only policies (the FGD
 paper's baselines) from ``SIMULATION_SCORERS`` and ``SIMULATION_GPU_CHOICES``.
-``OfferIndex`` answers fit, binpack and spread scores and reasons for the common
-pods (one share or whole-GPU container) on thousands of nodes at once, in numpy.
+``OfferIndex`` is its fast path: fit, binpack and spread scores and reasons for the
+common pods (one share or whole-GPU container) on thousands of nodes at once, in numpy.
+``LearnedWorkload`` is the workload fgd and fgd-cluster-aware score against, learned
+from the pods seen, in both.
 """
 
 from infergrid.placement.build import build_node_state, idle_usage
-from infergrid.placement.fgd_plus import model_contention, with_cluster
+from infergrid.placement.fgd_cluster_aware import model_contention, with_cluster
 from infergrid.placement.fit import FitResult, fit
 from infergrid.placement.fragmentation import (
     DEFAULT_WORKLOAD,
@@ -29,9 +33,10 @@ from infergrid.placement.fragmentation import (
 )
 from infergrid.placement.gpu_choice import GPU_CHOICES, SIMULATION_GPU_CHOICES, GpuChoice
 from infergrid.placement.host import HostRequest, host_shortfalls, reserve_host
+from infergrid.placement.learned import LEARNING, LearnedWorkload
+from infergrid.placement.node_set import NodeSet, Verdicts
 from infergrid.placement.offers import OfferIndex, Rejections
 from infergrid.placement.policy import Policy, resolve_policy
-from infergrid.placement.rank import NodeScore, best_node, score_nodes
 from infergrid.placement.recheck import recheck
 from infergrid.placement.recorded_assignment import reservation_from_assignment, to_pod_assignment
 from infergrid.placement.reserve import apply, release
@@ -75,15 +80,17 @@ __all__ = [
     "HostRequest",
     "HostResources",
     "MigSlot",
-    "NodeScore",
+    "LEARNING",
+    "LearnedWorkload",
+    "NodeSet",
     "NodeState",
     "OfferIndex",
     "Policy",
     "Rejections",
     "Shortfall",
+    "Verdicts",
     "Workload",
     "apply",
-    "best_node",
     "build_node_state",
     "choose_gpu_set",
     "fit",
@@ -100,7 +107,6 @@ __all__ = [
     "reservation_from_assignment",
     "reserve_host",
     "resolve_policy",
-    "score_nodes",
     "task_fragmentation",
     "to_pod_assignment",
     "with_cluster",

@@ -91,6 +91,26 @@ def fit(
     return FitResult(placements=tuple(placements), before=node, host=host)
 
 
+def surely_unfit(request: PodGpuRequest, node: NodeState, host: HostRequest | None) -> bool:
+    """True when ``fit`` would certainly find no room, tested container by container with
+    the placers' own predicates: a scorer, which needs no reasons, skips building them.
+    False says nothing (containers together, or NVLink, may still not fit)."""
+    containers = request.gpu_containers
+    if host is not None and host_shortfalls(node, host, wants_gpus=bool(containers)):
+        return True
+    if containers and not node.offers:
+        return True
+    for container in containers:
+        if container.kind == "whole":
+            if sum(1 for g in node.gpus if g.takes_whole()) < container.gpus:
+                return True
+        elif container.kind == "share":
+            memory, cores = container.memory_mib, container.cores
+            if not any(g.takes_share(memory, cores) for g in node.gpus):
+                return True
+    return False
+
+
 def _stale(node: NodeState) -> Shortfall:
     if node.heartbeat is None:
         reason = "node heartbeat is stale: no GPU usage published"

@@ -50,6 +50,9 @@ MAX_TASK_TYPES: Final = 16
 
 _POPULARITY_SLACK: Final = 1e-6
 
+BEFORE_CACHE: Final = 8192
+"""Node states whose fragmentation ``fragmentation_before`` remembers."""
+
 
 @dataclass(frozen=True, slots=True)
 class Demand:
@@ -102,12 +105,22 @@ class Demand:
         return self.memory_mib > 0 and gpu.takes_share(self.memory_mib, self.cores)
 
     @staticmethod
-    def of(container: ContainerGpuRequest) -> "Demand | None":
-        """The demand of one container's request; None for MIG or no GPU."""
+    def of(
+        container: ContainerGpuRequest,
+        cpu_milli: int = 0,
+        gpu_models: frozenset[str] = frozenset(),
+    ) -> "Demand | None":
+        """The demand of one container's request, with the CPU and GPU models its pod asks
+        for; None for MIG or no GPU."""
         if container.kind == "whole":
-            return Demand(whole_gpus=container.gpus)
+            return Demand(whole_gpus=container.gpus, cpu_milli=cpu_milli, gpu_models=gpu_models)
         if container.kind == "share":
-            return Demand(memory_mib=container.memory_mib, cores=container.cores)
+            return Demand(
+                memory_mib=container.memory_mib,
+                cores=container.cores,
+                cpu_milli=cpu_milli,
+                gpu_models=gpu_models,
+            )
         return None
 
 
@@ -119,9 +132,9 @@ class Workload:
     """Task types and their popularity, which sum to 1.
 
     ``contention`` says how contested each GPU model is in the cluster the
-    workload runs on (0 is average; see ``fgd_plus.model_contention``), and
+    workload runs on (0 is average; see ``fgd_cluster_aware.model_contention``), and
     ``cluster_cpu_per_gpu`` how many CPU millicores that cluster has per GPU
-    (0: not known). Only fgd-plus reads them; they take no part in equality.
+    (0: not known). Only fgd-cluster-aware reads them; they take no part in equality.
     """
 
     tasks: tuple[tuple[Demand, float], ...]
@@ -154,18 +167,29 @@ class Workload:
         coverage: float = TYPICAL_COVERAGE,
         max_types: int = MAX_TASK_TYPES,
     ) -> "Workload":
-        """The typical task types of the last ``window`` pods; ``DEFAULT_WORKLOAD`` if none.
-
-        Types are kept most frequent first until they cover ``coverage`` of the
-        tasks or number ``max_types``; ties go to the smaller demand, so the
-        result does not depend on arrival order within the window.
-        """
-        counts = Counter(
+        """The typical task types of the last ``window`` pods' GPU containers; see
+        ``from_demands``."""
+        demands = (
             demand
             for pod in deque(requests, maxlen=max(window, 0))
             for container in pod.gpu_containers
             if (demand := Demand.of(container)) is not None
         )
+        return Workload.from_demands(demands, coverage, max_types)
+
+    @staticmethod
+    def from_demands(
+        demands: Iterable[Demand],
+        coverage: float = TYPICAL_COVERAGE,
+        max_types: int = MAX_TASK_TYPES,
+    ) -> "Workload":
+        """The typical task types among ``demands``; ``DEFAULT_WORKLOAD`` if none.
+
+        Types are kept most frequent first until they cover ``coverage`` of the
+        tasks or number ``max_types``; ties go to the smaller demand, so the
+        result does not depend on arrival order.
+        """
+        counts = Counter(demands)
         if not counts:
             return DEFAULT_WORKLOAD
         total = sum(counts.values())
@@ -185,8 +209,14 @@ DEFAULT_WORKLOAD: Final = Workload(((Demand(whole_gpus=1), 1.0),))
 keep idle GPUs idle, and pack shares onto GPUs already in use."""
 
 
-def _size(demand: Demand) -> tuple[int, int, int]:
-    return (demand.whole_gpus, demand.memory_mib, demand.cores)
+def _size(demand: Demand) -> tuple[int, int, int, int, list[str]]:
+    return (
+        demand.whole_gpus,
+        demand.memory_mib,
+        demand.cores,
+        demand.cpu_milli,
+        sorted(demand.gpu_models),
+    )
 
 
 def free_capacity(gpu: GpuState) -> float:
@@ -225,6 +255,25 @@ def node_fragmentation(node: NodeState, workload: Workload) -> float:
         shut = demand.shut_out(node)
         total += p * (idle if shut or usable < demand.gpus_needed else slivers)
     return total
+
+
+_before: dict[tuple[int, int], tuple[NodeState, Workload, float]] = {}
+
+
+def fragmentation_before(node: NodeState, workload: Workload) -> float:
+    """``node_fragmentation`` of a node a scorer compares placements on: the same node
+    object is scored for one pod shape after another, and the first term of each ΔF is
+    this one. Remembered by identity (states hold NVLink maps, so they do not hash); an
+    entry keeps its node and workload alive, so their ids cannot be reused meanwhile."""
+    key = (id(node), id(workload))
+    known = _before.get(key)
+    if known is not None and known[0] is node and known[1] is workload:
+        return known[2]
+    if len(_before) >= BEFORE_CACHE:
+        del _before[next(iter(_before))]  # the oldest
+    value = node_fragmentation(node, workload)
+    _before[key] = (node, workload, value)
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ from infergrid.constants import (
     POLICY_BINPACK,
     POLICY_DOT_PRODUCT,
     POLICY_FGD,
+    POLICY_FGD_CLUSTER_AWARE,
     POLICY_FGD_PAPER,
-    POLICY_FGD_PLUS,
     POLICY_GPU_CLUSTERING,
     POLICY_GPU_PACKING,
     POLICY_RANDOM_FIT,
@@ -118,13 +118,13 @@ GPU_CHOICES: Final[Mapping[str, GpuChoice]] = MappingProxyType(
         POLICY_BINPACK: GpuChoice(share=fullest_gpu, packs_mig=True),
         POLICY_SPREAD: GpuChoice(share=emptiest_gpu, packs_mig=False),
         POLICY_FGD: GpuChoice(share=least_fragmenting_gpu, packs_mig=True),
+        POLICY_FGD_CLUSTER_AWARE: GpuChoice(share=least_fragmenting_gpu, packs_mig=True),
     }
 )
 """The GPU choice of each policy a pod may ask for."""
 
 SIMULATION_GPU_CHOICES: Final[Mapping[str, GpuChoice]] = MappingProxyType(
     {
-        POLICY_FGD_PLUS: GpuChoice(share=least_fragmenting_gpu, packs_mig=True),
         POLICY_FGD_PAPER: GpuChoice(share=least_fragmenting_gpu, packs_mig=True),
         # The paper's "best" GPU selection: the fitting GPU with least left, as binpack.
         POLICY_BEST_FIT: GpuChoice(share=fullest_gpu, packs_mig=True),

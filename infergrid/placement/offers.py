@@ -18,9 +18,11 @@ whose GPUs are out of index order or too many for a bitmask, and the scores of
 policies other than binpack and spread (fgd among them).
 
 Rejection reasons are one line per node. Stale nodes and whole-GPU requests
-get ``fit``'s own first reason; a share request names the GPU with most free
-memory among those that take shares, with every reason ``why_not_share``
-gives for it, or counts why no GPU takes shares at all.
+get every reason ``fit`` gives (for whole GPUs: the count, or the NVLink set
+missing, then why each busy GPU is not free, kept with the row); a share
+request names the GPU with most free memory among those that take shares,
+with every reason ``why_not_share`` gives for it, or counts why no GPU takes
+shares at all.
 """
 
 from collections.abc import Callable, Sequence
@@ -31,12 +33,12 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from infergrid.constants import RESOURCE_VGPU, TOPOLOGY_NVLINK
+from infergrid.constants import RESOURCE_GPU, RESOURCE_VGPU, TOPOLOGY_NVLINK
 from infergrid.placement.fit import fit
 from infergrid.placement.gpu_choice import emptiest_gpu, fullest_gpu
 from infergrid.placement.policy import Policy
 from infergrid.placement.scoring import GPU_COUNT_WEIGHT, binpack_score, spread_score
-from infergrid.placement.shortfall import why_not_share
+from infergrid.placement.shortfall import why_not_share, why_not_whole
 from infergrid.placement.state import GpuState, NodeState
 from infergrid.placement.topology import choose_gpu_set
 from infergrid.pod_request import ContainerGpuRequest, PodGpuRequest
@@ -130,6 +132,7 @@ class OfferIndex:
         self._row_of: dict[str, int] = {}
         self._nodes: list[NodeState | None] = []
         self._stale_why: list[tuple[str, str] | None] = []
+        self._busy_why: list[_BusyWhy] = []
         self._spare: list[int] = []
         self._signatures: dict[tuple[object, int], npt.NDArray[np.int64]] = {}
         self._height = 0
@@ -164,10 +167,14 @@ class OfferIndex:
             if row == len(self._nodes):
                 self._nodes.append(None)
                 self._stale_why.append(None)
+                self._busy_why.append(_BusyWhy(()))
             self._row_of[node.name] = row
         self._alloc(max(self._height, row + 1), max(self._width, len(gpus)))
         self._nodes[row] = node
         self._stale_why[row] = None
+        self._busy_why[row] = _BusyWhy(
+            tuple(s.reason for g in node.gpus if (s := why_not_whole(g)) is not None)
+        )
         self._write(row, node)
         return True
 
@@ -349,10 +356,11 @@ class OfferIndex:
     def _why_no_whole(
         self, rows: Rows, request: PodGpuRequest, policy: Policy
     ) -> tuple[Objects, list[str]]:
-        """``fit``'s first reason, worked out once per distinct (GPUs, free, largest NVLink set).
+        """``fit``'s reasons: the first worked out once per distinct (GPUs, free, largest
+        NVLink set), the busy GPUs' (after a count) from the row.
 
-        That reason (too few free GPUs, or no NVLink-connected set of enough)
-        depends on nothing else, so every node of a group shares it.
+        The first reason (too few free GPUs, or no NVLink-connected set of
+        enough) depends on nothing else, so every node of a group shares it.
         """
         columns = [self._gpu_count[rows], self._free_count[rows], self._largest[rows]]
 
@@ -361,7 +369,16 @@ class OfferIndex:
             return reason.message, reason.resource
 
         lines, short = _per_group(_packed(columns), line)
-        return lines, short.tolist()
+        counted = short == RESOURCE_GPU  # a count: every busy GPU says why, as in ``fit``
+        if not counted.any():
+            return lines, short.tolist()
+        (container,) = request.gpu_containers
+        prefix = f"container {container.name!r}: "
+        busy = [self._busy_why[row] for row in rows[counted].tolist()]
+        tails = np.empty(len(busy), dtype=object)
+        tails[:] = [b.joined(prefix) for b in busy]
+        lines[counted] = lines[counted] + tails
+        return lines, [*short.tolist(), *[RESOURCE_GPU] * sum(len(b.reasons) for b in busy)]
 
     # Writing a row.
 
@@ -456,6 +473,23 @@ class OfferIndex:
                 new[tuple(slice(0, n) for n in old.shape)] = old
             setattr(self, name, new)
         self._height, self._width = height, width
+
+
+class _BusyWhy:
+    """Why each GPU of a row cannot be taken whole, and those reasons as the tail of a
+    filter line per container prefix, joined once: most pods name the same container."""
+
+    __slots__ = ("_joined", "reasons")
+
+    def __init__(self, reasons: tuple[str, ...]) -> None:
+        self.reasons = reasons
+        self._joined: dict[str, str] = {}
+
+    def joined(self, prefix: str) -> str:
+        found = self._joined.get(prefix)
+        if found is None:
+            found = self._joined[prefix] = "".join(f"; {prefix}{r}" for r in self.reasons)
+        return found
 
 
 def _block(gpu: GpuState) -> int:

@@ -28,7 +28,7 @@ class Policy:
 
 
 def resolve_policy(name: str, workload: Workload = DEFAULT_WORKLOAD) -> Policy:
-    """The policy called ``name`` (binpack, spread or fgd, or a simulation-only one);
+    """The policy called ``name`` (one of ``PLACEMENT_POLICIES``, or a simulation-only one);
     ``workload`` matters to fgd only."""
     score = raw_scorer(name)
     choice = GPU_CHOICES.get(name) or SIMULATION_GPU_CHOICES.get(name)

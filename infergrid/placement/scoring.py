@@ -17,8 +17,8 @@ from infergrid.constants import (
     POLICY_BINPACK,
     POLICY_DOT_PRODUCT,
     POLICY_FGD,
+    POLICY_FGD_CLUSTER_AWARE,
     POLICY_FGD_PAPER,
-    POLICY_FGD_PLUS,
     POLICY_GPU_CLUSTERING,
     POLICY_GPU_PACKING,
     POLICY_RANDOM_FIT,
@@ -33,8 +33,8 @@ from infergrid.placement.baselines import (
     gpu_packing_score,
     random_fit_score,
 )
-from infergrid.placement.fgd_plus import fgd_plus_score
-from infergrid.placement.fragmentation import Workload, node_fragmentation
+from infergrid.placement.fgd_cluster_aware import fgd_cluster_aware_score
+from infergrid.placement.fragmentation import Workload, fragmentation_before, node_fragmentation
 from infergrid.placement.state import NodeState
 
 MAX_EXTENDER_PRIORITY: Final = 10
@@ -82,17 +82,21 @@ def spread_score(before: NodeState, after: NodeState, workload: Workload) -> flo
 
 def fgd_score(before: NodeState, after: NodeState, workload: Workload) -> float:
     """fgd: minus the increase in node fragmentation, so the smallest increase scores best."""
-    return node_fragmentation(before, workload) - node_fragmentation(after, workload)
+    return fragmentation_before(before, workload) - node_fragmentation(after, workload)
 
 
 RAW_SCORERS: Final[Mapping[str, RawScorer]] = MappingProxyType(
-    {POLICY_BINPACK: binpack_score, POLICY_SPREAD: spread_score, POLICY_FGD: fgd_score}
+    {
+        POLICY_BINPACK: binpack_score,
+        POLICY_SPREAD: spread_score,
+        POLICY_FGD: fgd_score,
+        POLICY_FGD_CLUSTER_AWARE: fgd_cluster_aware_score,
+    }
 )
 """The raw scorer of each policy a pod may ask for (``PLACEMENT_POLICIES``)."""
 
 SIMULATION_SCORERS: Final[Mapping[str, RawScorer]] = MappingProxyType(
     {
-        POLICY_FGD_PLUS: fgd_plus_score,
         POLICY_FGD_PAPER: fgd_paper_score,
         POLICY_BEST_FIT: best_fit_score,
         POLICY_DOT_PRODUCT: dot_product_score,
@@ -101,8 +105,8 @@ SIMULATION_SCORERS: Final[Mapping[str, RawScorer]] = MappingProxyType(
         POLICY_RANDOM_FIT: random_fit_score,
     }
 )
-"""Raw scorers of policies only the trace simulator runs: our fgd-plus, and the FGD paper's
-FGD and baselines. They resolve like any policy, but no pod can ask for them."""
+"""Raw scorers of policies only the trace simulator runs: the FGD paper's FGD and
+baselines. They resolve like any policy, but no pod can ask for them."""
 
 
 def policy_names() -> tuple[str, ...]:

@@ -4,6 +4,8 @@
 
 Runs (one policy on one seed) are independent; ``--jobs`` runs that many at
 once in worker processes. Progress goes to stderr, the report to stdout.
+The production policies learn their workload from the pods as the extender
+does; ``--workload trace`` feeds them the trace's typical pods instead.
 """
 
 import argparse
@@ -22,6 +24,7 @@ from infergrid.simulate.report import PolicyResult, TraceInfo, dumps, table, to_
 from infergrid.simulate.trace import MILLI_GPU, TraceNode, TracePod, load_nodes, load_pods
 
 DEFAULT_SEEDS: Final = "42-51"
+WORKLOADS: Final = ("learned", "trace")
 MAX_JOBS: Final = 64
 
 
@@ -48,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(str(k) for k in DEFAULT_CHECKPOINTS),
         help="arrived %% checkpoints to report (default 90,95,100,110,130)",
     )
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default=WORKLOADS[0],
+        help="what binpack, spread, fgd and fgd-cluster-aware score against: learned from "
+        "the pods as the extender does (default), or the trace's typical pods",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
     parser.add_argument("--json", action="store_true", help="print the JSON report")
     parser.add_argument("--png", help="also draw unallocated %% against arrived %% here")
@@ -66,7 +76,8 @@ def run(args: argparse.Namespace) -> str:
     nodes, pods = load_nodes(args.nodes), load_pods(args.pods)
     if not any(n.gpus for n in nodes):
         raise ContractError(args.nodes, "no node has a GPU")
-    results = simulate(nodes, pods, policies, seeds, args.inflation, args.jobs, args.quiet)
+    learned = args.workload == WORKLOADS[0]
+    results = simulate(nodes, pods, policies, seeds, args.inflation, args.jobs, args.quiet, learned)
     info = _trace_info(args.nodes, args.pods, nodes, pods)
     if args.png:
         title = f"{Path(args.pods).stem}: {len(seeds)} seed(s)"
@@ -84,18 +95,22 @@ def simulate(
     inflation: float = DEFAULT_INFLATION,
     jobs: int = 1,
     quiet: bool = True,
+    learned: bool = True,
 ) -> tuple[PolicyResult, ...]:
-    """Every policy on every seed; ``jobs`` > 1 runs them in that many worker processes."""
+    """Every policy on every seed; ``jobs`` > 1 runs them in that many worker processes.
+    ``learned``: the production policies learn their workload (see ``Scenario``)."""
     work = [(p, s) for p in policies for s in seeds]
     done: dict[tuple[str, int], RunResult] = {}
     if jobs == 1 or len(work) == 1:
-        _start_worker(nodes, pods, inflation)
+        _start_worker(nodes, pods, inflation, learned)
         for item in work:
             done[(item[0].name, item[1])] = _report(_run_one(item), quiet)
     else:
         context = multiprocessing.get_context("spawn")
         with context.Pool(
-            min(jobs, len(work)), initializer=_start_worker, initargs=(nodes, pods, inflation)
+            min(jobs, len(work)),
+            initializer=_start_worker,
+            initargs=(nodes, pods, inflation, learned),
         ) as pool:
             for result in pool.imap_unordered(_run_one, work):
                 done[(result.policy, result.seed)] = _report(result, quiet)
@@ -108,8 +123,10 @@ _WORKER: dict[str, object] = {}
 """The scenario of this process, built once by ``_start_worker``."""
 
 
-def _start_worker(nodes: Sequence[TraceNode], pods: Sequence[TracePod], inflation: float) -> None:
-    _WORKER["scenario"] = Scenario.of(nodes, pods)
+def _start_worker(
+    nodes: Sequence[TraceNode], pods: Sequence[TracePod], inflation: float, learned: bool
+) -> None:
+    _WORKER["scenario"] = Scenario.of(nodes, pods, learned)
     _WORKER["inflation"] = inflation
 
 

@@ -38,6 +38,13 @@ _COMPUTE_CAPABILITY: Final = "0.0"
 
 def node_state(node: TraceNode) -> NodeState:
     """The node with nothing placed, built by the core from an inventory as the extender's are."""
+    inventory = inventory_of(node)
+    state = build_node_state(inventory, idle_usage(inventory, _EPOCH), (), _EPOCH, _FRESH)
+    return replace(state, host=HostResources(node.cpu_milli, node.memory_mib))
+
+
+def inventory_of(node: TraceNode) -> GpuInventory:
+    """The GPUs the node's device plugin would publish: ``node.gpus`` alike GPUs."""
     gpus = tuple(
         Gpu(
             uuid=f"{node.name}/gpu{index}",
@@ -51,9 +58,7 @@ def node_state(node: TraceNode) -> NodeState:
         )
         for index in range(node.gpus)
     )
-    inventory = GpuInventory(node.name, gpus, share_slots=MAX_VGPU_SLOTS_PER_GPU)
-    state = build_node_state(inventory, idle_usage(inventory, _EPOCH), (), _EPOCH, _FRESH)
-    return replace(state, host=HostResources(node.cpu_milli, node.memory_mib))
+    return GpuInventory(node.name, gpus, share_slots=MAX_VGPU_SLOTS_PER_GPU)
 
 
 def share_of(gpu_milli: int) -> tuple[int, int]:

@@ -9,7 +9,7 @@ it picks a node from the scores:
   that, or their published numbers cannot be reproduced (dot-product's scores,
   for one, span only a few integers). Ours compare raw scores (to 9 decimals,
   as the core's GPU choice does), as ``best_node`` does for simulators;
-  fgd-plus steps its own.
+  fgd-cluster-aware steps its own.
 * ``tie_break``: ``order`` takes the first of the best nodes in the seed's
   node order. That is what the paper's runs did: its simulator pins
   kube-scheduler to a fork whose selectHost takes the lexicographically first
@@ -18,8 +18,10 @@ it picks a node from the scores:
   every equal node and packs far worse.) It is also what ``best_node`` does
   with names. ``random`` picks uniformly: random-fit's only choice.
 
-fgd, fgd-paper and fgd-plus weigh fragmentation over the trace's typical pods
-(``typical_workload``), like the paper; the other policies ignore the workload.
+fgd-paper weighs fragmentation over the trace's typical pods (``typical_workload``),
+like the paper; fgd and fgd-cluster-aware learn theirs from the pods as the extender
+does (``placement.LEARNING``), or read the trace's with ``--workload trace``; the other
+policies ignore the workload.
 """
 
 from collections import Counter
@@ -33,8 +35,8 @@ from infergrid.constants import (
     POLICY_BINPACK,
     POLICY_DOT_PRODUCT,
     POLICY_FGD,
+    POLICY_FGD_CLUSTER_AWARE,
     POLICY_FGD_PAPER,
-    POLICY_FGD_PLUS,
     POLICY_GPU_CLUSTERING,
     POLICY_GPU_PACKING,
     POLICY_RANDOM_FIT,
@@ -75,8 +77,8 @@ SIM_POLICIES: Final[Mapping[str, SimPolicy]] = MappingProxyType(
         p.name: p
         for p in (
             SimPolicy(
-                POLICY_FGD_PLUS,
-                POLICY_FGD_PLUS,
+                POLICY_FGD_CLUSTER_AWARE,
+                POLICY_FGD_CLUSTER_AWARE,
                 False,
                 "order",
                 None,

@@ -1,20 +1,28 @@
-"""Replaying one seed's arrivals, pod by pod, through the placement core.
+"""Replaying one seed's arrivals, pod by pod, through the extender's entry point.
 
 For each pod the replay does what kube-scheduler and the extender do together:
-``fit`` on every node (GPUs, and the pod's CPU, memory and GPU models), the
-policy's raw scorer on every node that fits, then the pick (``SimPolicy``); the
-chosen node becomes ``fit(...).after``. Nothing here decides placement.
+it asks the placement core's ``NodeSet`` (the one the extender's filter and
+prioritize ask) for every node's raw score (GPUs, and the pod's CPU, memory and
+GPU models, which kube-scheduler checks in a cluster), then picks
+(``SimPolicy``); the chosen node becomes ``NodeSet.place(...).after``, as bind
+does. Nothing here decides placement.
+
+The production policies score against the workload the extender would have:
+``LearnedWorkload`` fed the pods as they arrive, with the cluster's GPUs per
+model and CPU. ``Scenario.learned=False`` feeds them the trace's typical pods
+instead (what the paper's simulator does), to show what learning costs. The
+paper's policies always read the trace's.
 
 It is fast because nodes that look alike to placement are asked once. A node's
 signature is everything fit and the scorers read of it: its shape (model, GPU
 count, CPU, memory), its CPU and memory requested, and the multiset of its
 GPUs' holdings (GPU order does not matter: the simulated GPUs are alike, and
 neither the fits nor any scorer reads names or indices, only ties among equal
-GPUs do, and equal GPUs give equal results). Nodes are kept in groups by
-signature, and (signature, pod shape) → verdict is remembered for the whole run,
-so a pod costs one lookup per distinct node state, and the core runs only for
-states it has not seen with that shape. ``cache=False`` asks the core about
-every node, for tests that check both agree.
+GPUs do, and equal GPUs give equal results). The signature is the node's key
+in the node set, which memoises per key and pod shape, and nodes are kept in
+groups by signature: a pod asks about one node per group, and the core runs
+only for states it has not seen with that shape and workload. ``cache=False``
+keys every node apart, for tests that check both agree.
 """
 
 import math
@@ -24,11 +32,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
+import numpy as np
+
 from infergrid.placement import (
+    LEARNING,
     HostRequest,
+    LearnedWorkload,
+    NodeSet,
     NodeState,
+    Policy,
     Workload,
-    fit,
     free_capacity,
     node_fragmentation,
     resolve_policy,
@@ -44,8 +57,6 @@ from infergrid.simulate.trace import MILLI_GPU, TraceNode, TracePod
 SCORE_DIGITS: Final = 9
 """Raw scores equal to this many decimals tie, as in the core's GPU choice."""
 
-_UNSEEN: Final = object()
-
 Signature = tuple[object, ...]
 
 
@@ -54,9 +65,12 @@ class Scenario:
     """A trace ready to replay: node states built once, pods grouped by shape.
 
     ``requests`` holds each pod shape's request as the core sees it, and
-    ``workload`` the trace's typical pods (fgd's workload and the metric's M),
-    with how contested each GPU model of these nodes is and their CPU per GPU
-    (fgd-plus reads both).
+    ``workload`` the trace's typical pods (the metric's M, and the paper's
+    policies' workload), with how contested each GPU model of these nodes is and
+    their CPU per GPU (fgd-cluster-aware reads both); ``gpus_per_model`` and
+    ``cpu_milli`` are that cluster. ``learned`` says whether the production
+    policies learn their workload from the pods as the extender does (else they
+    read ``workload``).
     """
 
     nodes: tuple[TraceNode, ...]
@@ -67,9 +81,14 @@ class Scenario:
     requests: tuple[tuple[PodGpuRequest, HostRequest], ...]
     workload: Workload
     capacity_milli: int
+    gpus_per_model: tuple[tuple[str, int], ...] = ()
+    cpu_milli: int = 0
+    learned: bool = True
 
     @staticmethod
-    def of(nodes: Sequence[TraceNode], pods: Sequence[TracePod]) -> "Scenario":
+    def of(
+        nodes: Sequence[TraceNode], pods: Sequence[TracePod], learned: bool = True
+    ) -> "Scenario":
         node_kinds: dict[tuple[object, ...], int] = {}
         node_shapes = tuple(
             node_kinds.setdefault((n.model, n.gpus, n.cpu_milli, n.memory_mib), len(node_kinds))
@@ -81,6 +100,7 @@ class Scenario:
         gpus_per_model: dict[str, int] = {}
         for node in nodes:
             gpus_per_model[node.model] = gpus_per_model.get(node.model, 0) + node.gpus
+        cpu_milli = sum(n.cpu_milli for n in nodes)
         return Scenario(
             nodes=tuple(nodes),
             pods=tuple(pods),
@@ -88,11 +108,16 @@ class Scenario:
             node_shapes=node_shapes,
             pod_shapes=pod_shapes,
             requests=tuple(pod_request(first[s]) for s in range(len(pod_kinds))),
-            workload=with_cluster(
-                typical_workload(pods), gpus_per_model, sum(n.cpu_milli for n in nodes)
-            ),
+            workload=with_cluster(typical_workload(pods), gpus_per_model, cpu_milli),
             capacity_milli=sum(n.gpus for n in nodes) * MILLI_GPU,
+            gpus_per_model=tuple(sorted(gpus_per_model.items())),
+            cpu_milli=cpu_milli,
+            learned=learned,
         )
+
+    def cluster(self) -> tuple[dict[str, int], int]:
+        """(GPUs of each model, CPU millicores in all): what the extender reads of its nodes."""
+        return dict(self.gpus_per_model), self.cpu_milli
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +125,7 @@ class RunResult:
     """One policy on one seed: pods replayed, how many failed, time taken, the curves.
 
     ``evaluations`` counts the fits the core ran (each with a score when it fit).
+    ``learned`` says whether the policy learned its workload from the pods.
     """
 
     policy: str
@@ -109,6 +135,7 @@ class RunResult:
     seconds: float
     evaluations: int
     curves: Curves
+    learned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +146,15 @@ class Played:
     measurements: tuple[Measurement, ...]
     placed_on: tuple[str | None, ...]
     evaluations: int
+    learned: bool
 
 
 def play(scenario: Scenario, policy: SimPolicy, order: Arrivals, cache: bool = True) -> Played:
     """Give each arriving pod one attempt under ``policy``; nothing departs."""
     run = _Run(scenario, policy, order, cache)
     measurements = run.play()
-    return Played(tuple(measurements), tuple(run.placed_on), run.evaluations)
+    evaluations = run.node_set.evaluations
+    return Played(tuple(measurements), tuple(run.placed_on), evaluations, run.learned is not None)
 
 
 def replay(
@@ -147,39 +176,40 @@ def replay(
         seconds=time.perf_counter() - started,
         evaluations=played.evaluations,
         curves=curves(played.measurements),
+        learned=played.learned,
     )
 
 
-class _Group:
-    """Nodes that share a signature, and what the core said about them for each pod shape."""
-
-    __slots__ = ("members", "verdicts")
-
-    def __init__(self) -> None:
-        self.members: set[int] = set()
-        self.verdicts: dict[int, float | None] = {}
+def learns(scenario: Scenario, policy: SimPolicy) -> bool:
+    """Whether ``policy`` learns its workload in this scenario: the production policies that
+    read one do, unless the scenario feeds them the trace's."""
+    return scenario.learned and policy.core in LEARNING
 
 
 class _Run:
-    """The state of one replay: nodes by position in the seed's order, grouped by signature."""
+    """The state of one replay: nodes by position in the seed's order, grouped by signature,
+    and held in the node set under their signatures."""
 
     def __init__(self, scenario: Scenario, policy: SimPolicy, order: Arrivals, cache: bool) -> None:
         self.scenario = scenario
         self.sim = policy
         self.order = order
         self.cache = cache
+        self.learned = LearnedWorkload(scenario.cluster) if learns(scenario, policy) else None
         self.policy = resolve_policy(policy.core, scenario.workload)
         self.salts = random.Random(f"{order.seed}/salt")
         self.picks = random.Random(f"{order.seed}/pick")
         self.nodes = [scenario.states[i] for i in order.node_order]
         self.shapes = [scenario.node_shapes[i] for i in order.node_order]
         self.signatures = [self._signature(p) for p in range(len(self.nodes))]
-        self.known: dict[Signature, _Group] = {}
-        self.groups: dict[Signature, _Group] = {}
+        self.node_set = NodeSet(indexed=False)  # pods carry CPU: the exact core answers
+        self.groups: dict[Signature, set[int]] = {}
+        self.names: dict[Signature, str] = {}
+        """The name of one member of each group, in the groups' order: the one asked."""
         for position, signature in enumerate(self.signatures):
+            self.node_set.put(self.nodes[position], self._key(position, signature))
             self._join(position, signature)
         self.fragments: dict[Signature, tuple[float, float]] = {}
-        self.evaluations = 0
         self.failed = 0
         self.placed_on: list[str | None] = []
 
@@ -190,17 +220,18 @@ class _Run:
         capacity = self.scenario.capacity_milli
         arrived = allocated = 0
         out: list[Measurement] = []
-        for pod_index in self.order.pods:
+        for arrival, pod_index in enumerate(self.order.pods):
             shape = self.scenario.pod_shapes[pod_index]
             milli = self.scenario.pods[pod_index].gpu_request_milli
             arrived += milli
-            position = self._choose(shape)
+            policy = self._policy(arrival, shape)
+            position = self._choose(shape, policy)
             self.placed_on.append(None if position is None else self.nodes[position].name)
             if position is None:
                 self.failed += 1
             else:
                 old = frag_idle[position]
-                self._place(position, shape)
+                self._place(position, shape, policy)
                 frag_idle[position] = new = self._fragment(position)
                 frag += new[0] - old[0]
                 idle += new[1] - old[1]
@@ -210,6 +241,17 @@ class _Run:
             out.append(Measurement(arrived_pct, allocated_pct, rate, self.failed))
         return out
 
+    def _policy(self, arrival: int, shape: int) -> Policy:
+        """The policy as the extender resolves it for this pod: having seen it first, with
+        the workload learned so far (or the trace's, which never changes)."""
+        if self.learned is None:
+            return self.policy
+        self.learned.observe(str(arrival), *self.scenario.requests[shape])
+        workload = self.learned.workload()
+        if workload is not self.policy.workload:
+            self.policy = resolve_policy(self.sim.core, workload)
+        return self.policy
+
     def _signature(self, position: int) -> Signature:
         node = self.nodes[position]
         host = node.host
@@ -217,72 +259,66 @@ class _Run:
         requested = (host.requested_cpu_milli, host.requested_memory_mib) if host else (0, 0)
         return (self.shapes[position], *requested, tuple(held))
 
-    def _verdict(self, node: NodeState, shape: int) -> float | None:
-        """The node's score for the pod shape as the pick compares it; None if it does not fit."""
-        self.evaluations += 1
-        request, host = self.scenario.requests[shape]
-        result = fit(request, node, self.policy, host)
-        after = result.after
-        if after is None:
-            return None
-        raw = self.policy.raw_score(node, after, self.policy.workload)
-        return math.floor(raw) if self.sim.integer_scores else round(raw, SCORE_DIGITS)
+    def _key(self, position: int, signature: Signature) -> object:
+        """The node's key in the node set: its signature, shared by nodes alike; without
+        the cache, its own."""
+        return signature if self.cache else (position, signature)
 
-    def _choose(self, shape: int) -> int | None:
-        """The position the pod goes to, or None when no node fits."""
-        best: float | None = None
-        tied: list[set[int]] = []
-        for score, members in self._scored(shape):
-            if score is None:
-                continue
-            if best is None or score > best:
-                best, tied = score, [members]
-            elif score == best:
-                tied.append(members)
-        if best is None:
+    def _choose(self, shape: int, policy: Policy) -> int | None:
+        """The position the pod goes to, or None when no node fits: the node set scores
+        one node per group (every node, without the cache), the pick compares rounded."""
+        if self.cache:
+            names = list(self.names.values())
+            members = list(self.groups.values())
+        else:
+            names = [node.name for node in self.nodes]
+            members = [{p} for p in range(len(self.nodes))]
+        request, host = self.scenario.requests[shape]
+        raw = self.node_set.scores(names, request, policy, host)
+        fitting = np.flatnonzero(~np.isnan(raw)).tolist()
+        if not fitting:
             return None
+        rounded = [self._rounded(r) for r in raw[fitting].tolist()]
+        best = max(rounded)
+        tied = [members[at] for at, r in zip(fitting, rounded, strict=True) if r == best]
         if self.sim.tie_break == "order":
             return min(min(group) for group in tied)
         positions = sorted(p for group in tied for p in group)
         return positions[self.picks.randrange(len(positions))]
 
-    def _scored(self, shape: int) -> list[tuple[float | None, set[int]]]:
-        """(verdict, positions) for every node: by group, asking the core once per signature
-        and pod shape; or, without the cache, node by node."""
-        if not self.cache:
-            return [(self._verdict(node, shape), {p}) for p, node in enumerate(self.nodes)]
-        out = []
-        for group in self.groups.values():
-            verdicts = group.verdicts
-            score = verdicts.get(shape, _UNSEEN)
-            if score is _UNSEEN:
-                score = verdicts[shape] = self._verdict(self.nodes[min(group.members)], shape)
-            out.append((score, group.members))
-        return out
+    def _rounded(self, raw: float) -> float:
+        return math.floor(raw) if self.sim.integer_scores else round(raw, SCORE_DIGITS)
 
-    def _place(self, position: int, shape: int) -> None:
+    def _place(self, position: int, shape: int, policy: Policy) -> None:
         request, host = self.scenario.requests[shape]
-        policy = replace(self.policy, salt=self.salts.getrandbits(32))
-        after = fit(request, self.nodes[position], policy, host).after
+        salted = replace(policy, salt=self.salts.getrandbits(32))
+        after = self.node_set.place(self.nodes[position].name, request, salted, host).after
         if after is None:  # the pick only offers nodes that fit
             raise AssertionError(f"position {position} was picked but does not fit")
         self.nodes[position] = after
         old, new = self.signatures[position], self._signature(position)
         self.signatures[position] = new
-        group = self.groups[old]
-        group.members.discard(position)
-        if not group.members:
-            del self.groups[old]
+        self.node_set.put(after, self._key(position, new))
+        self._leave(position, old)
         self._join(position, new)
 
     def _join(self, position: int, signature: Signature) -> None:
-        """Put the node in its signature's group; a group keeps its verdicts while empty."""
-        group = self.known.get(signature)
+        """Put the node in its signature's group; a new group is named by it."""
+        group = self.groups.get(signature)
         if group is None:
-            group = self.known[signature] = _Group()
-        if not group.members:
-            self.groups[signature] = group
-        group.members.add(position)
+            group = self.groups[signature] = set()
+            self.names[signature] = self.nodes[position].name
+        group.add(position)
+
+    def _leave(self, position: int, signature: Signature) -> None:
+        """Take the node out of its group, which another member names from now on (groups
+        and names are changed together, so they list signatures in the same order)."""
+        group = self.groups[signature]
+        group.discard(position)
+        if not group:
+            del self.groups[signature], self.names[signature]
+        elif self.names[signature] == self.nodes[position].name:
+            self.names[signature] = self.nodes[next(iter(group))].name
 
     def _fragment(self, position: int) -> tuple[float, float]:
         """(F_n, idle(n)) of the node, in milli-GPUs, over the typical pods."""

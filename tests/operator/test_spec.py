@@ -147,3 +147,15 @@ def test_a_node_selector_passes_through_and_a_non_string_value_is_named():
     with pytest.raises(ContractError) as raised:
         parse({**MINIMAL, "scheduling": {"nodeSelector": {"zone": 3}}})
     assert raised.value.field == "spec.scheduling.nodeSelector[zone]"
+
+
+def test_the_cluster_aware_policy_is_asked_for_by_name():
+    spec = parse({**MINIMAL, "scheduling": {"policy": "fgd-cluster-aware"}})
+    assert spec.scheduling.policy == "fgd-cluster-aware"
+
+
+def test_an_unknown_policy_is_refused_naming_the_field():
+    with pytest.raises(ContractError) as raised:
+        parse({**MINIMAL, "scheduling": {"policy": "fgd-plus"}})
+    assert raised.value.field == "spec.scheduling.policy"
+    assert "'fgd-plus' is not one of binpack, spread, fgd, fgd-cluster-aware" in str(raised.value)

@@ -33,6 +33,7 @@ from infergrid.placement import (
     fit,
     resolve_policy,
 )
+from infergrid.placement.fit import surely_unfit
 from infergrid.placement.offers import MAX_GPUS
 from infergrid.pod_request import PodGpuRequest
 
@@ -175,11 +176,10 @@ def test_feasibility_scores_and_reasons_equal_the_core(data, request):
 
 
 def check_reason(state: NodeState, request: PodGpuRequest, reason: str, result) -> None:
-    """Stale nodes and whole GPUs get fit's first reason; a share one GPU's, or a count."""
+    """Stale nodes and whole GPUs get every reason fit gives; a share one GPU's, or a count."""
     (container,) = request.gpu_containers
     if not state.offers or container.kind == "whole":
-        expected = "; ".join(result.reasons) if not state.offers else result.reasons[0]
-        assert reason == expected
+        assert reason == "; ".join(result.reasons)
         return
     if reason.startswith(f"container {container.name!r}: none of "):
         assert not any(g.available and not g.mig_enabled and not g.exclusive for g in state.gpus), (
@@ -247,19 +247,23 @@ MEASURED = (
 )
 
 
+NO_WHOLE = (
+    "container 'engine': 0 of 2 GPUs free, needs 2; "
+    "container 'engine': GPU-0 (index 0): 24576 MiB in use, idle is under 512; "
+    "container 'engine': GPU-1 (index 1): held whole by another pod"
+)
+
+
 @pytest.mark.parametrize(
     ("request_", "reason", "resource"),
     [
-        (pod(share(8192)), MEASURED, RESOURCE_GPU_MEMORY),
-        (pod(whole(2)), "container 'engine': 0 of 2 GPUs free, needs 2", RESOURCE_GPU),
-        (
-            pod(whole(2), topology="nvlink"),
-            "container 'engine': 0 of 2 GPUs free, needs 2",
-            RESOURCE_GPU,
-        ),
+        (pod(share(8192)), MEASURED, [RESOURCE_GPU_MEMORY]),
+        (pod(whole(2)), NO_WHOLE, [RESOURCE_GPU] * 3),
+        (pod(whole(2), topology="nvlink"), NO_WHOLE, [RESOURCE_GPU] * 3),
     ],
 )
 def test_reasons_name_the_numbers_people_act_on(request_, reason, resource):
+    """A whole-GPU pod hears why each GPU is not free, not only how many are."""
     inv = inventory(inventory_gpu(0), inventory_gpu(1))
     node = node_of(inv, [held_whole(1)], used={0: 24576})
     index, _ = indexed([node])
@@ -267,7 +271,7 @@ def test_reasons_name_the_numbers_people_act_on(request_, reason, resource):
     assert index.fits(at, request_).tolist() == [False]
     why = index.why_not(at, request_, BINPACK)
     assert why.reasons == [reason]
-    assert why.resources == [resource]
+    assert why.resources == resource
 
 
 def test_a_missing_nvlink_is_named_with_the_largest_set():
@@ -294,3 +298,11 @@ def test_a_node_with_every_gpu_held_says_how_many_and_why():
 
 def _plain(index: int) -> GpuState:
     return GpuState(f"GPU-{index}", index, "M", 1024, 10, 0, True, True, MappingProxyType({}))
+
+
+@settings(max_examples=300, deadline=None)
+@given(nodes(), requests, st.sampled_from(POLICIES))
+def test_what_surely_unfit_refuses_the_core_refuses_too(state, request, policy):
+    """A scorer skips the fit where ``surely_unfit`` says so: it must never skip a fit."""
+    if surely_unfit(request, state, None):
+        assert not fit(request, state, policy).fits

@@ -1,7 +1,9 @@
-"""Raw scores per policy, the one normalise step, and the fit-and-score loop."""
+"""Raw scores per policy, the one normalise step, and the node set that asks them."""
 
 import math
+from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,12 +15,11 @@ from infergrid.placement import (
     GPU_CHOICES,
     MAX_EXTENDER_PRIORITY,
     RAW_SCORERS,
+    NodeSet,
     NodeState,
-    best_node,
     normalize_scores,
     raw_scorer,
     resolve_policy,
-    score_nodes,
 )
 from infergrid.placement.scoring import fullness
 
@@ -106,29 +107,42 @@ def nodes_with_one_fuller():
     ]
 
 
+def held(nodes: list[NodeState]) -> tuple[NodeSet, list[str]]:
+    node_set = NodeSet()
+    for node in nodes:
+        node_set.put(node, node.name)
+    return node_set, [n.name for n in nodes]
+
+
 @pytest.mark.parametrize(
     ("policy", "winner"),
     [(BINPACK, "fuller"), (SPREAD, "emptier"), (FGD, "fuller")],
     ids=["binpack", "spread", "fgd"],
 )
 def test_each_policy_prefers_its_node(policy, winner):
-    scored = score_nodes(pod(share(8192, 30)), nodes_with_one_fuller(), policy)
-    assert {s.node: s.score for s in scored}[winner] == MAX_EXTENDER_PRIORITY
-    assert best_node(scored).node == winner
+    node_set, names = held(nodes_with_one_fuller())
+    raw = node_set.scores(names, pod(share(8192, 30)), policy)
+    assert dict(zip(names, normalize_scores(raw.tolist()), strict=True))[winner] == (
+        MAX_EXTENDER_PRIORITY
+    )
+    assert names[int(np.nanargmax(raw))] == winner
 
 
-def test_infeasible_nodes_score_0_and_keep_their_shortfalls():
-    full = node_of(L4X2, [held_whole(0, 1)])
-    free = node_of(L4X2)
-    scored = score_nodes(pod(whole(1)), [full, free], BINPACK)
-    assert [(s.raw is None, s.score, s.fit.fits) for s in scored] == [
-        (True, 0, False),
-        (False, EQUAL_SCORE, True),
-    ]
-    assert scored[0].fit.reasons[0] == "container 'engine': 0 of 2 GPUs free, needs 1"
+def test_infeasible_nodes_score_nan_and_keep_every_shortfall():
+    node_set, names = held([replace(node_of(L4X2, [held_whole(0, 1)]), name="full"), node_of(L4X2)])
+    request = pod(whole(1))
+    raw = node_set.scores(names, request, BINPACK)
+    assert math.isnan(raw[0]) and not math.isnan(raw[1])
+    verdicts = node_set.filter(names, request, BINPACK)
+    assert verdicts.passed == [names[1]]
+    assert verdicts.failed["full"] == (
+        "container 'engine': 0 of 2 GPUs free, needs 1; "
+        "container 'engine': GPU-0 (index 0): held whole by another pod; "
+        "container 'engine': GPU-1 (index 1): held whole by another pod"
+    )
 
 
-def test_no_feasible_node_gives_no_best():
-    scored = score_nodes(pod(whole(3)), [node_of(L4X2)], BINPACK)
-    assert best_node(scored) is None
-    assert best_node(()) is None
+def test_no_feasible_node_scores_nothing():
+    node_set, names = held([node_of(L4X2)])
+    assert math.isnan(node_set.scores(names, pod(whole(3)), BINPACK)[0])
+    assert node_set.scores([], pod(whole(3)), BINPACK).tolist() == []

@@ -96,10 +96,32 @@ def test_unknown_and_unreadable_nodes_are_unresolvable_with_the_reason():
     assert ANNOTATION_GPU_INVENTORY in unresolvable["broken"]
 
 
-def test_an_invalid_pod_annotation_is_named_on_every_node():
+def test_an_unknown_policy_is_named_on_every_node_with_the_policies_there_are():
+    """kube-scheduler records the reason as FailedScheduling: the pod asked for a policy
+    that does not exist, and is never placed by another one instead."""
     pod = share_pod(1024, {ANNOTATION_PLACEMENT_POLICY: "densest"})
-    _, result = call(service(), "/filter", {"Pod": pod, "NodeNames": ["l4-0"]})
-    assert "placement-policy" in result["FailedAndUnresolvableNodes"]["l4-0"]
+    _, result = call(service(), "/filter", {"Pod": pod, "NodeNames": ["l4-0", "h100"]})
+    assert result["NodeNames"] == []
+    for reason in result["FailedAndUnresolvableNodes"].values():
+        assert reason == (
+            "invalid GPU request: metadata.annotations[infergrid.io/placement-policy]: "
+            "'densest' is not one of binpack, spread, fgd, fgd-cluster-aware"
+        )
+
+
+@pytest.mark.parametrize("asked", ["annotation", "default"])
+def test_the_cluster_aware_policy_is_served_by_annotation_or_as_the_default(asked):
+    svc = service()
+    if asked == "annotation":
+        pod = share_pod(30000, {ANNOTATION_PLACEMENT_POLICY: "fgd-cluster-aware"})
+    else:
+        svc.default_policy = "fgd-cluster-aware"
+        pod = share_pod(30000)
+    _, result = call(svc, "/filter", {"Pod": pod, "NodeNames": NAMES})
+    assert sorted(result["NodeNames"]) == ["a100-0", "a100-1", "h100", "local-a100"]
+    _, scores = call(svc, "/prioritize", {"Pod": pod, "NodeNames": NAMES})
+    by_node = {s["Host"]: s["Score"] for s in scores}
+    assert max(by_node.values()) == 10 and by_node["l4-0"] == 0
 
 
 def test_prioritize_returns_a_bare_array_on_0_to_10():

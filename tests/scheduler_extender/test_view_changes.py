@@ -25,15 +25,16 @@ from infergrid.constants import (
     ANNOTATION_GPU_ASSIGNMENT,
     ANNOTATION_GPU_INVENTORY,
     ANNOTATION_GPU_USAGE,
+    LABEL_GPU_PRODUCT,
     RESOURCE_GPU_MEMORY,
     RESOURCE_VGPU,
 )
 from infergrid.inventory import Gpu, GpuInventory, encode_inventory
-from infergrid.placement import offers, resolve_policy
+from infergrid.placement import Verdicts, offers, resolve_policy
 from infergrid.pod_request import parse_pod_request
 from infergrid.usage import GpuUsage, GpuUsageSample, encode_usage
-from scheduler_extender import watch_cache
-from scheduler_extender.view import PlacementView, Verdicts
+from scheduler_extender import decisions, watch_cache
+from scheduler_extender.view import PlacementView
 from scheduler_extender.watch_cache import ADDED, DELETED, MODIFIED, ClusterCache
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -95,11 +96,16 @@ def view(cache: ClusterCache) -> PlacementView:
 
 
 def filtered(view: PlacementView, mib: int = 16384) -> Verdicts:
-    return view.filter(NAMES, parse_pod_request(share_pod(mib)), BINPACK, NOW)
+    rows, missing = view.current(NAMES, NOW)
+    found = view.nodes.filter(NAMES, parse_pod_request(share_pod(mib)), BINPACK, rows, missing)
+    view.remember(found, len(NAMES))
+    return found
 
 
 def scored(view: PlacementView, names: list[str], mib: int = 4096) -> list[float]:
-    return view.raw_scores(names, parse_pod_request(share_pod(mib)), BINPACK, NOW).tolist()
+    rows, _ = view.current(names, NOW)
+    request = parse_pod_request(share_pod(mib))
+    return view.nodes.scores(names, request, BINPACK, rows=rows).tolist()
 
 
 def test_a_bind_between_filters_rejects_with_the_new_reason(cache, view):
@@ -153,3 +159,23 @@ def test_many_changes_between_calls_are_all_seen(cache, view):
     assert filtered(view, 12000).passed == ["b"]
     failed = filtered(view, 16384).failed
     assert "10746 MiB free" in failed["a"] and "14842 MiB free" in failed["b"]
+
+
+def test_the_learned_workload_reads_the_cluster_and_each_pods_cpu_and_models(cache, view):
+    """fgd-cluster-aware's inputs come from the extender's own cache: the GPUs and CPU of the
+    node list, and the CPU and GPU models of the pods it is asked about."""
+    for name in NAMES:
+        node = node_json(name)
+        node["status"] = {"allocatable": {"cpu": "7500m"}}
+        cache.apply_node(MODIFIED, node)
+    cache.apply_node(
+        ADDED, {"metadata": {"name": "cpu-only"}, "status": {"allocatable": {"cpu": "64"}}}
+    )
+    pod = share_pod(4096)
+    pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2"}
+    pod["spec"]["nodeSelector"] = {LABEL_GPU_PRODUCT: "NVIDIA-L4"}
+    decisions.filter_nodes(pod, NAMES, view, "binpack", NOW)
+    workload = view.workload()
+    ((demand, _),) = workload.tasks
+    assert (demand.cpu_milli, demand.gpu_models) == (2000, {"NVIDIA-L4"})
+    assert workload.cluster_cpu_per_gpu == 7500  # the CPU-only node's CPU feeds no GPU

@@ -1,11 +1,12 @@
-"""The view's whole-cluster answers against its node-by-node path through ``fit``.
+"""The extender's whole-cluster answers (view, then ``NodeSet``) against ``fit`` node by node.
 
 A random stream of pods of every kind is filtered, prioritized and bound on a
 small mixed fleet while heartbeats age past ``stale_after`` and come back,
 nodes break and return, and names the cache never heard of are asked about.
 The offer-index path must pass the same nodes, reject the same ones (with a
 reason ``fit`` also gives, or a count of why no GPU takes shares) and give the
-same raw scores, bit for bit, as a second view that runs ``fit`` per node.
+same raw scores, bit for bit, as ``fit`` and the scorer run per node on a second
+view's states.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from infergrid.constants import (
     ANNOTATION_GPU_USAGE,
     ANNOTATION_PLACEMENT_POLICY,
     ANNOTATION_TOPOLOGY,
+    PLACEMENT_POLICIES,
     RESOURCE_GPU,
     RESOURCE_GPU_CORES,
     RESOURCE_GPU_MEMORY,
@@ -33,6 +35,7 @@ from infergrid.constants import (
 from infergrid.fleet import load_fleet
 from infergrid.inventory import encode_inventory
 from infergrid.placement import (
+    Verdicts,
     fit,
     idle_usage,
     normalize_scores,
@@ -86,7 +89,7 @@ def pods(draw: st.DrawFn, uid: int) -> dict:
     containers = [{"name": "engine", "resources": {"limits": limits}}]
     if kind == "two":
         containers.append({"name": "side", "resources": {"limits": {RESOURCE_GPU: "1"}}})
-    annotations = {ANNOTATION_PLACEMENT_POLICY: draw(st.sampled_from(("binpack", "spread", "fgd")))}
+    annotations = {ANNOTATION_PLACEMENT_POLICY: draw(st.sampled_from(PLACEMENT_POLICIES))}
     if draw(st.booleans()):
         annotations[ANNOTATION_TOPOLOGY] = "nvlink"
     return {
@@ -104,6 +107,43 @@ steps = st.one_of(
     st.tuples(st.just("beat"), st.sampled_from(NAMES)),
     st.tuples(st.just("break"), st.sampled_from(NAMES)),
 )
+
+
+def fast_filter(view: PlacementView, names: list[str], request, policy, now) -> Verdicts:
+    rows, missing = view.current(names, now)
+    found = view.nodes.filter(names, request, policy, rows, missing)
+    view.remember(found, len(names))
+    return found
+
+
+def fast_scores(view: PlacementView, names: list[str], request, policy, now) -> np.ndarray:
+    rows, _ = view.current(names, now)
+    return view.nodes.scores(names, request, policy, rows=rows)
+
+
+def slow_filter(view: PlacementView, names: list[str], request, policy, now) -> Verdicts:
+    """``fit`` on each node's state, one by one."""
+    out = Verdicts([], np.zeros(0, dtype=np.int64), {}, {}, [])
+    for name in names:
+        state = view.node_state(name, now)
+        if isinstance(state, str):
+            out.unresolvable[name] = state
+            continue
+        result = fit(request, state, policy)
+        if result.fits:
+            out.passed.append(name)
+        else:
+            out.failed[name] = "; ".join(result.reasons)
+    return out
+
+
+def slow_scores(view: PlacementView, names: list[str], request, policy, now) -> np.ndarray:
+    raw = np.full(len(names), np.nan)
+    for at, name in enumerate(names):
+        state = view.node_state(name, now)
+        if not isinstance(state, str) and (after := fit(request, state, policy).after):
+            raw[at] = policy.raw_score(state, after, policy.workload)
+    return raw
 
 
 def reasons_agree(fast: str, slow: str) -> bool:
@@ -149,18 +189,16 @@ def run_plan(data, plan) -> None:
         pod = data.draw(pods(arg))
         request = parse_pod_request(pod)
         policy = resolve_policy(request.policy, fast.workload())
-        got = fast.filter(asked, request, policy, now)
-        want = slow._filter_each(asked, request, policy, now)
+        got = fast_filter(fast, asked, request, policy, now)
+        want = slow_filter(slow, asked, request, policy, now)
         assert got.passed == want.passed
         assert got.unresolvable == want.unresolvable
         assert got.failed.keys() == want.failed.keys()
         for name, reason in got.failed.items():
             assert reasons_agree(reason, want.failed[name]), (name, reason, want.failed[name])
         for names in (asked, got.passed):  # prioritize is asked about those that passed
-            fast_raw = fast.raw_scores(names, request, policy, now)
-            assert (
-                fast_raw.tobytes() == slow._raw_scores_each(names, request, policy, now).tobytes()
-            )
+            fast_raw = fast_scores(fast, names, request, policy, now)
+            assert fast_raw.tobytes() == slow_scores(slow, names, request, policy, now).tobytes()
         if got.passed:
             chosen = got.passed[arg % len(got.passed)]
             result = fit(request, fast.node_state(chosen, now), policy)

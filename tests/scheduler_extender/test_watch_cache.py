@@ -22,8 +22,11 @@ from infergrid.constants import (
     ANNOTATION_GPU_ASSIGNMENT,
     ANNOTATION_GPU_INVENTORY,
     ANNOTATION_GPU_USAGE,
+    RESOURCE_GPU_MEMORY,
+    RESOURCE_VGPU,
 )
 from infergrid.inventory import Gpu, GpuInventory, encode_inventory
+from infergrid.pod_request import parse_pod_request
 from infergrid.records import LIVE_PODS, node_record, pod_record
 from infergrid.usage import GpuUsage, GpuUsageSample, encode_usage
 from scheduler_extender import watch_cache
@@ -214,6 +217,159 @@ def test_a_relist_ends_reservations_it_answers_for(cache):
     assert cache.size()["reservations"] == 2
     cache.replace_all_pods(pods)
     assert cache.size()["reservations"] == 1
+
+
+# Tentative reservations: prioritize's prediction, held until bind, the watch or its deadline.
+
+REQUEST = parse_pod_request(
+    {"metadata": {}, "spec": {"containers": [{"name": "c", "resources": {
+        "limits": {RESOURCE_VGPU: "1", RESOURCE_GPU_MEMORY: "1024"}}}]}}
+)  # fmt: skip
+
+
+def asking(uid: str, node: str | None, cpu: str, memory: str = "1Gi", phase: str = "Running"):
+    """A pod of ``uid`` bound to ``node`` (None: not yet), requesting CPU and memory."""
+    pod = pod_json(uid, phase=phase)
+    pod["spec"]["containers"] = [
+        {"name": "c", "resources": {"requests": {"cpu": cpu, "memory": memory}}}
+    ]
+    if node is not None:
+        pod["spec"]["nodeName"] = node
+    return pod
+
+
+def test_each_node_sums_what_its_live_pods_request_gpu_or_not(cache):
+    cache.apply_node(ADDED, gpu_node("node-a"))
+    cache.apply_pod(ADDED, asking("a", None, "2"))
+    assert cache.requested_on("node-a") == (0, 0)  # pending: on no node yet
+    before = cache.node_version("node-a")
+    cache.apply_pod(MODIFIED, asking("a", "node-a", "2"))
+    cache.apply_pod(ADDED, asking("b", "node-a", "500m", "512Mi"))
+    assert cache.requested_on("node-a") == (2500, 1536)
+    assert cache.node_version("node-a") > before  # its state moved: rebuilt at the next call
+    cache.apply_pod(MODIFIED, asking("a", "node-a", "2", phase="Succeeded"))
+    cache.apply_pod(DELETED, asking("b", "node-a", "500m", "512Mi"))
+    assert cache.requested_on("node-a") == (0, 0)
+
+
+def test_a_relist_recounts_the_requests(cache):
+    cache.apply_pod(ADDED, asking("a", "node-a", "2"))
+    cache.replace_all_pods([asking("b", "node-b", "1")])
+    assert (cache.requested_on("node-a"), cache.requested_on("node-b")) == ((0, 0), (1000, 1024))
+
+
+def hold(cache: ClusterCache, uid: str, node: str = "node-a", until: float = 10.0) -> bool:
+    return cache.hold(uid, "ns", f"pod-{uid}", assignment(node), REQUEST, until)
+
+
+def bound_pod(uid: str, node: str, held: PodAssignment | None = None) -> dict:
+    pod = pod_json(uid, held, version="2")
+    pod["spec"]["nodeName"] = node
+    return pod
+
+
+def test_a_tentative_reservation_takes_its_gpus_but_is_not_a_binds(cache):
+    version = cache.node_version("node-a")
+    assert hold(cache, "u1")
+    assert cache.assignments_on("node-a") == [assignment("node-a")]
+    assert cache.node_version("node-a") > version  # filters rebuild the node at once
+    assert not cache.reserved("u1")
+    held = cache.tentative("u1")
+    assert held is not None and held.node == "node-a" and held.request == REQUEST
+
+
+def test_a_new_hold_of_the_pod_replaces_its_old_one(cache):
+    hold(cache, "u1", "node-a")
+    hold(cache, "u1", "node-b")
+    assert cache.assignments_on("node-a") == []
+    assert cache.assignments_on("node-b") == [assignment("node-b")]
+
+
+def test_no_hold_where_the_pod_already_has_its_gpus_or_is_bound(cache):
+    cache.reserve("u1", "ns", "pod-u1", assignment("node-a"))  # bind holds them
+    cache.apply_pod(ADDED, pod_json("u2", assignment("node-a")))  # its annotation holds them
+    cache.apply_pod(ADDED, bound_pod("u3", "node-a"))  # bound by someone else
+    assert not any(hold(cache, uid, "node-b") for uid in ("u1", "u2", "u3"))
+    assert cache.assignments_on("node-b") == []
+    assert all(cache.tentative(uid) is None for uid in ("u1", "u2", "u3"))
+
+
+def test_confirm_turns_a_hold_into_a_binds_reservation_that_never_runs_out(cache):
+    hold(cache, "u1", until=10.0)
+    version = cache.version
+    assert cache.confirm("u1")
+    assert cache.version == version  # the same GPUs stay taken: nothing to rebuild
+    assert cache.reserved("u1") and cache.tentative("u1") is None
+    assert cache.expire_tentative(now=1e9) == []
+    assert cache.assignments_on("node-a") == [assignment("node-a")]
+    assert not cache.confirm("u1") and not cache.confirm("nobody")
+
+
+def test_release_tentative_never_drops_a_binds_reservation(cache):
+    hold(cache, "u1")
+    cache.reserve("u2", "ns", "pod-u2", assignment("node-b"))
+    assert cache.release_tentative("u1") and not cache.release_tentative("u1")
+    assert not cache.release_tentative("u2")
+    assert cache.assignments_on("node-a") == [] and cache.reserved("u2")
+
+
+@pytest.mark.parametrize(
+    ("until", "now", "due"),
+    [(10.0, 9.999, False), (10.0, 10.0, True), (10.0, 10.001, True), (0.0, 0.0, True)],
+)
+def test_a_hold_runs_out_at_its_deadline(until, now, due):
+    assert watch_cache.is_due(until, now) is due
+
+
+def test_expiry_drops_the_holds_that_ran_out_and_only_those(cache):
+    hold(cache, "early", "node-a", until=5.0)
+    hold(cache, "late", "node-b", until=20.0)
+    hold(cache, "moved", "node-a", until=6.0)
+    hold(cache, "moved", "node-b", until=30.0)  # held again: the old deadline is void
+    assert cache.expire_tentative(now=4.0) == []
+    assert cache.expire_tentative(now=10.0) == ["early"]
+    assert cache.tentative("moved") is not None and cache.tentative("late") is not None
+    assert cache.expire_tentative(now=30.0) == ["late", "moved"]
+    assert cache.size()["reservations"] == 0
+
+
+def test_expiry_skips_holds_already_confirmed_or_released(cache):
+    hold(cache, "confirmed", until=5.0)
+    hold(cache, "released", until=5.0)
+    cache.confirm("confirmed")
+    cache.release_tentative("released")
+    assert cache.expire_tentative(now=10.0) == []
+    assert cache.reserved("confirmed")
+
+
+@pytest.mark.parametrize(
+    "event",
+    [(DELETED, pod_json("u1")), (MODIFIED, pod_json("u1", phase="Failed")),
+     (MODIFIED, bound_pod("u1", "node-b")), (MODIFIED, pod_json("u1", assignment("node-b")))],
+    ids=["deleted", "finished", "bound by someone else", "assigned by someone else"],
+)  # fmt: skip
+def test_the_watch_ends_a_hold_whose_pod_went_another_way(cache, event):
+    hold(cache, "u1", "node-a")
+    cache.apply_pod(*event)
+    assert cache.tentative("u1") is None and cache.assignments_on("node-a") == []
+
+
+def test_the_watch_keeps_a_hold_while_the_pod_waits_and_a_confirmed_one_once_it_is_bound(cache):
+    hold(cache, "u1", "node-a")
+    cache.apply_pod(MODIFIED, pod_json("u1", version="2"))  # not bound yet
+    assert cache.tentative("u1") is not None
+    cache.confirm("u1")
+    cache.apply_pod(MODIFIED, bound_pod("u1", "node-a"))  # the Binding before the annotation
+    assert cache.reserved("u1") and cache.assignments_on("node-a") == [assignment("node-a")]
+
+
+def test_a_relist_ends_a_hold_whose_pod_is_bound_or_gone_and_keeps_one_still_waiting(cache):
+    hold(cache, "bound", "node-a")
+    hold(cache, "gone", "node-a")
+    hold(cache, "waiting", "node-b")
+    cache.replace_all_pods([bound_pod("bound", "node-b"), pod_json("waiting")], cache.version)
+    assert cache.tentative("bound") is None and cache.tentative("gone") is None
+    assert cache.tentative("waiting") is not None
 
 
 # Versions.

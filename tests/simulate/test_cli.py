@@ -33,14 +33,27 @@ def simulate(capsys, trace, *flags):
 
 
 def test_the_table_has_a_row_per_policy(capsys, trace):
-    status, out, _ = simulate(capsys, trace, "--policies", "fgd-plus,best-fit", "--seeds", "1-2")
+    status, out, _ = simulate(
+        capsys, trace, "--policies", "fgd-cluster-aware,best-fit", "--seeds", "1-2"
+    )
     assert status == 0
     lines = out.splitlines()
     assert lines[0].split() == [
         "POLICY", "@90%", "@95%", "@100%", "@110%", "@130%", "MEAN@100%", "FRAG@100%",
         "FAILED", "S/RUN",
     ]  # fmt: skip
-    assert [line.split()[0] for line in lines[1:3]] == ["fgd-plus", "best-fit"]
+    assert [line.split()[0] for line in lines[1:3]] == ["fgd-cluster-aware", "best-fit"]
+
+
+def test_the_trace_workload_switch_runs_the_production_policies_unlearned(capsys, trace):
+    flags = ("--policies", "fgd,binpack", "--seeds", "1", "--json")
+    runs = {}
+    for workload in ("learned", "trace"):
+        status, out, _ = simulate(capsys, trace, *flags, "--workload", workload)
+        assert status == 0
+        runs[workload] = {p["name"]: p["checkpoints"] for p in json.loads(out)["policies"]}
+    # binpack reads no workload: the switch changes nothing there.
+    assert runs["learned"]["binpack"] == runs["trace"]["binpack"]
 
 
 def test_json_follows_the_documented_schema(capsys, trace):
@@ -97,7 +110,10 @@ def test_the_png_is_drawn(capsys, trace, tmp_path):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (("--policies", "tetris"), "error: policies: 'tetris' is not one of fgd-plus, fgd,"),
+        (
+            ("--policies", "tetris"),
+            "error: policies: 'tetris' is not one of fgd-cluster-aware, fgd,",
+        ),
         (("--seeds", "9-3"), "error: seeds: '9-3': the range runs backwards"),
         (("--seeds", "x"), "error: seeds: 'x' is not a seed or a range like 42-51"),
         (("--at", "140"), "error: at: 140 is not from 0 to 130"),

@@ -22,11 +22,11 @@ from infergrid.placement import (
     resolve_policy,
     with_cluster,
 )
-from infergrid.placement.fgd_plus import (
+from infergrid.placement.fgd_cluster_aware import (
     cpu_asked_per_gpu,
     cpu_short,
     cpu_to_keep,
-    fgd_plus_score,
+    fgd_cluster_aware_score,
     stranded_gpus,
 )
 from infergrid.simulate.cluster import node_state, pod_request
@@ -99,7 +99,7 @@ def test_the_extenders_policies_are_unchanged_and_simulation_ones_apart():
 
 def test_an_unknown_policy_lists_every_name():
     with pytest.raises(
-        ContractError, match="'tetris' is not one of binpack, spread, fgd, fgd-plus"
+        ContractError, match="'tetris' is not one of binpack, spread, fgd, fgd-cluster-aware"
     ):
         resolve_policy("tetris")
 
@@ -161,7 +161,7 @@ def test_fgd_paper_is_the_sigmoid_of_fgds_decrease():
     assert scored("fgd-paper", before, 1000, workload=workload) == pytest.approx(expected)
 
 
-# --- fgd-plus ------------------------------------------------------------------------------
+# --- fgd-cluster-aware ---------------------------------------------------------------------------
 
 
 def test_gpu_pods_cpu_per_gpu_weighs_tasks_by_popularity_and_gpus():
@@ -195,7 +195,7 @@ def test_model_contention_is_demand_per_gpu_against_the_cluster():
     }
 
 
-def test_fgd_plus_keeps_pods_that_run_anywhere_off_contested_models():
+def test_fgd_cluster_aware_keeps_pods_that_run_anywhere_off_contested_models():
     base = Workload(
         (
             (Demand(whole_gpus=1, cpu_milli=8000), 0.5),
@@ -204,19 +204,19 @@ def test_fgd_plus_keeps_pods_that_run_anywhere_off_contested_models():
     )
     workload = with_cluster(base, {"T4": 2, "G2": 8})
     t4, g2 = a_node(model="T4"), a_node(model="G2")
-    on_t4 = fgd_plus_score(t4, place(t4, 1000), workload)
-    on_g2 = fgd_plus_score(g2, place(g2, 1000), workload)
+    on_t4 = fgd_cluster_aware_score(t4, place(t4, 1000), workload)
+    on_g2 = fgd_cluster_aware_score(g2, place(g2, 1000), workload)
     assert on_g2 > on_t4
     assert on_t4 == math.floor(-(0.6 / 2 / 0.1 - 1) / 0.04 + 1e-9)
 
 
-def test_fgd_plus_prices_stranding_the_cpu_of_idle_gpus():
+def test_fgd_cluster_aware_prices_stranding_the_cpu_of_idle_gpus():
     workload = Workload(((Demand(whole_gpus=1, cpu_milli=8000), 1.0),))
     lean = a_node(gpus=2, cpu=20000)  # 20 cores for 2 GPUs of 8 cores each
     rich = a_node(gpus=2, cpu=64000)
     # A CPU-only pod of 12 cores strands one GPU on the lean node, none on the rich one.
-    on_lean = fgd_plus_score(lean, place(lean, 0, num_gpu=0, cpu=12000), workload)
-    on_rich = fgd_plus_score(rich, place(rich, 0, num_gpu=0, cpu=12000), workload)
+    on_lean = fgd_cluster_aware_score(lean, place(lean, 0, num_gpu=0, cpu=12000), workload)
+    on_rich = fgd_cluster_aware_score(rich, place(rich, 0, num_gpu=0, cpu=12000), workload)
     assert math.floor(on_lean) == -25  # one stranded GPU, in steps of 0.04
     assert math.floor(on_rich) == 0
     assert on_rich > 0  # ties among CPU-only placements go to the most spare CPU
@@ -240,24 +240,24 @@ def test_cpu_is_short_where_the_workload_asks_more_per_gpu_than_the_cluster_has(
     assert cpu_to_keep(tight) == 12000  # the CPU-only pods' 4 cores per GPU kept as well
 
 
-def test_fgd_plus_keeps_cpu_for_cpu_only_pods_where_cpu_is_short():
+def test_fgd_cluster_aware_keeps_cpu_for_cpu_only_pods_where_cpu_is_short():
     tight = Workload(((GPU_POD, 0.5), (CPU_POD, 0.5)), cluster_cpu_per_gpu=10000)
     node = a_node(gpus=2, cpu=24000)
     after = place(node, 0, num_gpu=0, cpu=4000)
     # c = 12 cores: the 20 left feed 5/3 of the 2 free GPUs, 1/3 stranded, 8.33 steps
     # down; the tie-break takes 0.01 per free GPU and has no spare CPU to add.
-    assert fgd_plus_score(node, after, tight) == pytest.approx(-9 - 0.02)
+    assert fgd_cluster_aware_score(node, after, tight) == pytest.approx(-9 - 0.02)
     # Not short (c = 8 cores): nothing stranded, and 0.5 GPU of spare CPU.
     roomy = replace(tight, cluster_cpu_per_gpu=12000)
-    assert fgd_plus_score(node, after, roomy) == pytest.approx(1e-5 * 0.5)
+    assert fgd_cluster_aware_score(node, after, roomy) == pytest.approx(1e-5 * 0.5)
 
 
-def test_fgd_plus_sends_cpu_only_pods_to_taken_gpus_where_cpu_is_short():
+def test_fgd_cluster_aware_sends_cpu_only_pods_to_taken_gpus_where_cpu_is_short():
     tight = Workload(((GPU_POD, 0.5), (CPU_POD, 0.5)), cluster_cpu_per_gpu=10000)
     idle = a_node(gpus=2, cpu=96000)
     taken = place(a_node(gpus=2, cpu=64000), 1000, num_gpu=2, cpu=8000)  # 56 cores left
-    on_idle = fgd_plus_score(idle, place(idle, 0, num_gpu=0, cpu=4000), tight)
-    on_taken = fgd_plus_score(taken, place(taken, 0, num_gpu=0, cpu=4000), tight)
+    on_idle = fgd_cluster_aware_score(idle, place(idle, 0, num_gpu=0, cpu=4000), tight)
+    on_taken = fgd_cluster_aware_score(taken, place(taken, 0, num_gpu=0, cpu=4000), tight)
     # Both score step 0. Spare CPU at 12 cores per GPU: 92 cores feed 7.67 GPUs, 5.67
     # beyond the 2 free; 52 cores 4.33, all spare. Free GPUs come first: 2 cost 0.02.
     assert on_idle == pytest.approx(1e-7 * (92 / 12 - 2) - 0.02)
@@ -265,6 +265,6 @@ def test_fgd_plus_sends_cpu_only_pods_to_taken_gpus_where_cpu_is_short():
     assert on_taken > on_idle
     # Where CPU is not short, the most spare CPU wins: 92 / 8 − 2 = 9.5 against 6.5.
     roomy = replace(tight, cluster_cpu_per_gpu=0.0)
-    assert fgd_plus_score(idle, place(idle, 0, num_gpu=0, cpu=4000), roomy) > fgd_plus_score(
-        taken, place(taken, 0, num_gpu=0, cpu=4000), roomy
-    )
+    assert fgd_cluster_aware_score(
+        idle, place(idle, 0, num_gpu=0, cpu=4000), roomy
+    ) > fgd_cluster_aware_score(taken, place(taken, 0, num_gpu=0, cpu=4000), roomy)

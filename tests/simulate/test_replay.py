@@ -118,3 +118,16 @@ def test_a_replay_is_deterministic_per_seed():
     scenario = Scenario.of(nodes, pods)
     random_fit = sim_policy("random-fit")
     assert replay(scenario, random_fit, 8).curves == replay(scenario, random_fit, 8).curves
+
+
+def test_production_policies_learn_their_workload_unless_fed_the_trace():
+    """fgd and fgd-cluster-aware learn as the extender does; the paper's policies (and
+    binpack and spread, which read no workload) never learn."""
+    nodes = [node("a", 2), node("b", 2)]
+    pods = [pod("s", 300), pod("w", 1000)]
+    learned, fed = Scenario.of(nodes, pods), Scenario.of(nodes, pods, learned=False)
+    for name in ("fgd", "fgd-cluster-aware"):
+        assert replay(learned, SIM_POLICIES[name], 1).learned
+        assert not replay(fed, SIM_POLICIES[name], 1).learned
+    for name in ("binpack", "best-fit", "fgd-paper"):
+        assert not replay(learned, SIM_POLICIES[name], 1).learned

@@ -59,6 +59,7 @@ defaultPolicy: {{ .Values.scheduler.extender.defaultPolicy }}
 staleAfterSeconds: {{ .Values.scheduler.extender.staleAfterSeconds }}
 resyncSeconds: {{ .Values.scheduler.extender.resyncSeconds }}
 bindWaitSeconds: {{ .Values.scheduler.extender.bindWaitSeconds }}
+tentativeReservationSeconds: {{ .Values.scheduler.extender.tentativeReservationSeconds }}
 leaderElection: true
 leaseNamespace: {{ .Release.Namespace }}
 leaseName: {{ include "infergrid.extender.lease" . }}

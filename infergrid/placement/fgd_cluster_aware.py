@@ -1,4 +1,4 @@
-"""fgd-plus: FGD, plus the three things it ignores that decide packing on the openb trace.
+"""fgd-cluster-aware: FGD, plus the three things it ignores that decide packing on openb.
 
 The score of a placement, higher is better, in whole GPUs:
 
@@ -40,7 +40,12 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Final
 
-from infergrid.placement.fragmentation import Workload, free_capacity, node_fragmentation
+from infergrid.placement.fragmentation import (
+    Workload,
+    fragmentation_before,
+    free_capacity,
+    node_fragmentation,
+)
 from infergrid.placement.state import ALL_CORES, NodeState
 
 RESOLUTION: Final = 0.04
@@ -150,7 +155,7 @@ def model_contention(workload: Workload, gpus_per_model: Mapping[str, int]) -> d
 def with_cluster(
     workload: Workload, gpus_per_model: Mapping[str, int], cpu_milli: int = 0
 ) -> Workload:
-    """``workload`` carrying what fgd-plus reads of the cluster it runs on: how contested
+    """``workload`` carrying what fgd-cluster-aware reads of the cluster it runs on: how contested
     each model is, given the GPUs of each, and the cluster's CPU per GPU (``cpu_milli`` in
     all; 0: not known)."""
     contention = model_contention(workload, gpus_per_model)
@@ -159,10 +164,10 @@ def with_cluster(
     return replace(workload, contention=MappingProxyType(contention), cluster_cpu_per_gpu=per_gpu)
 
 
-def fgd_plus_score(before: NodeState, after: NodeState, workload: Workload) -> float:
-    """fgd-plus (see the module): quantised FGD, less stranded GPUs and contested models."""
+def fgd_cluster_aware_score(before: NodeState, after: NodeState, workload: Workload) -> float:
+    """fgd-cluster-aware (see the module): quantised FGD, less stranded GPUs, contested models."""
     short, per_gpu = _cpu_plan(workload)
-    decrease = node_fragmentation(before, workload) - node_fragmentation(after, workload)
+    decrease = fragmentation_before(before, workload) - node_fragmentation(after, workload)
     stranded = stranded_gpus(after, per_gpu) - stranded_gpus(before, per_gpu)
     taken = free_gpus(before) - free_gpus(after)
     contested = workload.contention.get(before.product, 0.0) * taken
