@@ -1,15 +1,15 @@
 """What a pod asks of a node besides GPUs, read from its Kubernetes JSON: the CPU and
 memory requests kube-scheduler counts, and the GPU models its node selection allows.
 
-kube-scheduler checks these itself; the extender reads them only to learn the
-typical pods that fgd and fgd-cluster-aware score against (``LearnedWorkload``),
-as the trace simulator's pods carry them. The amounts follow Kubernetes' rule for
+kube-scheduler checks these itself; the extender reads them to learn the typical
+pods that fgd and fgd-cluster-aware score against (``LearnedWorkload``), to count
+what each node's pods request, and to score a pod with its CPU, as the trace
+simulator's pods carry them. The amounts follow Kubernetes' rule for
 a pod's effective request: the larger of what its containers (and sidecars) need
 together and what any init container needs while the sidecars declared before it
 run, plus the pod's overhead.
 """
 
-import math
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -20,13 +20,18 @@ from infergrid.quantity import parse_milli_quantity, parse_whole_quantity
 MIB: Final = 1 << 20
 
 
+def mib_rounded_up(amount: int) -> int:
+    """Bytes in MiB, rounded up (exact: no float for amounts up to 2^63)."""
+    return -(-amount // MIB)
+
+
 def parse_host_request(pod: dict[str, Any]) -> HostRequest:
     """The pod's effective CPU (millicores) and memory (MiB, rounded up) requests and the
     GPU models it may run on (empty: any). A bad amount raises a ContractError naming it."""
     spec = pod.get("spec") or {}
     cpu = _effective(spec, "cpu", parse_milli_quantity)
     memory = _effective(spec, "memory", parse_whole_quantity)
-    return HostRequest(cpu, math.ceil(memory / MIB), gpu_models(spec))
+    return HostRequest(cpu, mib_rounded_up(memory), gpu_models(spec))
 
 
 def gpu_models(spec: dict[str, Any]) -> frozenset[str]:

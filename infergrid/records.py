@@ -21,7 +21,7 @@ from infergrid.constants import (
 from infergrid.errors import ContractError
 from infergrid.inventory import GpuInventory, decode_inventory
 from infergrid.placement.host import HostRequest
-from infergrid.pod_host import MIB, parse_host_request
+from infergrid.pod_host import mib_rounded_up, parse_host_request
 from infergrid.quantity import parse_milli_quantity, parse_whole_quantity
 from infergrid.usage import GpuUsage, decode_usage
 
@@ -102,7 +102,7 @@ def _allocatable(node: dict[str, Any]) -> tuple[int, int]:
         memory = parse_whole_quantity(allocatable.get("memory", 0), "status.allocatable.memory")
     except ContractError:
         return 0, 0
-    return cpu, -(-memory // MIB)
+    return cpu, mib_rounded_up(memory)
 
 
 def pod_record(pod: dict[str, Any]) -> PodRecord:

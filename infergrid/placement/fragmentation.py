@@ -28,7 +28,7 @@ extender's tasks carry no CPU and no models; the trace simulator's do.
 """
 
 import math
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -36,10 +36,10 @@ from typing import Final
 
 from infergrid.errors import ContractError
 from infergrid.placement.state import ALL_CORES, GpuState, NodeState
-from infergrid.pod_request import ContainerGpuRequest, PodGpuRequest
+from infergrid.pod_request import ContainerGpuRequest
 
 WORKLOAD_WINDOW: Final = 1000
-"""Pods, most recent last, that ``Workload.from_requests`` looks at: recent enough to follow
+"""Pods, most recent last, that ``LearnedWorkload`` learns from: recent enough to follow
 what people deploy now, long enough that one burst does not decide."""
 
 TYPICAL_COVERAGE: Final = 0.95
@@ -159,23 +159,6 @@ class Workload:
         if not (math.isfinite(total) and total > 0):
             raise ContractError("workload", "weights must be positive numbers")
         return Workload(tuple((d, w / total) for d, w in pairs))
-
-    @staticmethod
-    def from_requests(
-        requests: Iterable[PodGpuRequest],
-        window: int = WORKLOAD_WINDOW,
-        coverage: float = TYPICAL_COVERAGE,
-        max_types: int = MAX_TASK_TYPES,
-    ) -> "Workload":
-        """The typical task types of the last ``window`` pods' GPU containers; see
-        ``from_demands``."""
-        demands = (
-            demand
-            for pod in deque(requests, maxlen=max(window, 0))
-            for container in pod.gpu_containers
-            if (demand := Demand.of(container)) is not None
-        )
-        return Workload.from_demands(demands, coverage, max_types)
 
     @staticmethod
     def from_demands(

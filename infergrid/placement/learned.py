@@ -8,11 +8,11 @@ carries its GPUs, and the CPU and GPU models it asks for, as the paper's typical
 pods do: fgd-cluster-aware reads both.
 
 The distribution is re-read at the first pod and then every ``WORKLOAD_REFRESH`` new
-pods, but a re-read is adopted only
-when it has drifted from the one in use by ``WORKLOAD_DRIFT`` or more, or the
-cluster changed: each adoption changes the scores of every node, and so empties
-the memo of decisions, while a window of random arrivals wobbles by a few percent
-from one re-read to the next without saying anything new.
+pods, but a re-read is adopted only when it has drifted from the one in use by
+``WORKLOAD_DRIFT`` or more, or the cluster changed: each adoption changes the scores
+of every node, and so empties the memo of decisions, while a window of random
+arrivals wobbles by a few percent from one re-read to the next without saying
+anything new.
 """
 
 from collections import deque

@@ -16,6 +16,7 @@ from infergrid.placement import (
     node_fragmentation,
     task_fragmentation,
 )
+from infergrid.placement.learned import pod_demands
 from infergrid.placement.reserve import reserved_share
 from infergrid.placement.scoring import fgd_score
 
@@ -87,33 +88,33 @@ def test_the_tally_predicts_one_gpu_change_exactly():
         assert tally.total_if(old, new) == pytest.approx(expected)
 
 
+def typical(pods, **limits) -> Workload:
+    """The typical task types of the pods' GPU containers, as the learned workload reads them."""
+    return Workload.from_demands((d for p in pods for d in pod_demands(p)), **limits)
+
+
 def test_a_workload_from_requests_counts_gpu_containers():
     pods = [pod(share(8192, 30))] * 3 + [pod(whole(2), mig("3g.40gb", name="m"))]
-    workload = Workload.from_requests(pods)
+    workload = typical(pods)
     assert workload.tasks == ((Demand(memory_mib=8192, cores=30), 0.75), (WHOLE_2, 0.25))
 
 
 def test_no_requests_give_the_default_workload():
-    assert Workload.from_requests([]) is DEFAULT_WORKLOAD
-    assert Workload.from_requests([pod(mig("1g.10gb"))]) is DEFAULT_WORKLOAD
+    assert typical([]) is DEFAULT_WORKLOAD
+    assert typical([pod(mig("1g.10gb"))]) is DEFAULT_WORKLOAD
     assert DEFAULT_WORKLOAD.tasks == ((WHOLE_1, 1.0),)
-
-
-def test_only_the_window_of_recent_pods_counts():
-    pods = [pod(whole(1))] * 10 + [pod(whole(2))] * 3
-    assert Workload.from_requests(pods, window=3).tasks == ((WHOLE_2, 1.0),)
 
 
 def test_typical_types_cover_95_percent_then_stop():
     pods = [pod(whole(1))] * 90 + [pod(whole(2))] * 6 + [pod(whole(4))] * 4
-    workload = Workload.from_requests(pods)
+    workload = typical(pods)
     assert workload.tasks == ((WHOLE_1, 90 / 96), (WHOLE_2, 6 / 96))
-    assert Workload.from_requests(pods, max_types=1).tasks == ((WHOLE_1, 1.0),)
+    assert typical(pods, max_types=1).tasks == ((WHOLE_1, 1.0),)
 
 
 def test_equal_counts_rank_the_smaller_demand_first():
     pods = [pod(whole(2)), pod(whole(1))]
-    assert Workload.from_requests(pods, coverage=0.5).tasks == ((WHOLE_1, 1.0),)
+    assert typical(pods, coverage=0.5).tasks == ((WHOLE_1, 1.0),)
 
 
 @pytest.mark.parametrize(

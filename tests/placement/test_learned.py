@@ -2,6 +2,7 @@
 sees: each pod's GPUs with its CPU and GPU models, adopted only when it says something new."""
 
 from infergrid.placement import Demand, HostRequest, LearnedWorkload, Workload
+from infergrid.placement.fragmentation import WORKLOAD_WINDOW
 from infergrid.placement.learned import WORKLOAD_DRIFT, WORKLOAD_REFRESH, drift, pod_demands
 from tests.placement.builders import pod, share, whole
 
@@ -65,3 +66,11 @@ def test_drift_is_the_popularity_that_moved():
     b = Workload.of([(one, 1.0), (two, 1.0)])
     assert abs(drift(a, b) - 0.25) < 1e-9
     assert drift(a, a) == 0
+
+
+def test_only_the_window_of_recent_pods_counts():
+    learned = LearnedWorkload()
+    feed(learned, 0, WORKLOAD_WINDOW, pod(whole(1)))
+    assert feed(learned, WORKLOAD_WINDOW, WORKLOAD_WINDOW, pod(whole(2))).tasks == (
+        (Demand(whole_gpus=2), 1.0),
+    )
