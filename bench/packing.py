@@ -581,9 +581,9 @@ NOTES = [
     "paper's FGD; "
     "fgd, binpack and spread have no paper counterpart. For the sweep's time budget they "
     "ran on the default trace, binpack also on every cpu* trace, and fgd and spread also "
-    "on cpu250. The seeds column of each table says how many seeds a cell has: the learned "
-    "fgd-cluster-aware sweep has 6 seeds on cpu250 (`--policies fgd-cluster-aware` resumes "
-    "it). There it leaves about 6.7%, against 5.05 fed the trace's workload: the CPU-only "
+    "on cpu250. The seeds column of each table says how many seeds a cell has. On cpu250 "
+    "the learned fgd-cluster-aware leaves about 6.7%, against 5.05 fed the trace's "
+    "workload: the CPU-only "
     "pods never reach the extender (kube-scheduler calls it only for pods asking for its "
     "resources), so the learned workload cannot see that CPU runs short.",
     "",
