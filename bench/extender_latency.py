@@ -9,8 +9,9 @@ tentative reservations where its revision has them (bind then confirms the
 hold). ``--baseline REV`` serves the same cache and pods from that revision's
 code too, row beside row, and prints each of this checkout's p99s over the
 baseline's under the same policy (or, for a policy the baseline lacks, over its
-binpack). Throughput through the real kube-scheduler, with the wait for binds and
-with tentative reservations, is ``bench/burst_placement.py``'s.
+binpack, its default, and its fgd). Throughput through the real kube-scheduler,
+with the wait for binds and with tentative reservations, is
+``bench/burst_placement.py``'s.
 
     .venv/bin/python -m bench.extender_latency --nodes 100,1000,5000 [--pods 200]
         [--policies binpack,fgd,fgd-cluster-aware] [--baseline b67179c] [--json]
@@ -128,20 +129,23 @@ def policies_of(tree: Path) -> set[str]:
 
 
 def ratios(rows: list[dict]) -> list[dict]:
-    """Each of this checkout's p99s over the baseline's at the same size: same policy, or
-    the baseline's binpack (its default) for a policy it lacks."""
+    """Each of this checkout's p99s over the baseline's at the same size: same policy, or,
+    for a policy the baseline lacks, over its binpack (its default) and its fgd."""
     base = {(r["nodes"], r["policy"]): r for r in rows if r["code"] != CURRENT}
     out = []
     for r in rows:
         if r["code"] != CURRENT:
             continue
-        b = base.get((r["nodes"], r["policy"])) or base.get((r["nodes"], "binpack"))
-        if b is None:
-            continue
-        out.append({"nodes": r["nodes"], "policy": r["policy"], "against": b["policy"],
-                    "filter_p99": round(r["filter"]["p99_ms"] / b["filter"]["p99_ms"], 3),
-                    "prioritize_p99": round(
-                        r["prioritize"]["p99_ms"] / b["prioritize"]["p99_ms"], 3)})  # fmt: skip
+        same = (r["nodes"], r["policy"])
+        keys = [same] if same in base else [(r["nodes"], p) for p in ("binpack", "fgd")]
+        for key in keys:
+            b = base.get(key)
+            if b is None:
+                continue
+            out.append({"nodes": r["nodes"], "policy": r["policy"], "against": b["policy"],
+                        "filter_p99": round(r["filter"]["p99_ms"] / b["filter"]["p99_ms"], 3),
+                        "prioritize_p99": round(
+                            r["prioritize"]["p99_ms"] / b["prioritize"]["p99_ms"], 3)})  # fmt: skip
     return out
 
 

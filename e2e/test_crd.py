@@ -93,7 +93,9 @@ def test_defaults_are_filled_in(cluster, namespace, infsvc_crd):
         "maxQueueDelayMs": 5,
         "maxQueueSize": 256,
     }
-    assert spec["scheduling"] == {"policy": "binpack"}  # the scheduler: the operator's setting
+    assert spec["scheduling"] == {
+        "policy": "fgd-cluster-aware"
+    }  # the scheduler: the operator's setting
     assert spec["replicas"] == 1
     assert spec["autoscaling"] == {
         "enabled": False,

@@ -49,7 +49,7 @@ POLICY_FGD: Final = "fgd"
 # fgd, plus what it ignores of the cluster: CPU per GPU and how contested each GPU model is.
 POLICY_FGD_CLUSTER_AWARE: Final = "fgd-cluster-aware"
 PLACEMENT_POLICIES: Final = (POLICY_BINPACK, POLICY_SPREAD, POLICY_FGD, POLICY_FGD_CLUSTER_AWARE)
-DEFAULT_POLICY: Final = POLICY_BINPACK
+DEFAULT_POLICY: Final = POLICY_FGD_CLUSTER_AWARE
 
 # Policies only the trace simulator runs, to compare with the ones above: the
 # baselines of the FGD paper (USENIX ATC '23). Pods cannot ask for them.

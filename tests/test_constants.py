@@ -8,7 +8,7 @@ def test_mig_resource_is_the_nvidia_name_of_a_profile():
 
 
 def test_default_policy_is_one_of_the_policies():
-    assert constants.DEFAULT_POLICY == "binpack"
+    assert constants.DEFAULT_POLICY == "fgd-cluster-aware"
     assert set(constants.PLACEMENT_POLICIES) == {"binpack", "spread", "fgd", "fgd-cluster-aware"}
 
 

@@ -151,7 +151,7 @@ CONTRACT_DEFAULTS = {
     "spec.engine.maxBatchSize": 32,
     "spec.engine.maxQueueDelayMs": 5,
     "spec.engine.maxQueueSize": 256,
-    "spec.scheduling.policy": "binpack",
+    "spec.scheduling.policy": "fgd-cluster-aware",
     "spec.replicas": 1,
     "spec.autoscaling.enabled": False,
     "spec.autoscaling.minReplicas": 1,

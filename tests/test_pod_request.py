@@ -91,7 +91,9 @@ def test_policy_and_topology_come_from_annotations():
 
 def test_without_annotations_the_policy_is_the_default():
     request = parse_pod_request(pod(container()))
-    assert request == PodGpuRequest((ContainerGpuRequest("engine", "none"),), "binpack", None)
+    assert request == PodGpuRequest(
+        (ContainerGpuRequest("engine", "none"),), "fgd-cluster-aware", None
+    )
     assert parse_pod_request(pod(container()), default_policy="spread").policy == "spread"
 
 

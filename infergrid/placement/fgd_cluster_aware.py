@@ -40,11 +40,20 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Final
 
+import numpy as np
+
 from infergrid.placement.fragmentation import (
     Workload,
     fragmentation_before,
     free_capacity,
     node_fragmentation,
+)
+from infergrid.placement.fragmentation_rows import (
+    Floats,
+    NodeRows,
+    RowPlan,
+    fragmentation,
+    running_sum,
 )
 from infergrid.placement.state import ALL_CORES, NodeState
 
@@ -180,3 +189,47 @@ def fgd_cluster_aware_score(before: NodeState, after: NodeState, workload: Workl
         else:
             score += _TIE_WEIGHT * spare
     return score
+
+
+def fgd_cluster_aware_rows(
+    before: NodeRows, after: NodeRows, plan: RowPlan, workload: Workload
+) -> Floats:
+    """``fgd_cluster_aware_score`` of each row, the same arithmetic in the same order, so the
+    extender's index and the simulator's exact core give equal floats."""
+    short, per_gpu = _cpu_plan(workload)
+    decrease = fragmentation(before.gpus, before.hosts, plan) - fragmentation(
+        after.gpus, after.hosts, plan
+    )
+    free_before, free_after = running_sum(before.gpus.free), running_sum(after.gpus.free)
+    stranded = _stranded_rows(after, free_after, per_gpu) - _stranded_rows(
+        before, free_before, per_gpu
+    )
+    taken = free_before - free_after
+    contested = plan.contention[before.hosts.product] * taken
+    value = decrease - STRAND_WEIGHT * stranded - CONTENTION_WEIGHT * contested
+    score = np.floor(value / RESOLUTION + 1e-9)
+    idle = taken <= 0
+    if not idle.any():
+        return score
+    spare = np.minimum(_spare_rows(after, free_after, per_gpu), _TIE_CAP)
+    if short:
+        tie = _SHORT_TIE_WEIGHT * spare - _FREE_GPU_WEIGHT * free_after
+    else:
+        tie = _TIE_WEIGHT * spare
+    return np.where(idle, score + tie, score)
+
+
+def _stranded_rows(nodes: NodeRows, free: Floats, per_gpu: float) -> Floats:
+    """``stranded_gpus`` of each row, given its free GPUs."""
+    if per_gpu <= 0:
+        return np.zeros(len(free))
+    hosts = nodes.hosts
+    return np.where(hosts.tracked, np.maximum(0.0, free - hosts.free_cpu / per_gpu), 0.0)
+
+
+def _spare_rows(nodes: NodeRows, free: Floats, per_gpu: float) -> Floats:
+    """``spare_cpu`` of each row, given its free GPUs."""
+    if per_gpu <= 0:
+        return np.zeros(len(free))
+    hosts = nodes.hosts
+    return np.where(hosts.tracked, np.maximum(0.0, hosts.free_cpu / per_gpu - free), 0.0)

@@ -8,8 +8,8 @@ by its name, cache version and staleness; the simulator by what fit and the
 scorers read, so that nodes alike are asked once).
 
 Two ways to the same answer: the numpy ``OfferIndex`` answers fit, the reasons
-and binpack and spread scores for the common pods (one share or whole-GPU
-container, no CPU asked) on thousands of nodes at once; everything else goes
+and the production policies' scores for the common pods (one share or whole-GPU
+container) on thousands of nodes at once; everything else goes
 through the exact ``fit`` and the policy's raw scorer, memoised per node key and
 pod shape like kube-scheduler's old equivalence cache. Property tests hold the
 two equal.
@@ -32,6 +32,10 @@ from infergrid.pod_request import PodGpuRequest
 
 MAX_SHAPES: Final = 4096
 """Pod shapes remembered before the memo of decisions starts over."""
+
+MAX_SCORED_SHAPES: Final = 64
+"""Pod shapes whose index scores (one float per index row) are kept for the next pod of the
+shape; the oldest goes first. 64 shapes of 5,000 nodes hold 5 MiB."""
 
 MAX_KEYS: Final = 1 << 16
 """Node keys whose decisions one pod shape remembers before its memo starts over. A key no
@@ -79,6 +83,9 @@ class NodeSet:
         self._decisions: dict[int, dict[int, Decision]] = {}
         """Per pod shape, the decision on each node key's number: looked up with ``map``."""
         self._shapes: dict[tuple[object, ...], int] = {}
+        self._scored: dict[int, tuple[Floats, npt.NDArray[np.int64]]] = {}
+        """Per pod shape, the index's raw score of each row and when the row was written
+        then (``OfferIndex.written``): rows written since are scored again."""
         self.evaluations = 0
         """How many times the exact core ran (a fit, and a score where asked): for tests and
         the simulator's report."""
@@ -190,15 +197,13 @@ class NodeSet:
         rows: Rows | None = None,
     ) -> Floats:
         """The raw score of the pod on each node, in the order given; NaN where it does not
-        fit or the node is not held. ``host`` (the simulator's CPU, memory and models; see
-        ``fit``) is checked and scored by the exact core only."""
+        fit or the node is not held. ``host`` is the pod's CPU, memory and models (see
+        ``fit``): the learning policies read its CPU."""
         raw = np.full(len(names), np.nan)
-        if host is None and self._index.scores(request, policy):
+        if self._index.scores(request, policy):
             rows = self.rows(names) if rows is None else rows
             held = np.flatnonzero(rows >= 0)
-            scored = self._index.raw_scores(rows[held], request, policy)
-            assert scored is not None
-            raw[held] = scored
+            raw[held] = self._index_scores(rows[held], request, policy, host)
             others = np.flatnonzero(rows < 0).tolist()
         else:
             others = range(len(names))
@@ -220,6 +225,33 @@ class NodeSet:
         # None (no state, or no fit) becomes NaN in a float array.
         raw[others] = np.array([d and d[1] for d in found], dtype=np.float64)
         return raw
+
+    def _index_scores(
+        self, rows: Rows, request: PodGpuRequest, policy: Policy, host: HostRequest | None
+    ) -> Floats:
+        """The index's raw scores of the rows, reusing those of rows not written since the
+        shape was last scored: between two pods of a shape, most nodes do not change."""
+        shape = self._shape_id(request, host, policy, True)
+        kept = self._scored.pop(shape, None)
+        height = int(rows.max(initial=-1)) + 1
+        if kept is None or len(kept[0]) < height:
+            size = max(height, 2 * len(kept[0]) if kept else 0)
+            grown = (np.full(size, np.nan), np.full(size, -1, dtype=np.int64))
+            if kept is not None:
+                grown[0][: len(kept[0])], grown[1][: len(kept[1])] = kept
+            kept = grown
+        if len(self._scored) >= MAX_SCORED_SHAPES:
+            del self._scored[next(iter(self._scored))]  # the least recently asked
+        self._scored[shape] = kept
+        raw, when = kept
+        written = self._index.written(rows)
+        stale = written != when[rows]
+        if stale.any():
+            again = rows[stale]
+            scored = self._index.raw_scores(again, request, policy, host)
+            assert scored is not None
+            raw[again], when[again] = scored, written[stale]
+        return raw[rows]
 
     def place(
         self, name: str, request: PodGpuRequest, policy: Policy, host: HostRequest | None = None
@@ -283,6 +315,7 @@ class NodeSet:
             if len(self._shapes) >= MAX_SHAPES:
                 self._shapes.clear()
                 self._decisions.clear()
+                self._scored.clear()
             found = self._shapes[shape] = len(self._shapes)
         return found
 

@@ -10,12 +10,16 @@ many rows at once with numpy.
 
 Every answer is the core's own: feasibility equals ``fit(...).fits`` and a raw
 score equals ``policy.raw_score(node, fit(...).after, workload)`` (the
-property tests check both). The whole-GPU sets come from ``choose_gpu_set``
-itself, worked out when a row is written and memoised per NVLink layout and
-free set. What the index does not answer it says so with None, and the caller
-runs ``fit``: MIG requests, pods with several GPU containers or none, nodes
-whose GPUs are out of index order or too many for a bitmask, and the scores of
-policies other than binpack and spread (fgd among them).
+property tests check both, to the bit). Binpack and spread read fullness;
+fgd and fgd-cluster-aware read fragmentation, computed over the rows by
+``fragmentation_rows`` (with fgd's own choice of GPU for a share), and the
+host columns, so a ``HostRequest`` (CPU, memory, models) is checked and scored
+here too. The whole-GPU sets come from ``choose_gpu_set`` itself, worked out
+when a row is written and memoised per NVLink layout and free set. What the
+index does not answer it says so with None, and the caller runs ``fit``: MIG
+requests, pods with several GPU containers or none, nodes whose GPUs are out
+of index order or too many for a bitmask, and the scores of the
+simulation-only policies.
 
 Rejection reasons are one line per node. Stale nodes and whole-GPU requests
 get every reason ``fit`` gives (for whole GPUs: the count, or the NVLink set
@@ -34,10 +38,22 @@ import numpy as np
 import numpy.typing as npt
 
 from infergrid.constants import RESOURCE_GPU, RESOURCE_VGPU, TOPOLOGY_NVLINK
+from infergrid.placement.fgd_cluster_aware import fgd_cluster_aware_rows, fgd_cluster_aware_score
 from infergrid.placement.fit import fit
-from infergrid.placement.gpu_choice import emptiest_gpu, fullest_gpu
+from infergrid.placement.fragmentation import free_capacity
+from infergrid.placement.fragmentation_rows import (
+    GpuColumns,
+    HostColumns,
+    NodeRows,
+    RowPlan,
+    RowScorer,
+    fgd_rows,
+    least_fragmenting,
+)
+from infergrid.placement.gpu_choice import emptiest_gpu, fullest_gpu, least_fragmenting_gpu
+from infergrid.placement.host import HostRequest
 from infergrid.placement.policy import Policy
-from infergrid.placement.scoring import GPU_COUNT_WEIGHT, binpack_score, spread_score
+from infergrid.placement.scoring import GPU_COUNT_WEIGHT, binpack_score, fgd_score, spread_score
 from infergrid.placement.shortfall import why_not_share, why_not_whole
 from infergrid.placement.state import GpuState, NodeState
 from infergrid.placement.topology import choose_gpu_set
@@ -63,6 +79,13 @@ _SCORE_SIGNS: Final = {binpack_score: 1.0, spread_score: -1.0}
 
 _SHARE_ORDERS: Final = {fullest_gpu: 1, emptiest_gpu: -1}
 """Share choosers computed here: least free first (binpack) or most free first (spread)."""
+
+_ROW_SCORERS: Final[dict[object, RowScorer]] = {
+    fgd_score: fgd_rows,
+    fgd_cluster_aware_score: fgd_cluster_aware_rows,
+}
+"""Raw scorers over fragmentation computed here (``fragmentation_rows``), with fgd's own
+choice of GPU for a share (``least_fragmenting_gpu``)."""
 
 # Why a GPU takes no share at all, in the order ``why_not_share`` checks; 0 = it takes shares.
 _TAKES_SHARES, _UNAVAILABLE, _MIG, _HELD_WHOLE, _NO_GPU = 0, 1, 2, 3, 4
@@ -113,6 +136,16 @@ _COLUMNS: Final = {
     "_gpu_held": (np.int64, "gpu", 0),
     "_gpu_busy": (np.bool_, "gpu", False),
     "_whole_gain": (np.int64, "gpu", 0),  # held MiB added by holding the GPU whole
+    "_frac": (np.float64, "gpu", 0.0),  # fragmentation: free_capacity
+    "_whole_ok": (np.bool_, "gpu", False),  # takes_whole
+    "_assigned_cores": (np.int64, "gpu", 0),
+    "_slots_left": (np.int64, "gpu", 0),
+    # Per node, what a HostRequest and fragmentation read of its host.
+    "_product": (np.int64, "node", 0),  # the GPU model's number in _product_ids
+    "_tracked": (np.bool_, "node", False),  # node.host is not None
+    "_free_cpu": (np.int64, "node", 0),
+    "_free_memory": (np.int64, "node", 0),
+    "_written": (np.int64, "node", -1),  # when the row was last written or dropped: a count
     # Per node, count and NVLink required: the bitmask choose_gpu_set picks, or _NO_SET.
     "_sets": (np.int64, "sets", _NO_SET),
 }
@@ -135,6 +168,8 @@ class OfferIndex:
         self._busy_why: list[_BusyWhy] = []
         self._spare: list[int] = []
         self._signatures: dict[tuple[object, int], npt.NDArray[np.int64]] = {}
+        self._product_ids: dict[str, int] = {}
+        self._writes = 0
         self._height = 0
         self._width = 0
         self._alloc(16, 8)
@@ -172,6 +207,7 @@ class OfferIndex:
         self._alloc(max(self._height, row + 1), max(self._width, len(gpus)))
         self._nodes[row] = node
         self._stale_why[row] = None
+        self._stamp(row)
         self._busy_why[row] = _BusyWhy(
             tuple(s.reason for g in node.gpus if (s := why_not_whole(g)) is not None)
         )
@@ -184,7 +220,17 @@ class OfferIndex:
         if row is not None:
             self._nodes[row] = None
             self._offers[row] = False
+            self._stamp(row)
             self._spare.append(row)
+
+    def written(self, rows: Rows) -> Rows:
+        """When each row was last written or dropped, as a count of writes: an answer about a
+        row holds while its count stays the same."""
+        return np.take(self._written, rows)
+
+    def _stamp(self, row: int) -> None:
+        self._writes += 1
+        self._written[row] = self._writes
 
     # Questions about many rows.
 
@@ -195,12 +241,18 @@ class OfferIndex:
 
     @staticmethod
     def scores(request: PodGpuRequest, policy: Policy) -> bool:
-        """Whether ``raw_scores`` answers for this pod and policy: binpack or spread scores, and
-        for a share their own GPU choice (least or most free)."""
+        """Whether ``raw_scores`` answers for this pod and policy: binpack or spread scores,
+        and for a share their own GPU choice (least or most free); or fgd's and
+        fgd-cluster-aware's, with fgd's choice (least fragmenting)."""
         container = single_container(request)
-        if container is None or policy.raw_score not in _SCORE_SIGNS:
+        if container is None:
             return False
-        return container.kind == "whole" or policy.choice.share in _SHARE_ORDERS
+        share = policy.choice.share
+        if policy.raw_score in _SCORE_SIGNS:
+            return container.kind == "whole" or share in _SHARE_ORDERS
+        if policy.raw_score in _ROW_SCORERS:
+            return container.kind == "whole" or share is least_fragmenting_gpu
+        return False
 
     def fits(self, rows: Rows, request: PodGpuRequest) -> Flags | None:
         """Per row, whether ``fit(request, node, policy).fits``; None when not answered here.
@@ -215,26 +267,94 @@ class OfferIndex:
             return self._offers[rows] & self._share_fits(rows, container).any(axis=1)
         return self._offers[rows] & (self._whole_sets(rows, request, container) != _NO_SET)
 
-    def raw_scores(self, rows: Rows, request: PodGpuRequest, policy: Policy) -> Floats | None:
-        """Per row, ``policy.raw_score(node, fit(...).after, workload)``, NaN where it does not
-        fit; None for requests and policies not answered here (only binpack and spread are)."""
+    def raw_scores(
+        self, rows: Rows, request: PodGpuRequest, policy: Policy, host: HostRequest | None = None
+    ) -> Floats | None:
+        """Per row, ``policy.raw_score(node, fit(request, node, policy, host).after, workload)``,
+        NaN where it does not fit; None for requests and policies not answered here (see
+        ``scores``)."""
         container = single_container(request)
         if container is None or not self.scores(request, policy):
             return None
-        sign = _SCORE_SIGNS[policy.raw_score]
         raw = np.full(len(rows), np.nan)
+        ok = self._offers[rows] & self._host_fits(rows, host)
         if container.kind == "share":
-            order = _SHARE_ORDERS[policy.choice.share]
             takers = self._share_fits(rows, container)
-            ok = self._offers[rows] & takers.any(axis=1)
-            held, busy = self._after_share(rows[ok], takers[ok], container, order)
+            ok &= takers.any(axis=1)
+            placed = takers[ok]
         else:
             sets = self._whole_sets(rows, request, container)
-            ok = self._offers[rows] & (sets != _NO_SET)
-            held, busy = self._after_whole(rows[ok], sets[ok])
-        total, gpus = self._total[rows[ok]], self._available[rows[ok]]
-        raw[ok] = sign * (held / total + GPU_COUNT_WEIGHT * busy / gpus)
+            ok &= sets != _NO_SET
+            placed = sets[ok]
+        if policy.raw_score in _SCORE_SIGNS:
+            raw[ok] = self._fullness_after(rows[ok], placed, container, policy)
+        else:
+            raw[ok] = self._fragmentation_scores(rows[ok], placed, container, policy, host)
         return raw
+
+    def _fullness_after(
+        self, rows: Rows, placed: Flags | Rows, container: ContainerGpuRequest, policy: Policy
+    ) -> Floats:
+        """binpack's or spread's raw score once the pod is placed: ``placed`` is each row's
+        share takers, or its whole-GPU set."""
+        if container.kind == "share":
+            order = _SHARE_ORDERS[policy.choice.share]
+            held, busy = self._after_share(rows, placed, container, order)
+        else:
+            held, busy = self._after_whole(rows, placed)
+        sign = _SCORE_SIGNS[policy.raw_score]
+        return sign * (held / self._total[rows] + GPU_COUNT_WEIGHT * busy / self._available[rows])
+
+    def _fragmentation_scores(
+        self,
+        rows: Rows,
+        placed: Flags | Rows,
+        container: ContainerGpuRequest,
+        policy: Policy,
+        host: HostRequest | None,
+    ) -> Floats:
+        """fgd's or fgd-cluster-aware's raw score once the pod is placed (``placed`` as for
+        ``_fullness_after``), over the rows' fragmentation in numpy."""
+        plan = RowPlan.of(policy.workload, self._product_ids)
+        hosts = HostColumns(self._product[rows], self._tracked[rows], self._free_cpu[rows])
+        before = NodeRows(self._gpu_columns(rows), hosts)
+        if container.kind == "share":
+            memory, cores = container.memory_mib, container.cores
+            col = least_fragmenting(before.gpus, hosts, plan, placed.T, memory, cores)
+            gpus = before.gpus.with_share(col, memory, cores)
+        else:
+            gpus = before.gpus.with_whole(((placed >> np.arange(self._width)[:, None]) & 1) > 0)
+        reserves = host is not None and (host.cpu_milli or host.memory_mib)
+        after = NodeRows(gpus, hosts.less_cpu(host.cpu_milli if host and reserves else 0))
+        return _ROW_SCORERS[policy.raw_score](before, after, plan, policy.workload)
+
+    def _gpu_columns(self, rows: Rows) -> GpuColumns:
+        """The rows' GPUs as ``fragmentation_rows`` reads them: (GPU position, row) arrays."""
+        return GpuColumns(
+            free=_take(self._frac, rows),
+            whole=_take(self._whole_ok, rows),
+            room=_take(self._share_open, rows),
+            free_mib=_take(self._free_mib, rows),
+            free_cores=_take(self._free_cores, rows),
+            memory=_take(self._memory, rows),
+            assigned_mib=_take(self._assigned_mib, rows),
+            used_mib=_take(self._used, rows),
+            assigned_cores=_take(self._assigned_cores, rows),
+            slots_left=_take(self._slots_left, rows),
+        )
+
+    def _host_fits(self, rows: Rows, host: HostRequest | None) -> Flags:
+        """Per row, whether ``host_shortfalls`` finds nothing for a pod that wants GPUs."""
+        ok = np.ones(len(rows), dtype=np.bool_)
+        if host is None:
+            return ok
+        if host.gpu_models:
+            models = [self._product_ids.get(m, -1) for m in host.gpu_models]
+            ok &= np.isin(self._product[rows], models)
+        room = (self._free_cpu[rows] >= host.cpu_milli) & (
+            self._free_memory[rows] >= host.memory_mib
+        )
+        return ok & (~self._tracked[rows] | room)
 
     def why_not(self, rows: Rows, request: PodGpuRequest, policy: Policy) -> Rejections:
         """Why each row (all of which ``fits`` rejected) does not take the request.
@@ -390,6 +510,7 @@ class OfferIndex:
         blocks, open_, free_mib, free_cores, memory, assigned, used, held, busy, gain = (
             [] for _ in range(10)
         )
+        frac, whole_ok, cores_taken, slots_left = [], [], [], []
         total = held_sum = available = busy_sum = 0
         for gpu in gpus:
             blocks.append(_block(gpu))
@@ -402,6 +523,10 @@ class OfferIndex:
             held.append(gpu.held_mib)
             busy.append(gpu.busy)
             gain.append(_whole_held(gpu) - gpu.held_mib if gpu.takes_whole() else 0)
+            frac.append(free_capacity(gpu))
+            whole_ok.append(gpu.takes_whole())
+            cores_taken.append(gpu.assigned_cores)
+            slots_left.append(gpu.share_slots - gpu.shares)
             if gpu.available:
                 total += gpu.memory_mib
                 held_sum += gpu.held_mib
@@ -419,11 +544,20 @@ class OfferIndex:
             (self._gpu_held, held),
             (self._gpu_busy, busy),
             (self._whole_gain, gain),
+            (self._frac, frac),
+            (self._whole_ok, whole_ok),
+            (self._assigned_cores, cores_taken),
+            (self._slots_left, slots_left),
         ):
             array[row] = 0
             array[row, :n] = values
         self._total[row], self._held[row] = total, held_sum
         self._available[row], self._busy[row] = available, busy_sum
+        self._product[row] = self._product_ids.setdefault(node.product, len(self._product_ids))
+        host = node.host
+        self._tracked[row] = host is not None
+        self._free_cpu[row] = host.free_cpu_milli if host else 0
+        self._free_memory[row] = host.free_memory_mib if host else 0
         free = [at for at, gpu in enumerate(gpus) if gpu.takes_whole()]
         sets = self._sets_for(node, free)
         self._sets[row] = _NO_SET
@@ -490,6 +624,12 @@ class _BusyWhy:
         if found is None:
             found = self._joined[prefix] = "".join(f"; {prefix}{r}" for r in self.reasons)
         return found
+
+
+def _take(array: npt.NDArray[np.generic], rows: Rows) -> npt.NDArray[np.generic]:
+    """``array[rows]`` GPU-major, (GPU position, row): ``np.take`` gathers several times
+    faster than fancy indexing."""
+    return np.ascontiguousarray(np.take(array, rows, axis=0).T)
 
 
 def _block(gpu: GpuState) -> int:

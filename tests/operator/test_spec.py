@@ -24,7 +24,7 @@ def test_a_minimal_spec_gets_every_default_of_the_contract():
     assert spec.image == "img:1"
     assert spec.model.format == "huggingface" and spec.model.task == "text-generation"
     assert spec.engine["maxNumSeqs"] == 64 and spec.engine["blockSize"] == 16
-    assert spec.scheduling.policy == "binpack"
+    assert spec.scheduling.policy == "fgd-cluster-aware"
     assert spec.scheduling.scheduler_name == "infergrid-scheduler"
     assert spec.replicas == 1 and spec.canary is None
     scaling = spec.autoscaling

@@ -23,7 +23,7 @@ from infergrid.placement import (
 )
 
 from .builders import gpu, held_whole, inventory, node_of, pod, share, whole
-from .test_offers import node_list, requests
+from .test_offers import node_list, nodes, requests
 
 L4X2 = inventory(gpu(0), gpu(1))
 POLICIES = [resolve_policy(name, DEFAULT_WORKLOAD) for name in PLACEMENT_POLICIES]
@@ -50,6 +50,34 @@ def test_filter_and_scores_are_fit_and_the_scorer_node_by_node(data, request, in
                 assert got == policy.raw_score(state, result.after, policy.workload)
             else:
                 assert math.isnan(got)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data(), requests)
+def test_scores_kept_for_a_shape_follow_every_node_that_changes(data, request):
+    """The extender's way: a pod shape's index scores are kept, and a node rewritten, dropped
+    or added since is scored again, as a node set that never scored the shape scores it."""
+    states = node_list(data.draw, 4)
+    node_set = NodeSet()
+    for state in states:
+        node_set.put(state, state.name)
+    names = [s.name for s in states]
+    for policy in POLICIES:
+        node_set.scores(names, request, policy)
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, 3))
+        states[at] = data.draw(nodes(states[at].name))
+        node_set.put(states[at], (states[at].name, _))
+    node_set.discard(names[0])
+    states[0] = data.draw(nodes("node-new"))
+    node_set.put(states[0], "new")
+    names[0] = "node-new"
+    fresh = NodeSet()
+    for state in states:
+        fresh.put(state, state.name)
+    for policy in POLICIES:
+        kept = node_set.scores(names, request, policy)
+        assert np.array_equal(kept, fresh.scores(names, request, policy), equal_nan=True)
 
 
 def test_nodes_under_one_key_are_checked_once_and_the_cpu_is_checked_too():

@@ -1,10 +1,12 @@
 """The offer index against the core: every answer it gives is what ``fit`` and the scorer say.
 
 Nodes are drawn GPU by GPU with any mix of health, measured use, assignments,
-shares, slots, MIG, NVLink layouts and staleness, consistent or not, since the
-index must agree with ``fit`` on whatever state it is handed. Scores must be
-equal, not close: normalising maps them onto 0..10 with a floor, so a last-bit
-difference could move a node across a step.
+shares, slots, MIG, NVLink layouts and staleness, consistent or not, with or
+without CPU and memory tracked, of two GPU models, since the index must agree
+with ``fit`` on whatever state it is handed. Scores must be equal, not close:
+normalising maps them onto 0..10 with a floor, fgd-cluster-aware quantises, and
+the simulator (the exact core) and the extender (the index) must choose alike,
+so a last-bit difference could move a node across a step.
 """
 
 from dataclasses import replace
@@ -25,6 +27,8 @@ from infergrid.constants import (
 from infergrid.placement import (
     Demand,
     GpuState,
+    HostRequest,
+    HostResources,
     MigSlot,
     NodeState,
     OfferIndex,
@@ -32,6 +36,7 @@ from infergrid.placement import (
     Workload,
     fit,
     resolve_policy,
+    with_cluster,
 )
 from infergrid.placement.fit import surely_unfit
 from infergrid.placement.offers import MAX_GPUS
@@ -55,8 +60,30 @@ from .builders import gpu as inventory_gpu
 FGD_MIXED = resolve_policy(
     "fgd", Workload.of([(Demand(whole_gpus=1), 3), (Demand(memory_mib=8192, cores=30), 2)])
 )
-POLICIES = (BINPACK, SPREAD, FGD, FGD_MIXED)
-SCORED = (BINPACK, SPREAD)
+MODELS = ("M", "T4")
+TYPICAL = Workload.of(
+    [
+        (Demand(whole_gpus=1, cpu_milli=8000), 3),
+        (Demand(memory_mib=8192, cores=30, cpu_milli=4000), 2),
+        (Demand(whole_gpus=2, gpu_models=frozenset({"T4"})), 1),
+        (Demand(memory_mib=4096, cores=0, cpu_milli=2000, gpu_models=frozenset({"M"})), 1),
+        (Demand(cpu_milli=16000), 1),  # CPU-only
+    ]
+)
+CLUSTER_AWARE = tuple(
+    resolve_policy("fgd-cluster-aware", with_cluster(TYPICAL, {"M": 24, "T4": 8}, cpu))
+    for cpu in (0, 32 * 4000, 32 * 64000)  # not known, short of CPU, plenty
+)
+POLICIES = (BINPACK, SPREAD, FGD, FGD_MIXED, *CLUSTER_AWARE)
+HOSTS = st.one_of(
+    st.none(),
+    st.builds(
+        HostRequest,
+        st.sampled_from((0, 1000, 8000)),
+        st.sampled_from((0, 4096)),
+        st.sampled_from((frozenset(), frozenset({"M"}), frozenset({"T4", "A100"}))),
+    ),
+)
 
 
 @st.composite
@@ -116,10 +143,16 @@ def nodes(draw: st.DrawFn, name: str = "node-a") -> NodeState:
             }
         )
 
-    gpus = [replace(g, links=links(i)) for i, g in enumerate(gpus)]
+    model = draw(st.sampled_from(MODELS))
+    gpus = [replace(g, links=links(i), model=model) for i, g in enumerate(gpus)]
     heartbeat = draw(st.sampled_from((None, *(NOW,) * 6, NOW - timedelta(hours=1))))
     offers = heartbeat is not None and draw(st.integers(0, 7)) > 0
-    return NodeState(name, tuple(gpus), offers, heartbeat)
+    host = None
+    if draw(st.booleans()):
+        host = HostResources(
+            64000, 262144, draw(st.sampled_from((0, 8000, 56000, 60000, 64000, 70000))), 258048
+        )
+    return NodeState(name, tuple(gpus), offers, heartbeat, host=host)
 
 
 requests = st.one_of(
@@ -149,8 +182,8 @@ def node_list(draw: st.DrawFn, size: int) -> list[NodeState]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.data(), requests)
-def test_feasibility_scores_and_reasons_equal_the_core(data, request):
+@given(st.data(), requests, HOSTS)
+def test_feasibility_scores_and_reasons_equal_the_core(data, request, host):
     states = node_list(data.draw, data.draw(st.integers(1, 6)))
     index, rows = indexed(states)
     for policy in POLICIES:
@@ -158,16 +191,14 @@ def test_feasibility_scores_and_reasons_equal_the_core(data, request):
         fits = index.fits(index.rows([s.name for s in states]), request)
         assert fits is not None
         assert fits.tolist() == [r.fits for r in results]
-        raw = index.raw_scores(index.rows([s.name for s in states]), request, policy)
-        if policy in SCORED:
-            assert raw is not None
-            for state, result, got in zip(states, results, raw.tolist(), strict=True):
-                if result.fits:
-                    assert got == policy.raw_score(state, result.after, policy.workload)
-                else:
-                    assert got != got  # NaN
-        else:
-            assert raw is None
+        raw = index.raw_scores(index.rows([s.name for s in states]), request, policy, host)
+        assert raw is not None
+        for state, got in zip(states, raw.tolist(), strict=True):
+            result = fit(request, state, policy, host)
+            if result.fits:
+                assert got == policy.raw_score(state, result.after, policy.workload)
+            else:
+                assert got != got  # NaN
         rejected = [r for r, res in zip(rows, results, strict=True) if not res.fits]
         why = index.why_not(index.rows([states[r].name for r in rejected]), request, policy)
         for row, reason in zip(rejected, why.reasons, strict=True):
@@ -216,11 +247,12 @@ def test_what_the_index_does_not_answer_is_none():
     assert index.fits(at, pod(mig("1g.10gb"))) is None
     assert index.fits(at, pod(share(1024, name="a"), share(1024, name="b"))) is None
     assert index.fits(at, PodGpuRequest(containers=())) is None
-    assert index.raw_scores(at, pod(share(1024)), FGD) is None
-    assert index.raw_scores(at, pod(whole(1)), FGD) is None
+    assert index.raw_scores(at, pod(mig("1g.10gb")), FGD) is None
+    assert index.raw_scores(at, pod(share(1024)), resolve_policy("fgd-paper")) is None
     assert index.fits(at, pod(share(1024))) is not None
     assert not index.answers(pod(mig("1g.10gb"))) and index.answers(pod(whole(2)))
-    assert index.scores(pod(share(1024)), SPREAD) and not index.scores(pod(share(1024)), FGD)
+    assert index.scores(pod(share(1024)), SPREAD) and index.scores(pod(share(1024)), FGD)
+    assert not index.scores(pod(share(1024)), resolve_policy("random-fit"))
     assert index.scores(pod(whole(1)), BINPACK) and not index.scores(pod(mig("1g.10gb")), BINPACK)
 
 
