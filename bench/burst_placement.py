@@ -33,6 +33,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -137,7 +138,6 @@ def throughput(cluster, work: Path, nodes: int, pods: int) -> list[dict]:
     alone; nothing when `nodes` is 0."""
     from kubernetes import client
 
-    from bench.extender_latency import release_and_time
     from e2e.extender_support import idle_nodes
 
     if not nodes:
@@ -164,6 +164,34 @@ def throughput(cluster, work: Path, nodes: int, pods: int) -> list[dict]:
             print(f"{label:<36} {rows[-1]['pods_per_s']:>7g} {rows[-1]['ratio']:>6g}",
                   file=sys.stderr, flush=True)  # fmt: skip
     return rows
+
+
+def release_and_time(core, namespace: str, pods: int, extender: bool | None) -> float:
+    """Pods/s from un-gating `pods` whole-GPU pods at once (through infergrid-scheduler
+    where `extender`) to the last one bound."""
+    from e2e.cluster.fake_nodes import KWOK_TOLERATION
+    from e2e.cluster.processes import wait_until
+
+    core.create_namespace({"metadata": {"name": namespace}})
+    wait_until(lambda: core.read_namespaced_service_account("default", namespace), 60, "the SA")
+    names = [f"p-{i:04d}" for i in range(pods)]
+    limits = {constants.RESOURCE_GPU: "1"}
+    for name in names:
+        container = {"name": "c", "image": "x", "resources": {"limits": limits}}
+        spec = {"schedulingGates": [{"name": "bench"}], "tolerations": [KWOK_TOLERATION],
+                "containers": [container]}  # fmt: skip
+        if extender:
+            spec["schedulerName"] = constants.SCHEDULER_NAME
+        core.create_namespaced_pod(namespace, {"metadata": {"name": name}, "spec": spec})
+    started = time.perf_counter()
+    for name in names:
+        core.patch_namespaced_pod(name, namespace, {"spec": {"schedulingGates": None}})
+
+    def all_bound() -> bool:
+        return all(p.spec.node_name for p in core.list_namespaced_pod(namespace).items)
+
+    wait_until(all_bound, 900, f"{pods} pods bound by {namespace}")
+    return pods / (time.perf_counter() - started)
 
 
 @contextmanager
