@@ -151,15 +151,7 @@ class PlacementView:
 
     def _cluster(self) -> tuple[dict[str, int], int]:
         """GPUs of each model, and allocatable CPU in all, over the cache's GPU nodes."""
-        per_model: dict[str, int] = {}
-        cpu_milli = 0
-        for record in self.cache.nodes().values():
-            if record.inventory is None or not record.inventory.gpus:
-                continue
-            cpu_milli += record.cpu_milli
-            for gpu in record.inventory.gpus:
-                per_model[gpu.model] = per_model.get(gpu.model, 0) + 1
-        return per_model, cpu_milli
+        return self.cache.gpu_totals()
 
     def _sync(self, names: list[str], now: datetime) -> tuple[Rows, dict[int, str]]:
         """The index row of each name, written from the node's current state (-1 where it

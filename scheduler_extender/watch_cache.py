@@ -20,7 +20,7 @@ import json
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -113,6 +113,10 @@ class ClusterCache:
         self._requested: dict[str, tuple[int, int]] = {}
         """Per node, the CPU and memory its live pods request, as kube-scheduler counts."""
         self._node_versions: dict[str, int] = {}
+        self._gpus_per_model: Counter[str] = Counter()
+        self._gpu_nodes_cpu = 0
+        """The GPUs of each model and the allocatable CPU of the GPU nodes, kept as nodes come
+        and go: the learned workload reads them, and a sum over 5,000 nodes took 30 ms."""
         self._changes: deque[tuple[int, frozenset[str]]] = deque(maxlen=CHANGE_LOG)
         self._nodes_listed = threading.Event()
         self._pods_listed = threading.Event()
@@ -125,8 +129,11 @@ class ClusterCache:
         name = node["metadata"]["name"]
         record = None if event_type == DELETED else node_record(node)
         with self._lock:
-            if self._nodes.get(name) == record:
+            before = self._nodes.get(name)
+            if before == record:
                 return
+            self._count(before, -1)
+            self._count(record, 1)
             if record is None:
                 del self._nodes[name]
             else:
@@ -159,6 +166,10 @@ class ClusterCache:
             names = self._nodes.keys() | records.keys()
             changed = {n for n in names if self._nodes.get(n) != records.get(n)}
             self._nodes = records
+            self._gpus_per_model.clear()
+            self._gpu_nodes_cpu = 0
+            for record in records.values():
+                self._count(record, 1)
             if changed:
                 self._commit(changed)
         self._nodes_listed.set()
@@ -287,6 +298,13 @@ class ClusterCache:
         with self._lock:
             return self._pods.get(uid)
 
+    def gpu_totals(self) -> tuple[dict[str, int], int]:
+        """GPUs of each model, and allocatable CPU millicores in all, over the nodes that
+        have GPUs."""
+        with self._lock:
+            models = {m: n for m, n in self._gpus_per_model.items() if n > 0}
+            return models, self._gpu_nodes_cpu
+
     def reserved(self, uid: str) -> bool:
         """Whether a bind's reservation for ``uid`` is held (its pod event not yet seen); a
         tentative one is not a bind's."""
@@ -405,6 +423,14 @@ class ClusterCache:
         del on_node[uid]
         if not on_node:
             del self._on_node[node]
+
+    def _count(self, record: NodeRecord | None, sign: int) -> None:
+        """Adds (1) or takes away (-1) a node's part of ``gpu_totals``."""
+        if record is None or record.inventory is None or not record.inventory.gpus:
+            return
+        self._gpu_nodes_cpu += sign * record.cpu_milli
+        for gpu in record.inventory.gpus:
+            self._gpus_per_model[gpu.model] += sign
 
     def _commit(self, touched: set[str]) -> None:
         """Counts one change, stamps the nodes it touched and logs them, even none, so the

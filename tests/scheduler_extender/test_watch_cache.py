@@ -441,6 +441,7 @@ NODE_VARIANTS = [
     gpu_node("node-a", used=900),
     node_json("node-a", {ANNOTATION_GPU_INVENTORY: "{"}),
     gpu_node("node-b"),
+    {**gpu_node("node-b"), "status": {"allocatable": {"cpu": "32", "memory": "64Gi"}}},
     node_json("node-b", zone="z1"),
     node_json("node-c"),
 ]
@@ -473,7 +474,20 @@ def apply(cache: ClusterCache, event: tuple[str, str, dict]) -> None:
 def snapshot(cache: ClusterCache) -> tuple:
     pods = {uid: cache.pod(uid) for uid in ("u1", "u2", "u3")}
     nodes = ("node-a", "node-b", "node-c")
-    return cache.nodes(), pods, {n: cache.assignments_on(n) for n in nodes}, cache.size()
+    assignments = {n: cache.assignments_on(n) for n in nodes}
+    return cache.nodes(), pods, assignments, cache.size(), cache.gpu_totals()
+
+
+def totals(cache: ClusterCache) -> tuple[dict[str, int], int]:
+    """``gpu_totals`` summed from scratch over the node records."""
+    per_model: dict[str, int] = {}
+    cpu = 0
+    for record in cache.nodes().values():
+        if record.inventory is not None and record.inventory.gpus:
+            cpu += record.cpu_milli
+            for gpu in record.inventory.gpus:
+                per_model[gpu.model] = per_model.get(gpu.model, 0) + 1
+    return per_model, cpu
 
 
 def node_view(cache: ClusterCache, node: str) -> tuple:
@@ -496,6 +510,7 @@ def test_a_relist_equals_the_events_it_replaces(history, earlier):
     fresh, stale = ClusterCache(), ClusterCache()
     for event in earlier:
         apply(stale, event)
+    assert incremental.gpu_totals() == totals(incremental)
     for relisted in (fresh, stale):
         relisted.replace_all_nodes(nodes)
         relisted.replace_all_pods(pods)
