@@ -408,9 +408,10 @@ def _timing(view: View) -> list[str]:
         lines += [
             f"One policy ({timing['policy']}) on one seed ({timing['seed']}) of the default "
             f"trace, through the CLI, loading the trace included: **{timing['seconds']:.1f} s** "
-            f"wall ({timing['pods']} pods), measured {timing['when']} under `nice -n 10` on "
-            "this project's 2-core machine while it was shared with other work (load average "
-            f"{timing['load']:.1f} before the run). The bound is 30 s.",
+            f"wall ({timing['pods']} pods, {timing['replay_seconds']:.1f} s of it the replay), "
+            f"measured {timing['when']} on this project's 2-core machine (load average "
+            f"{timing['load']:.1f} before the run). Replays vary by up to a third from run to "
+            "run here. The bound is 30 s.",
             "",
             f"    {timing['command']}",
             "",

@@ -122,18 +122,22 @@ def free_gpus(node: NodeState) -> float:
     return sum(free_capacity(g) for g in node.gpus)
 
 
-def stranded_gpus(node: NodeState, per_gpu: float) -> float:
-    """Free GPUs the node's free CPU cannot feed at ``per_gpu`` millicores each."""
+def stranded_gpus(node: NodeState, per_gpu: float, free: float | None = None) -> float:
+    """Free GPUs the node's free CPU cannot feed at ``per_gpu`` millicores each; ``free`` is
+    ``free_gpus(node)`` where the caller has it."""
     if node.host is None or per_gpu <= 0:
         return 0.0
-    return max(0.0, free_gpus(node) - node.host.free_cpu_milli / per_gpu)
+    free = free_gpus(node) if free is None else free
+    return max(0.0, free - node.host.free_cpu_milli / per_gpu)
 
 
-def spare_cpu(node: NodeState, per_gpu: float) -> float:
-    """CPU beyond what the node's free GPUs need, in GPUs' worth at ``per_gpu``."""
+def spare_cpu(node: NodeState, per_gpu: float, free: float | None = None) -> float:
+    """CPU beyond what the node's free GPUs need, in GPUs' worth at ``per_gpu``; ``free`` as
+    for ``stranded_gpus``."""
     if node.host is None or per_gpu <= 0:
         return 0.0
-    return max(0.0, node.host.free_cpu_milli / per_gpu - free_gpus(node))
+    free = free_gpus(node) if free is None else free
+    return max(0.0, node.host.free_cpu_milli / per_gpu - free)
 
 
 def model_contention(workload: Workload, gpus_per_model: Mapping[str, int]) -> dict[str, float]:
@@ -177,15 +181,19 @@ def fgd_cluster_aware_score(before: NodeState, after: NodeState, workload: Workl
     """fgd-cluster-aware (see the module): quantised FGD, less stranded GPUs, contested models."""
     short, per_gpu = _cpu_plan(workload)
     decrease = fragmentation_before(before, workload) - node_fragmentation(after, workload)
-    stranded = stranded_gpus(after, per_gpu) - stranded_gpus(before, per_gpu)
-    taken = free_gpus(before) - free_gpus(after)
+    # Each summed once: the simulator scores millions of placements.
+    free_before, free_after = free_gpus(before), free_gpus(after)
+    stranded = stranded_gpus(after, per_gpu, free_after) - stranded_gpus(
+        before, per_gpu, free_before
+    )
+    taken = free_before - free_after
     contested = workload.contention.get(before.product, 0.0) * taken
     value = decrease - STRAND_WEIGHT * stranded - CONTENTION_WEIGHT * contested
     score = float(math.floor(value / RESOLUTION + 1e-9))
     if taken <= 0:
-        spare = min(spare_cpu(after, per_gpu), _TIE_CAP)
+        spare = min(spare_cpu(after, per_gpu, free_after), _TIE_CAP)
         if short:
-            score += _SHORT_TIE_WEIGHT * spare - _FREE_GPU_WEIGHT * free_gpus(after)
+            score += _SHORT_TIE_WEIGHT * spare - _FREE_GPU_WEIGHT * free_after
         else:
             score += _TIE_WEIGHT * spare
     return score
