@@ -90,7 +90,7 @@ class PlacementView:
         self._stamps = _Stamps()
         self._stamps.fit_rows(1)
         self._asked: deque[tuple[list[str], Rows]] = deque(maxlen=ASKED_LISTS)
-        self._learned = LearnedWorkload(self._cluster)
+        self._learned = LearnedWorkload(cache.gpu_totals)
 
     def _why_none(self, name: str, record: NodeRecord | None) -> str | None:
         if record is None:
@@ -148,10 +148,6 @@ class PlacementView:
     def workload(self) -> Workload:
         """The learned workload, with the GPUs of each model in the cache's node list."""
         return self._learned.workload()
-
-    def _cluster(self) -> tuple[dict[str, int], int]:
-        """GPUs of each model, and allocatable CPU in all, over the cache's GPU nodes."""
-        return self.cache.gpu_totals()
 
     def _sync(self, names: list[str], now: datetime) -> tuple[Rows, dict[int, str]]:
         """The index row of each name, written from the node's current state (-1 where it

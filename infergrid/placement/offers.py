@@ -324,8 +324,7 @@ class OfferIndex:
             gpus = before.gpus.with_share(col, memory, cores)
         else:
             gpus = before.gpus.with_whole(((placed >> np.arange(self._width)[:, None]) & 1) > 0)
-        reserves = host is not None and (host.cpu_milli or host.memory_mib)
-        after = NodeRows(gpus, hosts.less_cpu(host.cpu_milli if host and reserves else 0))
+        after = NodeRows(gpus, hosts.less_cpu(host.cpu_milli if host else 0))
         return _ROW_SCORERS[policy.raw_score](before, after, plan, policy.workload)
 
     def _gpu_columns(self, rows: Rows) -> GpuColumns:
