@@ -70,6 +70,7 @@ class EngineConfig:
     max_batch_size: int = BY_ATTR["max_batch_size"].default
     preferred_batch_sizes: tuple[int, ...] = BY_ATTR["preferred_batch_sizes"].default
     max_queue_delay_ms: int = BY_ATTR["max_queue_delay_ms"].default
+    quantization: str = BY_ATTR["quantization"].default
 
     def __post_init__(self) -> None:
         values = asdict(self)

@@ -23,6 +23,7 @@ from batching_engine.engine import LLMEngine
 from batching_engine.memory_budget import resolve_memory_budget
 from batching_engine.metrics import EngineMetrics
 from batching_engine.model.config import ModelConfig, model_config_from_dir
+from batching_engine.model.quantization import resolve_quantization
 from batching_engine.model_runner import ModelRunner
 from batching_engine.model_source import resolve_model_dir
 from batching_engine.server.served_model import GENERATION_TASK, ServedModel
@@ -107,6 +108,10 @@ def _runner(settings: Settings, model_dir: Path, engine_config: EngineConfig) ->
         device_total_bytes=total,
     )
     log.info("memory budget from %s", budget.source)
+    quantization, why = resolve_quantization(
+        engine_config.quantization, model_dir, torch.device(device)
+    )
+    log.info("weights: %s (%s)", quantization, why)
     return ModelRunner(
         model_dir,
         device=device,
@@ -117,4 +122,5 @@ def _runner(settings: Settings, model_dir: Path, engine_config: EngineConfig) ->
         max_model_len=engine_config.max_model_len,
         max_num_seqs=engine_config.max_num_seqs,
         max_num_batched_tokens=engine_config.max_num_batched_tokens,
+        quantization=quantization,
     )

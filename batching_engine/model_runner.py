@@ -73,11 +73,15 @@ class ModelRunner:
         max_model_len: int | None = None,
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 4096,
+        quantization: str = "none",
     ) -> None:
         self.device = torch.device(device)
         self.dtype = _dtype(dtype)
         self.block_size = block_size
-        self.config, self.model = load_model(model_dir, dtype=self.dtype, device=device)
+        self.quantization = quantization
+        self.config, self.model = load_model(
+            model_dir, dtype=self.dtype, device=device, quantization=quantization
+        )
         self.pooling = read_pooling(model_dir)
         pack_linears(self.model, max_num_seqs)  # CPU float32 only: the decode batch's rows
         self.max_model_len = _max_model_len(self.config, max_model_len)

@@ -8,7 +8,9 @@ output tokens/s and TTFT/TPOT p50/p99:
 - ``hf-sequential``: Hugging Face ``generate``, one request at a time in arrival order;
 - ``hf-static``: ``generate`` on static batches of ``--batch`` requests (a batch starts
   when it is full or no more requests will come; it runs to its longest output);
-- ``continuous``: our engine, continuous batching over the paged KV cache.
+- ``continuous``: our engine, continuous batching over the paged KV cache; with
+  ``--quantization none,int8,int4`` once per way of holding the weights (``continuous-int8``
+  and so on), each row giving the engine's resident weight memory.
 
 It also measures the machine's matmul rate in the same run (a large GEMM in the dtype
 served, before and after the models run, the best of torch.mm and the linear the engine
@@ -31,6 +33,7 @@ stock, or with the engine's linear under ``--hf-engine-linear``, which shows how
 gap is the matmul kernel rather than the batching.
 
     .venv/bin/python bench/engine_throughput.py [--models tiny,smollm2] [--rates 4,inf] [--json]
+        [--quantization none,int8,int4] [--threads N]
 """
 
 from __future__ import annotations
@@ -292,13 +295,13 @@ def run_model(name: str, path: Path, args) -> list[dict]:
     vocab = hf.config.vocab_size
     config = EngineConfig(max_num_seqs=args.batch, max_num_batched_tokens=args.max_batched_tokens,
                           max_model_len=2048, max_queue_size=10_000)  # fmt: skip
-    runner = ModelRunner(path, device="cpu", dtype=DTYPE, block_size=config.block_size,
-                         kv_cache_memory_bytes=KV_CACHE_BYTES, max_model_len=config.max_model_len,
-                         max_num_seqs=config.max_num_seqs,
-                         max_num_batched_tokens=config.max_num_batched_tokens)  # fmt: skip
-    engine = LLMEngine(config, runner, eos_token_ids=())
+    engines = {mode: engine_for(path, config, mode) for mode in args.quantization.split(",")}
+    weight_mib = {
+        _way(mode): round(e.runner.weight_bytes / 2**20, 1) for mode, e in engines.items()
+    }
     ceiling = {"model": name, "way": "decode-matmul-ceiling", "batch": args.batch,
-               "flops": decode_matmul_ceiling(runner, args.batch)}  # fmt: skip
+               "flops": decode_matmul_ceiling(engine_for(path, config, "none").runner,
+                                              args.batch)}  # fmt: skip
     lengths = tuple(int(x) for x in args.lengths.split(","))
     rows = []
     for rate in (float(x) for x in args.rates.split(",")):
@@ -306,8 +309,9 @@ def run_model(name: str, path: Path, args) -> list[dict]:
         ways = [
             ("hf-sequential", lambda rs: serve_hf(hf, rs[: args.sequential_requests], 1)),
             ("hf-static", lambda rs: serve_hf(hf, rs, args.batch)),
-            ("continuous", lambda rs: serve_continuous(engine, rs)),
-        ]
+            *((_way(mode), lambda rs, e=engine: serve_continuous(e, rs))
+              for mode, engine in engines.items()),
+        ]  # fmt: skip
         warm = [Request(0.0, r.prompt, 4) for r in requests[:2]]
         best: dict[str, dict] = {}
         for attempt in range(args.repeats):  # round robin: each way sees the same machine
@@ -319,19 +323,35 @@ def run_model(name: str, path: Path, args) -> list[dict]:
                 if way not in best or row["tokens_per_s"] > best[way]["tokens_per_s"]:
                     best[way] = row
         for way, _ in ways:
-            rows.append({"model": name, "parameters": params, "rate": rate, **best[way]})
+            memory = {"weight_mib": weight_mib[way]} if way in weight_mib else {}
+            rows.append({"model": name, "parameters": params, "rate": rate, **best[way], **memory})
     by = {(r["rate"], r["way"]): r["tokens_per_s"] for r in rows}
+    first = _way(next(iter(engines)))
     for rate in dict.fromkeys(r["rate"] for r in rows):
-        ours = by[(rate, "continuous")]
+        ours = by[(rate, first)]
         rows.append({"model": name, "rate": rate, "way": "ratios",
                      "vs_static": round(ours / by[(rate, "hf-static")], 2),
                      "vs_sequential": round(ours / by[(rate, "hf-sequential")], 2)})  # fmt: skip
     return [*rows, ceiling]
 
 
+def engine_for(path: Path, config: EngineConfig, quantization: str) -> LLMEngine:
+    runner = ModelRunner(path, device="cpu", dtype=DTYPE, block_size=config.block_size,
+                         kv_cache_memory_bytes=KV_CACHE_BYTES, max_model_len=config.max_model_len,
+                         max_num_seqs=config.max_num_seqs,
+                         max_num_batched_tokens=config.max_num_batched_tokens,
+                         quantization=quantization)  # fmt: skip
+    return LLMEngine(config, runner, eos_token_ids=())
+
+
+def _way(quantization: str) -> str:
+    return "continuous" if quantization == "none" else f"continuous-{quantization}"
+
+
 def _print_table(rows: list[dict]) -> None:
     print(f"{'model':<8} {'rate':>6} {'way':<14} {'reqs':>4} {'tok/s':>9} {'ttft p50':>9}"
-          f" {'ttft p99':>9} {'tpot p50':>8} {'tpot p99':>8} {'roofline':>9}   (ms)")  # fmt: skip
+          f" {'ttft p99':>9} {'tpot p50':>8} {'tpot p99':>8} {'roofline':>9}"
+          f" {'weights MiB':>11}   (ms)")  # fmt: skip
     for r in rows:
         if r["way"] not in ("ratios", "decode-matmul-ceiling"):
             _print_row(r)
@@ -339,6 +359,8 @@ def _print_table(rows: list[dict]) -> None:
         if r["way"] == "ratios":
             print(f"{r['model']:<8} rate {r['rate']:>5}: continuous is {r['vs_static']}x static"
                   f" and {r['vs_sequential']}x one-at-a-time")  # fmt: skip
+        if r["way"].startswith("continuous-"):
+            _print_quantized_ratio(r, rows)
         if r["way"] == "decode-matmul-ceiling":
             print(f"{r['model']:<8} the served model's matmuls alone, {r['batch']} rows (one decode"
                   f" step, nothing else): {r['flops'] / 1e9:.1f} GFLOP/s ="
@@ -346,10 +368,22 @@ def _print_table(rows: list[dict]) -> None:
                   f" {r['batch']} in flight can reach")  # fmt: skip
 
 
+def _print_quantized_ratio(r: dict, rows: list[dict]) -> None:
+    """A quantized way against the float one of the same model and rate, when both ran."""
+    key = (r["model"], r["rate"], "continuous")
+    plain = next((x for x in rows if (x["model"], x.get("rate"), x["way"]) == key), None)
+    if plain is None:
+        return
+    print(f"{r['model']:<8} rate {r['rate']:>5}: {r['way']} makes"
+          f" {r['tokens_per_s'] / plain['tokens_per_s']:.2f}x the tok/s of continuous"
+          f" in {r['weight_mib'] / plain['weight_mib']:.2f}x its weights' memory")  # fmt: skip
+
+
 def _print_row(r: dict) -> None:
     print(f"{r['model']:<8} {r['rate']:>6} {r['way']:<14} {r['requests']:>4} {r['tokens_per_s']:>9}"
           f" {r['ttft_p50_ms']:>9} {r['ttft_p99_ms']:>9} {r['tpot_p50_ms']:>8}"
-          f" {r['tpot_p99_ms']:>8} {r['roofline_fraction']:>9}", flush=True)  # fmt: skip
+          f" {r['tpot_p99_ms']:>8} {r['roofline_fraction']:>9}"
+          f" {r.get('weight_mib', ''):>11}", flush=True)  # fmt: skip
 
 
 def main() -> None:
@@ -382,8 +416,16 @@ def main() -> None:
         action="store_true",
         help="run the Hugging Face ways' linear layers through the engine's linear",
     )
+    parser.add_argument(
+        "--quantization",
+        default="none",
+        help="serve the engine once per mode listed (none, int8, int4), side by side",
+    )
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     before = matmul_rates(DTYPE)
     rows = []

@@ -27,11 +27,15 @@ MODEL_NAME_MAX_LENGTH: Final = 253
 # spec.engine keys that are the operator's business and never reach the engine's file.
 OPERATOR_ONLY: Final = ("image",)
 MAX_QUEUE_TIMEOUT_S: Final = 86400
+# How the engine holds its linear weights; `auto` keeps a GGUF's quantized tensors quantized
+# where the device has fast kernels for them (batching_engine/model/quantization.py).
+QUANTIZATIONS: Final = ("auto", "none", "int8", "int4")
 
 
 @dataclass(frozen=True, slots=True)
 class EngineSetting:
-    """One batching setting. `kind` is the value's type (`tuple` for a list of integers);
+    """One engine setting. `kind` is the value's type (`tuple` for a list of integers, `str`
+    for one of `choices`);
     `in_crd` is False for settings deliberately left to hand-written files and flags."""
 
     key: str
@@ -43,7 +47,7 @@ class EngineSetting:
     in_crd: bool
     low: int = 0  # bounds of an integer, and `high` of a number of seconds
     high: int = 0
-    choices: tuple[int, ...] = ()
+    choices: tuple[Any, ...] = ()
 
     def check(self, value: object, where: str) -> Any:
         """`value` checked against this setting alone; the error names `where`."""
@@ -69,6 +73,12 @@ def _integer(spec: EngineSetting, value: object, where: str) -> int:
     if spec.choices and value not in spec.choices:
         raise ContractError(where, f"must be one of {spec.choices}")
     return value  # type: ignore[return-value]
+
+
+def _choice(spec: EngineSetting, value: object, where: str) -> str:
+    if value not in spec.choices or not isinstance(value, str):
+        raise ContractError(where, f"must be one of {', '.join(spec.choices)}, got {value!r}")
+    return value
 
 
 def _seconds(spec: EngineSetting, value: object, where: str) -> float:
@@ -104,6 +114,7 @@ _READERS: Final[dict[type, Callable[[EngineSetting, object, str], Any]]] = {
     float: _seconds,
     bool: _boolean,
     tuple: _sizes,
+    str: _choice,
 }
 
 
@@ -129,6 +140,9 @@ ENGINE_SETTINGS: Final = (
                   "longest wait to fill a batch", True, 0, 10000),
     EngineSetting("maxQueueSize", "max_queue_size", int, 256, "--max-queue-size",
                   "waiting requests before 429s", True, 1, 100000),
+    EngineSetting("quantization", "quantization", str, "auto", "--quantization",
+                  "linear weights: auto (a GGUF's own, where fast), none, int8 or int4", True,
+                  choices=QUANTIZATIONS),
     EngineSetting("queueTimeoutSeconds", "queue_timeout_s", float, 60.0, "--queue-timeout",
                   "seconds a request may wait to start", False, high=MAX_QUEUE_TIMEOUT_S),
     EngineSetting("enablePrefixCaching", "enable_prefix_caching", bool, True,

@@ -151,6 +151,7 @@ CONTRACT_DEFAULTS = {
     "spec.engine.maxBatchSize": 32,
     "spec.engine.maxQueueDelayMs": 5,
     "spec.engine.maxQueueSize": 256,
+    "spec.engine.quantization": "auto",
     "spec.scheduling.policy": "fgd-cluster-aware",
     "spec.replicas": 1,
     "spec.autoscaling.enabled": False,
@@ -248,7 +249,7 @@ def test_shared_sample_matches_its_description():
     )
 
 
-KINDS = {int: "integer", float: "number", bool: "boolean", tuple: "array"}
+KINDS = {int: "integer", float: "number", bool: "boolean", tuple: "array", str: "string"}
 
 
 def crd_spec(path: Path) -> dict:

@@ -2,6 +2,8 @@
 
 The engine has one loader, for HF-format directories; a GGUF file is converted into one:
 config.json, model.safetensors (float32, dequantized), tokenizer.json and tokenizer_config.json.
+config.json records the type the blocks' matrices had in the file (`gguf_weight_type`), which
+`--quantization auto` reads to hold them quantized again (model/quantization.py).
 The result is cached under a directory named by the file's SHA-256, so the conversion runs the
 first time a file is seen and never again; it is written to a temporary directory and renamed
 into place, so a crash or a concurrent conversion never leaves a half-written model behind.
@@ -14,6 +16,7 @@ a raw vocabulary and merge list rather than a tokenizer.json.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from safetensors.torch import save_file
 
 from batching_engine.model.derived_cache import derived_dir
 from batching_engine.model.gguf_tokenizer import build_tokenizer, tokenizer_config
+from batching_engine.model.quantization import GGUF_WEIGHT_TYPE_KEY
 from infergrid.errors import ContractError
 
 # GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.").
@@ -59,6 +63,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     reader = GGUFReader(gguf_path)
     metadata = read_metadata(reader)
     config = hf_config(metadata, {tensor.name for tensor in reader.tensors})
+    config[GGUF_WEIGHT_TYPE_KEY] = weight_type(reader)
     save_file(hf_weights(reader, config), str(out_dir / "model.safetensors"))
     build_tokenizer(metadata).save(str(out_dir / "tokenizer.json"))
     _write_json(out_dir / "tokenizer_config.json", tokenizer_config(metadata))
@@ -106,6 +111,17 @@ def hf_config(metadata: dict[str, Any], tensor_names: set[str]) -> dict[str, Any
         "pad_token_id": metadata.get("tokenizer.ggml.padding_token_id"),
         "torch_dtype": "float32",
     }
+
+
+def weight_type(reader: GGUFReader) -> str:
+    """The tensor type of most of the blocks' matrices (Q4_1, Q8_0, F16, ...): what `auto`
+    quantization keeps them as."""
+    types = Counter(
+        tensor.tensor_type.name
+        for tensor in reader.tensors
+        if tensor.name.startswith("blk.") and len(tensor.shape) == 2
+    )
+    return types.most_common(1)[0][0] if types else "F32"
 
 
 def _rope_scaling(metadata: dict[str, Any]) -> dict[str, Any] | None:

@@ -64,6 +64,14 @@ def pack_linears(model: nn.Module, batch_size: int) -> bool:
     return True
 
 
+class Embedding(nn.Embedding):
+    """nn.Embedding that can also serve as a tied LM head, as `QuantizedEmbedding` does."""
+
+    def as_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the vocabulary: the embedding rows as the LM head's weight."""
+        return linear(hidden, self.weight)
+
+
 class RMSNorm(nn.Module):
     """Scale by the reciprocal root-mean-square, computed in float32 as HF Llama does.
 

@@ -23,7 +23,7 @@ from batching_engine.model.attention import (
     paged_attention,
 )
 from batching_engine.model.config import LlamaConfig
-from batching_engine.model.layers import Linear, RMSNorm, SwiGLUMLP, linear
+from batching_engine.model.layers import Embedding, Linear, RMSNorm, SwiGLUMLP
 from batching_engine.model.rope import RotaryEmbedding
 
 AttentionMetadata = PagedAttentionMetadata | DenseAttentionMetadata
@@ -97,7 +97,7 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
@@ -143,5 +143,6 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits for the given hidden states only: the runner passes just the sampled rows."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linear(hidden, weight)
+        if self.lm_head is None:
+            return self.model.embed_tokens.as_head(hidden)
+        return self.lm_head(hidden)

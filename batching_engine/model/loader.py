@@ -20,6 +20,7 @@ from batching_engine.model.bert_config import BertConfig
 from batching_engine.model.config import LlamaConfig, ModelConfig, model_config_from_dir
 from batching_engine.model.heads import LlamaForSequenceClassification
 from batching_engine.model.llama import LlamaForCausalLM, LlamaModel
+from batching_engine.model.quantization import RowQuantized, quantize_modules
 from batching_engine.model.rope import RotaryEmbedding
 from infergrid.errors import ContractError
 
@@ -56,17 +57,29 @@ def build_model(config: ModelConfig) -> nn.Module:
 
 
 def load_model(
-    model_dir: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    model_dir: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    quantization: str = "none",
 ) -> tuple[ModelConfig, nn.Module]:
-    """Read config and weights; returns the model in eval mode on `device` in `dtype`."""
+    """Read config and weights; returns the model in eval mode on `device` in `dtype`, its
+    linear layers held as `quantization` says ("none", "int8" or "int4")."""
     config = model_config_from_dir(model_dir)
     with torch.device("meta"):
         model = build_model(config).to(dtype=dtype)
+        if quantization != "none":
+            if isinstance(config, BertConfig):
+                raise ContractError("quantization", "applies to Llama models only")
+            quantize_modules(model, quantization, dtype)
     model = model.to_empty(device=torch.device(device))
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.reset_tables()
     load_weights(model, config, safetensors_files(model_dir))
+    for module in model.modules():
+        if isinstance(module, RowQuantized):
+            module.finish()
     return config, model.eval().requires_grad_(False)
 
 
@@ -79,8 +92,14 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
 
 @torch.no_grad()
 def load_weights(model: nn.Module, config: ModelConfig, files: list[Path]) -> None:
-    """Copy every checkpoint tensor into its (slice of a) parameter, then check all are filled."""
-    params = dict(model.named_parameters())
+    """Copy every checkpoint tensor into its (slice of a) parameter, or quantize it into a
+    quantized module's rows, then check all are filled."""
+    params: dict[str, nn.Parameter | RowQuantized] = dict(model.named_parameters())
+    params.update(
+        (f"{name}.weight", module)
+        for name, module in model.named_modules()
+        if isinstance(module, RowQuantized)
+    )
     trunk_prefix = "" if isinstance(model, LlamaModel | BertModel) else "model."
     rows_filled = dict.fromkeys(params, 0)
     for file in files:
@@ -96,7 +115,7 @@ def load_weights(model: nn.Module, config: ModelConfig, files: list[Path]) -> No
                 tensor = checkpoint.get_tensor(name)
                 _copy_rows(params[target], offset, tensor, field)
                 rows_filled[target] += tensor.shape[0]
-    missing = [name for name, param in params.items() if rows_filled[name] != param.shape[0]]
+    missing = [name for name, param in params.items() if rows_filled[name] != _rows(param)]
     if missing:
         raise ContractError("model_dir", f"checkpoint lacks weights for {', '.join(missing)}")
 
@@ -154,7 +173,20 @@ def _target(name: str, config: LlamaConfig, trunk_prefix: str) -> tuple[str, int
     return trunk_name, 0
 
 
-def _copy_rows(param: nn.Parameter, offset: int, tensor: torch.Tensor, field: str) -> None:
+def _rows(target: nn.Parameter | RowQuantized) -> int:
+    return target.rows if isinstance(target, RowQuantized) else target.shape[0]
+
+
+def _copy_rows(
+    target: nn.Parameter | RowQuantized, offset: int, tensor: torch.Tensor, field: str
+) -> None:
+    if isinstance(target, RowQuantized):
+        expected = (min(tensor.shape[0], target.rows - offset), target.columns)
+        if tuple(tensor.shape) != expected:
+            raise ContractError(field, f"shape {tuple(tensor.shape)} does not fit {expected}")
+        target.load_rows(offset, tensor)
+        return
+    param = target
     rows = param.data.narrow(0, offset, min(tensor.shape[0], param.shape[0] - offset))
     if rows.shape != tensor.shape:
         raise ContractError(field, f"shape {tuple(tensor.shape)} does not fit {tuple(rows.shape)}")

@@ -78,6 +78,8 @@ def test_without_a_file_the_model_flag_is_enough_and_names_the_model(model_dir):
         (["--queue-timeout", "0"], "--queue-timeout"),
         (["--max-body-bytes", "0"], "--max-body-bytes"),
         (["--read-timeout", "0"], "--read-timeout"),
+        (["--quantization", "int3"], "--quantization"),
+        (["--quantization", "INT8"], "--quantization"),
     ],
 )
 def test_a_bad_setting_is_named(model_dir, flags: list[str], field: str):
@@ -93,6 +95,16 @@ def test_a_bad_file_names_the_field_in_the_files_spelling(tmp_path, model_dir):
     with pytest.raises(ContractError) as err:
         read(["--config", str(path)])
     assert err.value.field == "engine.maxNumSeqs"
+
+
+def test_quantization_comes_from_the_file_and_a_flag_overrides_it(tmp_path, model_dir):
+    path = operator_file(tmp_path, model_dir, quantization="int4")
+    assert read(["--config", str(path)]).engine.quantization == "int4"
+    assert read(["--config", str(path), "--quantization", "none"]).engine.quantization == "none"
+    assert read(["--model", str(model_dir)]).engine.quantization == "auto"
+    with pytest.raises(ContractError) as err:
+        read(["--config", str(operator_file(tmp_path, model_dir, quantization=8))])
+    assert err.value.field == "engine.quantization" and "int8" in err.value.reason
 
 
 def test_a_rule_broken_by_a_flag_over_the_file_names_the_flag(tmp_path, model_dir):

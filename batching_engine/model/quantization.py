@@ -1,0 +1,270 @@
+"""Weight-only quantization: the linear layers (and a tied embedding) kept as int8 or int4.
+
+Decoding one token reads every weight once, so a step takes about as long as its weights take
+to stream from memory. Keeping them as int8 halves that against bfloat16 (quarters it against
+float32); int4 halves it again. Activations stay in the model's dtype.
+
+- int8: symmetric, one scale per output row (`w = q * scale`, q in -127..127);
+- int4: asymmetric in groups of 32 along the input (`w = q * scale + min`, q in 0..15): exactly
+  the scheme of GGUF's Q4_1 blocks, so a Q4_1 checkpoint re-quantizes to its own codes.
+
+On CUDA the products are torch's kernels, which dequantize inside the matmul:
+`_weight_int8pack_mm`, and `_weight_int4pack_mm` over the codes packed once for it. On the CPU
+torch's fused kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) vectorise for
+AVX-512 only: on this project's AVX2 machine one SmolLM2 decode step's matmuls took 4.9x
+(int8) and 10x (int4) as long through them as in float32 at one row, 34x and 73x at 64 rows
+(bench/quantized_matmul.py). So on the CPU a layer dequantizes its rows into a scratch buffer,
+a few MiB reused by every layer, and multiplies through the same oneDNN linear as float32:
+2.9x (int8) and 4.5x (int4) float32's time at one row, 1.5x at 64. Memory is what int8 and
+int4 save on such a CPU, not time.
+
+Both schemes are row-wise, so the loader fills a fused projection (q, k and v; gate and up)
+shard by shard through `load_rows` and never holds more than one checkpoint tensor in float;
+`finish` then lays the codes out as the forward pass reads them.
+
+A tied embedding (the LM head of SmolLM2 and most small models, a fifth of its weights; Q8_0
+in SmolLM2's GGUF) is kept as int8 rows in both modes: the lookup dequantizes the rows it
+reads, and the LM head multiplies by all of them as any int8 layer does.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from batching_engine.model.layers import Linear, linear
+from infergrid.errors import ContractError
+
+INT4_GROUP_SIZE: Final = 32
+# config.json key where the GGUF import records its linear weights' tensor type.
+GGUF_WEIGHT_TYPE_KEY: Final = "gguf_weight_type"
+# A GGUF tensor type -> the mode that keeps its weights at (about) their size in the file.
+GGUF_MODES: Final = {"Q8_0": "int8", "Q4_0": "int4", "Q4_1": "int4"}
+_INT4_INNER_K_TILES: Final = 8  # the CUDA kernel's packing; 2, 4 or 8
+# The CPU path dequantizes at most this many weights at a time (8 MiB of float32): a SmolLM2
+# projection in one piece, its LM head in 14.
+DEQUANTIZE_CHUNK: Final = 1 << 21
+_scratch = threading.local()  # each thread that runs the model has its own buffer
+
+
+def quantize_int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes int8 [rows, cols], scales float32 [rows]) with `weight ~= codes * scales[:, None]`."""
+    weight = weight.float()
+    scales = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+    codes = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return codes, scales
+
+
+def quantize_int4_rows(
+    weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes uint8 [rows, cols] in 0..15, scales and minima float32 [rows, cols / group])
+    with `weight ~= codes * scale + min`, each group of `group_size` columns on its own."""
+    rows, cols = weight.shape
+    groups = weight.float().reshape(rows, cols // group_size, group_size)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scales = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    codes = torch.round((groups - low[..., None]) / scales[..., None]).clamp(0, 15)
+    return codes.to(torch.uint8).reshape(rows, cols), scales, low
+
+
+def dequantize_int4_rows(
+    codes: torch.Tensor, scales: torch.Tensor, low: torch.Tensor
+) -> torch.Tensor:
+    """The float32 weight that `quantize_int4_rows`' output stands for."""
+    rows, cols = codes.shape
+    groups = codes.float().reshape(rows, scales.shape[1], -1)
+    return (groups * scales[..., None] + low[..., None]).reshape(rows, cols)
+
+
+def resolve_quantization(asked: str, model_dir: Path, device: torch.device) -> tuple[str, str]:
+    """(none, int8 or int4, why) for the `quantization` setting.
+
+    `auto` keeps a GGUF file's quantized weights quantized on a GPU. On the CPU it holds them
+    in the model's dtype, since quantized matmuls are slower there (see the module's note).
+    """
+    if asked != "auto":
+        return asked, f"quantization {asked}"
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    source = config.get(GGUF_WEIGHT_TYPE_KEY)
+    mode = GGUF_MODES.get(source, "none")
+    if source is None or mode == "none":
+        return "none", "auto: the checkpoint's weights are not quantized"
+    if device.type != "cuda":
+        return "none", f"auto: {source} weights held as floats on the CPU; int8/int4 are slower"
+    return mode, f"auto: the checkpoint's {source} weights held as {mode}"
+
+
+class RowQuantized(nn.Module):
+    """A weight held quantized row by row, which the loader fills through `load_rows`."""
+
+    rows: int
+    columns: int
+
+    def load_rows(self, offset: int, weight: torch.Tensor) -> None:
+        """Quantize float `weight` into rows `offset..offset + len(weight)`."""
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Ready the kernel's layout once every row is in."""
+
+
+class QuantizedLinear(RowQuantized):
+    """`x @ w.T` for a weight held as int8 rows or int4 groups (see the module's note).
+
+    Built empty (on the meta device, like every module the loader fills); `load_rows` takes
+    float rows of the weight as the checkpoint has them, `finish` lays the codes out for the
+    device: packed for torch's kernel on CUDA, two codes a byte for the CPU path.
+    """
+
+    def __init__(self, in_features: int, out_features: int, mode: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        if mode == "int4" and in_features % INT4_GROUP_SIZE:
+            raise ContractError(
+                "quantization",
+                f"int4 needs layer widths divisible by {INT4_GROUP_SIZE}, got {in_features}",
+            )
+        self.rows, self.columns, self.mode = out_features, in_features, mode
+        code_type = torch.int8 if mode == "int8" else torch.uint8
+        self.register_buffer("codes", torch.empty(out_features, in_features, dtype=code_type))
+        if mode == "int8":
+            self.register_buffer("scales", torch.empty(out_features, dtype=dtype))
+        else:
+            groups = in_features // INT4_GROUP_SIZE
+            self.register_buffer("scales", torch.empty(out_features, groups, dtype=dtype))
+            self.register_buffer("low", torch.empty(out_features, groups, dtype=dtype))
+
+    @torch.no_grad()
+    def load_rows(self, offset: int, weight: torch.Tensor) -> None:
+        rows = slice(offset, offset + weight.shape[0])
+        if self.mode == "int8":
+            codes, scales = quantize_int8_rows(weight)
+        else:
+            codes, scales, low = quantize_int4_rows(weight)
+            self.low[rows] = low.to(self.low.dtype)
+        self.codes[rows] = codes.to(self.codes.device)
+        self.scales[rows] = scales.to(self.scales.dtype)
+
+    @torch.no_grad()
+    def finish(self) -> None:
+        """int4: two codes a byte on the CPU; on CUDA the kernel's packing of codes, scales
+        and midpoints (it computes (q - 8) * scale + zero), which replaces them."""
+        if self.mode != "int4":
+            return
+        nibbles = (self.codes[:, ::2] << 4 | self.codes[:, 1::2]).contiguous()
+        if not self.codes.is_cuda:
+            self.codes = nibbles
+            return
+        zeros = self.low + 8 * self.scales
+        scales_and_zeros = torch.stack([self.scales, zeros], dim=-1).transpose(0, 1).contiguous()
+        packed = torch.ops.aten._convert_weight_to_int4pack(nibbles, _INT4_INNER_K_TILES)
+        for name in ("codes", "scales", "low"):
+            delattr(self, name)
+        self.register_buffer("packed_weight", packed, persistent=False)
+        self.register_buffer("packed_scales", scales_and_zeros, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_cuda:
+            fill = _int8_rows(self.codes, self.scales) if self.mode == "int8" else self._int4_rows
+            return dequantized_linear(x, self.rows, self.columns, fill)
+        if self.mode == "int8":
+            return torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.codes, self.scales)
+        return torch.ops.aten._weight_int4pack_mm(
+            x.contiguous(), self.packed_weight, INT4_GROUP_SIZE, self.packed_scales
+        )
+
+    def _int4_rows(self, rows: slice, out: torch.Tensor) -> None:
+        """Rows of the weight into `out`: each byte's two codes, then `q * scale + min`."""
+        pairs = out.view(out.shape[0], -1, 2)
+        nibbles = self.codes[rows]
+        pairs[..., 0] = nibbles >> 4
+        pairs[..., 1] = nibbles & 15
+        groups = out.view(out.shape[0], -1, INT4_GROUP_SIZE)
+        groups.mul_(self.scales[rows, :, None]).add_(self.low[rows, :, None])
+
+
+class QuantizedEmbedding(RowQuantized):
+    """A token embedding held as int8 rows; doubles as the LM head of a tied model."""
+
+    def __init__(self, num_embeddings: int, dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.rows, self.columns = num_embeddings, dim
+        self.register_buffer("codes", torch.empty(num_embeddings, dim, dtype=torch.int8))
+        self.register_buffer("scales", torch.empty(num_embeddings, dtype=dtype))
+
+    @torch.no_grad()
+    def load_rows(self, offset: int, weight: torch.Tensor) -> None:
+        codes, scales = quantize_int8_rows(weight)
+        rows = slice(offset, offset + weight.shape[0])
+        self.codes[rows] = codes.to(self.codes.device)
+        self.scales[rows] = scales.to(self.scales.dtype)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.codes).to(self.scales.dtype) * self.scales[ids, None]
+
+    def as_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the vocabulary: the embedding rows as the LM head's weight."""
+        if hidden.is_cuda:
+            return torch.ops.aten._weight_int8pack_mm(hidden.contiguous(), self.codes, self.scales)
+        fill = _int8_rows(self.codes, self.scales)
+        return dequantized_linear(hidden, self.rows, self.columns, fill)
+
+
+Fill = Callable[[slice, torch.Tensor], None]
+
+
+def dequantized_linear(x: torch.Tensor, rows: int, columns: int, fill: Fill) -> torch.Tensor:
+    """`x @ w.T` on the CPU, `fill(rows, out)` writing float rows of `w` into the thread's
+    scratch buffer, at most DEQUANTIZE_CHUNK weights at a time."""
+    step = max(1, DEQUANTIZE_CHUNK // columns)
+    if rows <= step:
+        weight = _scratch_rows(rows, columns, x.dtype)
+        fill(slice(0, rows), weight)
+        return linear(x, weight)
+    out = x.new_empty(*x.shape[:-1], rows)
+    for start in range(0, rows, step):
+        chunk = slice(start, min(rows, start + step))
+        weight = _scratch_rows(chunk.stop - start, columns, x.dtype)
+        fill(chunk, weight)
+        out[..., chunk] = linear(x, weight)
+    return out
+
+
+def _scratch_rows(rows: int, columns: int, dtype: torch.dtype) -> torch.Tensor:
+    """A [rows, columns] view of this thread's buffer, grown (never shrunk) to fit: allocated
+    once, since a fresh multi-MiB tensor per layer cost page faults that took longer than
+    the matmul."""
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.numel() < rows * columns or buffer.dtype != dtype:
+        with torch.inference_mode(False):  # a plain tensor: written in and out of that mode
+            buffer = _scratch.buffer = torch.empty(rows * columns, dtype=dtype)
+    return buffer[: rows * columns].view(rows, columns)
+
+
+def _int8_rows(codes: torch.Tensor, scales: torch.Tensor) -> Fill:
+    def fill(rows: slice, out: torch.Tensor) -> None:
+        torch.mul(codes[rows], scales[rows, None], out=out)
+
+    return fill
+
+
+def quantize_modules(model: nn.Module, mode: str, dtype: torch.dtype) -> None:
+    """Swap, in place, a Llama model's projections (and LM head, or the embedding it is tied
+    to) for quantized ones, before the loader fills them. A classifier's score head, a few
+    rows, stays as it is."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, Linear) and name != "score":
+                swapped = QuantizedLinear(child.in_features, child.out_features, mode, dtype)
+                setattr(module, name, swapped)
+    lm_head = getattr(model, "lm_head", False)
+    if lm_head is None:  # tied: the embedding is the head
+        embedding = model.model.embed_tokens
+        model.model.embed_tokens = QuantizedEmbedding(*embedding.weight.shape, dtype)
