@@ -36,10 +36,10 @@ TEXT = Path(__file__).parent / "data" / "perplexity.txt"
 PERPLEXITY_BOUNDS = {"int8": 0.02, "int4": 0.10}
 
 weights = st.builds(
-    lambda rows, groups, seed, spread: torch.randn(
-        rows, groups * INT4_GROUP_SIZE, generator=torch.Generator().manual_seed(seed)
-    )
-    * spread,
+    lambda rows, groups, seed, spread: (
+        torch.randn(rows, groups * INT4_GROUP_SIZE, generator=torch.Generator().manual_seed(seed))
+        * spread
+    ),
     st.integers(1, 8),
     st.integers(1, 4),
     st.integers(0, 2**31),
@@ -123,9 +123,7 @@ def with_weights_quantized(model, mode: str, tied: bool):
 
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_a_quantized_tiny_llama_decodes_as_transformers_with_the_same_weights(
-    tmp_path, mode, tied
-):
+def test_a_quantized_tiny_llama_decodes_as_transformers_with_the_same_weights(tmp_path, mode, tied):
     """Greedy tokens equal transformers' on the weights the codes stand for, and the
     weights (the head or tied embedding as int8 rows) take a fraction of float32's bytes."""
     reference = save_tiny_llama(
