@@ -71,6 +71,7 @@ class EngineConfig:
     preferred_batch_sizes: tuple[int, ...] = BY_ATTR["preferred_batch_sizes"].default
     max_queue_delay_ms: int = BY_ATTR["max_queue_delay_ms"].default
     quantization: str = BY_ATTR["quantization"].default
+    tensor_parallel_size: int = BY_ATTR["tensor_parallel_size"].default
 
     def __post_init__(self) -> None:
         values = asdict(self)

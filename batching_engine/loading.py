@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import torch
 
 from batching_engine.async_engine import AsyncEngine
 from batching_engine.config import EngineConfig, Settings
-from batching_engine.device import choose_device, use_device
+from batching_engine.device import DeviceChoice, choose_device, use_device
 from batching_engine.engine import LLMEngine
 from batching_engine.memory_budget import resolve_memory_budget
 from batching_engine.metrics import EngineMetrics
@@ -28,19 +29,27 @@ from batching_engine.model_runner import ModelRunner
 from batching_engine.model_source import resolve_model_dir
 from batching_engine.server.served_model import GENERATION_TASK, ServedModel
 from batching_engine.tokenizer import Tokenizer
+from batching_engine.tp_workers import TPWorkers
 from infergrid.errors import ContractError
+from infergrid.serving_config import BY_ATTR
 
 log = logging.getLogger("infergrid.engine")
 
 
-def load(settings: Settings, metrics: EngineMetrics) -> tuple[ServedModel, AsyncEngine]:
+def load(
+    settings: Settings,
+    metrics: EngineMetrics,
+    on_failure: Callable[[str], None] = lambda reason: None,
+) -> tuple[ServedModel, AsyncEngine]:
+    """`on_failure` hears, from another thread, that the engine can no longer serve: a
+    tensor-parallel worker died."""
     started = time.monotonic()
     _set_cpu_threads(settings.cpu_threads)
     model_dir = resolve_model_dir(settings.model_uri, allow_download=settings.allow_download)
     model_config = model_config_from_dir(model_dir)
     _check_task(settings.task, model_config)
     engine_config = _fit_model_len(settings, model_config)
-    runner = _runner(settings, model_dir, engine_config)
+    runner = _runner(settings, model_dir, engine_config, on_failure)
     tokenizer = Tokenizer(model_dir)
     engine = None
     if settings.task == GENERATION_TASK:
@@ -92,10 +101,18 @@ def _fit_model_len(settings: Settings, config: ModelConfig) -> EngineConfig:
     return replace(settings.engine, max_model_len=limit)
 
 
-def _runner(settings: Settings, model_dir: Path, engine_config: EngineConfig) -> ModelRunner:
+def _runner(
+    settings: Settings,
+    model_dir: Path,
+    engine_config: EngineConfig,
+    on_failure: Callable[[str], None],
+) -> ModelRunner:
     cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
     choice = choose_device(settings.device, cuda_devices, os.environ)
     device, total = choice.device, None
+    size = tensor_parallel_size(engine_config.tensor_parallel_size, choice, cuda_devices)
+    if size > 1 and choice.is_cuda:
+        device = "cuda:0"  # rank r serves on cuda:r
     if choice.is_cuda:
         total = torch.cuda.get_device_properties(torch.device(device)).total_memory
     log.info("device %s (%s): %s", device, settings.dtype or choice.dtype, choice.reason)
@@ -112,15 +129,38 @@ def _runner(settings: Settings, model_dir: Path, engine_config: EngineConfig) ->
         engine_config.quantization, model_dir, torch.device(device)
     )
     log.info("weights: %s (%s)", quantization, why)
-    return ModelRunner(
-        model_dir,
-        device=device,
-        dtype=settings.dtype or choice.dtype,
-        block_size=engine_config.block_size,
-        kv_cache_memory_bytes=budget.kv_cache_bytes,
-        memory_budget_bytes=budget.total_bytes,
-        max_model_len=engine_config.max_model_len,
-        max_num_seqs=engine_config.max_num_seqs,
-        max_num_batched_tokens=engine_config.max_num_batched_tokens,
-        quantization=quantization,
-    )
+    kwargs = {
+        "model_dir": model_dir,
+        "device": device,
+        "dtype": settings.dtype or choice.dtype,
+        "block_size": engine_config.block_size,
+        "kv_cache_memory_bytes": budget.kv_cache_bytes,
+        "memory_budget_bytes": budget.total_bytes,
+        "max_model_len": engine_config.max_model_len,
+        "max_num_seqs": engine_config.max_num_seqs,
+        "max_num_batched_tokens": engine_config.max_num_batched_tokens,
+        "quantization": quantization,
+    }
+    if size == 1:
+        return ModelRunner(**kwargs)
+    log.info("tensor parallelism: %d ranks", size)
+    workers = TPWorkers(size, kwargs, on_failure=on_failure, cpu_threads=torch.get_num_threads())
+    try:
+        return ModelRunner(**kwargs, workers=workers)
+    except BaseException:
+        workers.close()
+        raise
+
+
+def tensor_parallel_size(asked: int, choice: DeviceChoice, cuda_devices: int) -> int:
+    """The ranks to run: as asked, or (0) one per visible GPU (1 on the CPU, or on the one GPU
+    `--device cuda:N` names). On GPUs each rank needs its own, so more ranks than visible GPUs
+    is refused."""
+    if asked == 0:
+        return cuda_devices if choice.device == "cuda" else 1
+    if choice.is_cuda and asked > cuda_devices:
+        raise ContractError(
+            BY_ATTR["tensor_parallel_size"].flag,
+            f"{asked} ranks need {asked} GPUs; {cuda_devices} are visible",
+        )
+    return asked

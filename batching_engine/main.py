@@ -10,7 +10,8 @@ default, serves on the GPU the pod was given and on the CPU when none is visible
 drains: readiness fails, everything accepted finishes, and the process exits 0.
 
 Exit codes: 0 after a drain, 2 for bad settings (one line on stderr naming the field),
-1 when the model fails to load for another reason.
+1 when the model fails to load for another reason, or when a tensor-parallel worker dies
+(readiness fails at once; the engine drains what it can and exits).
 """
 
 from __future__ import annotations
@@ -113,12 +114,19 @@ async def serve(settings: Settings) -> int:
 
 
 async def _load_then_serve(server, settings, load, stop: asyncio.Event, metrics) -> int:
-    loading = _in_daemon_thread(lambda: load(settings, metrics))
+    loop = asyncio.get_running_loop()
+    failures: list[str] = []
+
+    def failed(reason: str) -> None:  # from the tensor-parallel monitor's thread
+        failures.append(reason)
+        loop.call_soon_threadsafe(stop.set)
+
+    loading = _in_daemon_thread(lambda: load(settings, metrics, failed))
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if not loading.done():
         log.info("stopped while loading the model")
-        return 0
+        return EXIT_LOAD_FAILED if failures else 0
     try:
         model, engine = loading.result()
     except ContractError as err:
@@ -135,6 +143,9 @@ async def _load_then_serve(server, settings, load, stop: asyncio.Event, metrics)
         return EXIT_LOAD_FAILED
     log.info("ready: serving %s (%s); warm-up answered in %.2f s", model.name, model.task, seconds)
     await stopping
+    if failures:
+        log.error("%s; stopping", failures[0])
+        return EXIT_LOAD_FAILED
     return 0
 
 

@@ -46,6 +46,13 @@ from batching_engine.model.llama import LlamaModel
 from batching_engine.model.loader import load_model
 from batching_engine.model.pooling import read_pooling
 from batching_engine.model.step_metadata import dense_metadata, paged_step_metadata
+from batching_engine.model.tensor_parallel import (
+    SINGLE,
+    Followers,
+    TensorParallel,
+    receive_step,
+    send_step,
+)
 from batching_engine.sampler import sample
 from batching_engine.sequence import Sequence
 from infergrid.errors import ContractError
@@ -74,26 +81,32 @@ class ModelRunner:
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 4096,
         quantization: str = "none",
+        tp: TensorParallel = SINGLE,
+        workers: Followers | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.dtype = _dtype(dtype)
         self.block_size = block_size
         self.quantization = quantization
+        self.workers = workers  # rank 0 of a tensor-parallel engine: the other ranks
+        tp = workers.tp if workers is not None else tp
+        self.tp = tp
         self.config, self.model = load_model(
-            model_dir, dtype=self.dtype, device=device, quantization=quantization
+            model_dir, dtype=self.dtype, device=device, quantization=quantization, tp=tp
         )
         self.pooling = read_pooling(model_dir)
         pack_linears(self.model, max_num_seqs)  # CPU float32 only: the decode batch's rows
         self.max_model_len = _max_model_len(self.config, max_model_len)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.kv_layout = KVCacheLayout.for_model(self.config, block_size, self.dtype)
+        self.kv_layout = KVCacheLayout.for_model(self.config, block_size, self.dtype, tp)
         self.kv_caches: KVCaches = []
         self.num_kv_blocks = 0
         self.decode_graphs: DecodeGraphs | None = None
         if self.config.head == "lm_head":
-            graphs = DecodeGraphs.available(self.device)
+            graphs = DecodeGraphs.available(self.device) and tp.size == 1
             kv_bytes = self._kv_cache_bytes(kv_cache_memory_bytes, memory_budget_bytes, graphs)
-            self.num_kv_blocks = self.kv_layout.num_blocks(kv_bytes, self.max_model_len)
+            # Block tables are shared, so every rank holds as many blocks as the smallest can.
+            self.num_kv_blocks = tp.min(self.kv_layout.num_blocks(kv_bytes, self.max_model_len))
             self.kv_caches = self.kv_layout.allocate(self.num_kv_blocks, self.device)
             if graphs:
                 self.capture_decode_graphs()
@@ -190,8 +203,28 @@ class ModelRunner:
         )
         return on_device["input_ids"], meta, on_device["last_rows"]
 
+    @torch.inference_mode()
+    def follow(self) -> None:
+        """Ranks other than 0: run each step rank 0 sends, in lockstep with it, until it sends
+        the stop (`stop_followers`)."""
+        while (step := receive_step(self.tp, self.device)) is not None:
+            self.model(*step, self.kv_caches)
+
+    def stop_followers(self) -> None:
+        """Rank 0: end the other ranks' `follow`."""
+        send_step(self.tp, None)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (after the last step)."""
+        if self.workers is None:
+            return
+        if self.workers.failed is None:
+            self.stop_followers()
+        self.workers.close()
+
     def _forward(self, input_ids: torch.Tensor, meta: PagedAttentionMetadata) -> torch.Tensor:
         """Hidden states of every token: decode-only steps through a graph when one fits."""
+        send_step(self.tp, (input_ids, meta))
         if self.decode_graphs is None or meta.num_prefill_seqs:
             return self.model(input_ids, meta, self.kv_caches)
         inputs = {"input_ids": input_ids, "positions": meta.positions,

@@ -149,7 +149,6 @@ def test_each_sample_gets_its_children_and_turns_ready(cluster, namespace, start
 @pytest.mark.parametrize(
     ("spec", "field"),
     [
-        ({"resources": {"gpus": 2}}, "spec.resources.gpus"),
         ({"model": {"name": "bge", "storageUri": "hf://BAAI/bge-small-en-v1.5",
                     "task": "embedding"}}, "spec.model.storageUri"),
         ({"canary": {"storageUri": "hf://org/chat@v2", "trafficPercent": 10}},
@@ -159,7 +158,7 @@ def test_each_sample_gets_its_children_and_turns_ready(cluster, namespace, start
         ({"scheduling": {"priorityClassName": "not-allowed"}},
          "spec.scheduling.priorityClassName"),
     ],
-    ids=["two-gpus-without-tensor-parallelism", "hf-without-a-cache", "hf-canary-without-a-cache",
+    ids=["hf-without-a-cache", "hf-canary-without-a-cache",
          "a-system-priority-class", "a-priority-class-not-allowed"],
 )  # fmt: skip
 def test_a_spec_the_operator_cannot_serve_is_refused_with_a_condition_naming_the_field(

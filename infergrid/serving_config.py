@@ -143,6 +143,10 @@ ENGINE_SETTINGS: Final = (
     EngineSetting("quantization", "quantization", str, "auto", "--quantization",
                   "linear weights: auto (a GGUF's own, where fast), none, int8 or int4", True,
                   choices=QUANTIZATIONS),
+    EngineSetting("tensorParallelSize", "tensor_parallel_size", int, 0,
+                  "--tensor-parallel-size",
+                  "ranks splitting each layer (0: one per visible GPU, 1 on the CPU); the "
+                  "operator sets the replica's GPU count", False, 0, 64),
     EngineSetting("queueTimeoutSeconds", "queue_timeout_s", float, 60.0, "--queue-timeout",
                   "seconds a request may wait to start", False, high=MAX_QUEUE_TIMEOUT_S),
     EngineSetting("enablePrefixCaching", "enable_prefix_caching", bool, True,

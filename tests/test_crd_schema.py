@@ -134,10 +134,9 @@ def test_the_load_timeout_is_bounded_and_left_to_the_operators_default(schema):
     assert "600" in node["description"]
 
 
-def test_more_than_one_gpu_is_documented_as_refused_by_the_operator(schema):
+def test_several_gpus_per_replica_are_documented_as_tensor_parallel(schema):
     resources = schema["properties"]["spec"]["properties"]["resources"]["properties"]
     assert (resources["gpus"]["minimum"], resources["gpus"]["maximum"]) == (1, 8)
-    assert "refuses more than 1" in resources["gpus"]["description"]
     assert "tensor parallelism" in resources["gpus"]["description"]
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from batching_engine.model.config import LlamaConfig
+from batching_engine.model.tensor_parallel import SINGLE, TensorParallel, kv_heads
 from infergrid.errors import ContractError
 
 MIB = 1 << 20
@@ -26,10 +27,16 @@ class KVCacheLayout:
     dtype: torch.dtype
 
     @classmethod
-    def for_model(cls, config: LlamaConfig, block_size: int, dtype: torch.dtype) -> KVCacheLayout:
-        return cls(
-            config.num_hidden_layers, block_size, config.num_key_value_heads, config.head_dim, dtype
-        )
+    def for_model(
+        cls,
+        config: LlamaConfig,
+        block_size: int,
+        dtype: torch.dtype,
+        tp: TensorParallel = SINGLE,
+    ) -> KVCacheLayout:
+        """The cache of this rank's KV heads (all of them without tensor parallelism)."""
+        heads = len(kv_heads(config.num_key_value_heads, tp))
+        return cls(config.num_hidden_layers, block_size, heads, config.head_dim, dtype)
 
     @property
     def bytes_per_block(self) -> int:

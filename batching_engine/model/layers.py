@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from batching_engine.kernels import dispatch
+from batching_engine.model.tensor_parallel import SINGLE, TensorParallel, mlp_columns
 
 # Decided once, at import: oneDNN's linear where this torch build has it.
 ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and all(
@@ -92,13 +93,17 @@ class RMSNorm(nn.Module):
 
 
 class SwiGLUMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), with gate and up fused into one projection."""
+    """down(silu(gate(x)) * up(x)), with gate and up fused into one projection. Under tensor
+    parallelism it holds this rank's intermediate columns and sums `down`'s output."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, tp: TensorParallel = SINGLE
+    ) -> None:
         super().__init__()
-        self.intermediate_size = intermediate_size
-        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
+        self.tp = tp
+        self.intermediate_size = len(mlp_columns(intermediate_size, tp))
+        self.gate_up_proj = Linear(hidden_size, 2 * self.intermediate_size, bias=False)
+        self.down_proj = Linear(self.intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(dispatch.silu_and_mul(self.gate_up_proj(x)))
+        return self.tp.all_reduce(self.down_proj(dispatch.silu_and_mul(self.gate_up_proj(x))))

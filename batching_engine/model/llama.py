@@ -25,6 +25,7 @@ from batching_engine.model.attention import (
 from batching_engine.model.config import LlamaConfig
 from batching_engine.model.layers import Embedding, Linear, RMSNorm, SwiGLUMLP
 from batching_engine.model.rope import RotaryEmbedding
+from batching_engine.model.tensor_parallel import SINGLE, TensorParallel, kv_heads, query_heads
 
 AttentionMetadata = PagedAttentionMetadata | DenseAttentionMetadata
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -32,12 +33,16 @@ RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [max_positions, head
 
 
 class LlamaAttention(nn.Module):
-    """Grouped-query self-attention: q, k and v from one fused projection."""
+    """Grouped-query self-attention: q, k and v from one fused projection. Under tensor
+    parallelism it holds this rank's heads only, and sums `o_proj`'s output over the ranks."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.tp = tp
+        self.num_heads = len(
+            query_heads(config.num_attention_heads, config.num_key_value_heads, tp)
+        )
+        self.num_kv_heads = len(kv_heads(config.num_key_value_heads, tp))
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -63,18 +68,18 @@ class LlamaAttention(nn.Module):
             assert kv_cache is not None, "paged attention needs this layer's KV cache"
             dispatch.write_kv_cache(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
             out = paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
 
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention then pre-norm MLP, each added to the residual stream."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config)
+        self.self_attn = LlamaAttention(config, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, tp)
 
     def forward(
         self,
@@ -95,14 +100,14 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding, decoder layers and the final norm: token ids in, hidden states out."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, tp) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -124,9 +129,9 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """The decoder plus an LM head, which is the embedding matrix when the model ties them."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.model = LlamaModel(config)
+        self.model = LlamaModel(config, tp)
         self.lm_head = (
             None
             if config.tie_word_embeddings

@@ -10,6 +10,7 @@ slice of the fused projections.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors import safe_open
@@ -22,6 +23,14 @@ from batching_engine.model.heads import LlamaForSequenceClassification
 from batching_engine.model.llama import LlamaForCausalLM, LlamaModel
 from batching_engine.model.quantization import RowQuantized, quantize_modules
 from batching_engine.model.rope import RotaryEmbedding
+from batching_engine.model.tensor_parallel import (
+    SINGLE,
+    TensorParallel,
+    kv_heads,
+    mlp_columns,
+    query_heads,
+    rows_of,
+)
 from infergrid.errors import ContractError
 
 # Checkpoint tensors that hold nothing the model needs (older HF exports saved rope tables).
@@ -43,14 +52,32 @@ _BERT_RENAMES = (
 _BERT_QKV = ("attention.self.query.", "attention.self.key.", "attention.self.value.")
 
 
-def build_model(config: ModelConfig) -> nn.Module:
-    """The module for the config's architecture, with uninitialised weights."""
+class Placement(NamedTuple):
+    """Where a checkpoint tensor goes: our parameter, the row its slice starts at, and the
+    slice of the tensor this rank holds (rows, then columns; None: all)."""
+
+    target: str
+    offset: int = 0
+    rows: slice | None = None
+    columns: slice | None = None
+
+    def part(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.rows is not None:
+            tensor = tensor[self.rows]
+        if self.columns is not None:
+            tensor = tensor[:, self.columns]
+        return tensor
+
+
+def build_model(config: ModelConfig, tp: TensorParallel = SINGLE) -> nn.Module:
+    """The module for the config's architecture, with uninitialised weights; this rank's
+    share of it under tensor parallelism (a causal LM's only)."""
     if isinstance(config, BertConfig):
         if config.head == "classifier":
             return BertForSequenceClassification(config)
         return BertModel(config)
     if config.head == "lm_head":
-        return LlamaForCausalLM(config)
+        return LlamaForCausalLM(config, tp)
     if config.head == "score":
         return LlamaForSequenceClassification(config)
     return LlamaModel(config)
@@ -62,12 +89,16 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
     quantization: str = "none",
+    tp: TensorParallel = SINGLE,
 ) -> tuple[ModelConfig, nn.Module]:
     """Read config and weights; returns the model in eval mode on `device` in `dtype`, its
-    linear layers held as `quantization` says ("none", "int8" or "int4")."""
+    linear layers held as `quantization` says ("none", "int8" or "int4"), this rank's share
+    of them under tensor parallelism."""
     config = model_config_from_dir(model_dir)
+    if tp.size > 1 and config.head != "lm_head":
+        raise ContractError("tensor_parallel_size", "applies to text-generation models only")
     with torch.device("meta"):
-        model = build_model(config).to(dtype=dtype)
+        model = build_model(config, tp).to(dtype=dtype)
         if quantization != "none":
             if isinstance(config, BertConfig):
                 raise ContractError("quantization", "applies to Llama models only")
@@ -76,7 +107,7 @@ def load_model(
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.reset_tables()
-    load_weights(model, config, safetensors_files(model_dir))
+    load_weights(model, config, safetensors_files(model_dir), tp)
     for module in model.modules():
         if isinstance(module, RowQuantized):
             module.finish()
@@ -91,7 +122,9 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
 
 
 @torch.no_grad()
-def load_weights(model: nn.Module, config: ModelConfig, files: list[Path]) -> None:
+def load_weights(
+    model: nn.Module, config: ModelConfig, files: list[Path], tp: TensorParallel = SINGLE
+) -> None:
     """Copy every checkpoint tensor into its (slice of a) parameter, or quantize it into a
     quantized module's rows, then check all are filled."""
     params: dict[str, nn.Parameter | RowQuantized] = dict(model.named_parameters())
@@ -105,26 +138,29 @@ def load_weights(model: nn.Module, config: ModelConfig, files: list[Path]) -> No
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as checkpoint:
             for name in checkpoint.keys():
-                located = _locate(name, config, trunk_prefix)
-                if located is None:
+                placement = _locate(name, config, trunk_prefix, tp)
+                if placement is None:
                     continue
                 field = f"{file.name}:{name}"
-                target, offset = located
+                target = placement.target
                 if target not in params:
                     raise ContractError(field, "no such parameter in the model")
-                tensor = checkpoint.get_tensor(name)
-                _copy_rows(params[target], offset, tensor, field)
+                tensor = placement.part(checkpoint.get_tensor(name))
+                _copy_rows(params[target], placement.offset, tensor, field)
                 rows_filled[target] += tensor.shape[0]
     missing = [name for name, param in params.items() if rows_filled[name] != _rows(param)]
     if missing:
         raise ContractError("model_dir", f"checkpoint lacks weights for {', '.join(missing)}")
 
 
-def _locate(name: str, config: ModelConfig, trunk_prefix: str) -> tuple[str, int] | None:
-    """Where a checkpoint tensor goes (our parameter, its first row), or None to skip it."""
+def _locate(
+    name: str, config: ModelConfig, trunk_prefix: str, tp: TensorParallel
+) -> Placement | None:
+    """Where a checkpoint tensor goes, or None to skip it."""
     if isinstance(config, BertConfig):
-        return _bert_target(name, config, trunk_prefix)
-    return None if _ignored(name, config) else _target(name, config, trunk_prefix)
+        found = _bert_target(name, config, trunk_prefix)
+        return None if found is None else Placement(*found)
+    return None if _ignored(name, config) else _target(name, config, trunk_prefix, tp)
 
 
 def _bert_target(name: str, config: BertConfig, trunk_prefix: str) -> tuple[str, int] | None:
@@ -153,24 +189,31 @@ def _ignored(name: str, config: LlamaConfig) -> bool:
     return tied_copy or name.endswith(_IGNORED_SUFFIXES)
 
 
-def _target(name: str, config: LlamaConfig, trunk_prefix: str) -> tuple[str, int]:
-    """Our parameter for an HF tensor name, and the row where the tensor starts in it."""
+def _target(name: str, config: LlamaConfig, trunk_prefix: str, tp: TensorParallel) -> Placement:
+    """Our parameter for an HF tensor name, the row where the tensor starts in it, and this
+    rank's slice of it (see model/tensor_parallel.py for the split)."""
     if name.startswith(("lm_head.", "score.")):
-        return name, 0
+        return Placement(name)
     trunk_name = trunk_prefix + name.removeprefix("model.")
-    q_size = config.num_attention_heads * config.head_dim
-    kv_size = config.num_key_value_heads * config.head_dim
-    fused = {
-        "self_attn.q_proj.weight": ("self_attn.qkv_proj.weight", 0),
-        "self_attn.k_proj.weight": ("self_attn.qkv_proj.weight", q_size),
-        "self_attn.v_proj.weight": ("self_attn.qkv_proj.weight", q_size + kv_size),
-        "mlp.gate_proj.weight": ("mlp.gate_up_proj.weight", 0),
-        "mlp.up_proj.weight": ("mlp.gate_up_proj.weight", config.intermediate_size),
+    head_dim = config.head_dim
+    q = rows_of(query_heads(config.num_attention_heads, config.num_key_value_heads, tp), head_dim)
+    kv = rows_of(kv_heads(config.num_key_value_heads, tp), head_dim)
+    mlp = mlp_columns(config.intermediate_size, tp)
+    mlp_rows = slice(mlp.start, mlp.stop)
+    q_size, kv_size = q.stop - q.start, kv.stop - kv.start
+    split = {
+        "self_attn.q_proj.weight": ("self_attn.qkv_proj.weight", 0, q, None),
+        "self_attn.k_proj.weight": ("self_attn.qkv_proj.weight", q_size, kv, None),
+        "self_attn.v_proj.weight": ("self_attn.qkv_proj.weight", q_size + kv_size, kv, None),
+        "self_attn.o_proj.weight": ("self_attn.o_proj.weight", 0, None, q),
+        "mlp.gate_proj.weight": ("mlp.gate_up_proj.weight", 0, mlp_rows, None),
+        "mlp.up_proj.weight": ("mlp.gate_up_proj.weight", len(mlp), mlp_rows, None),
+        "mlp.down_proj.weight": ("mlp.down_proj.weight", 0, None, mlp_rows),
     }
-    for suffix, (fused_suffix, offset) in fused.items():
+    for suffix, (ours, offset, rows, columns) in split.items():
         if trunk_name.endswith(suffix):
-            return trunk_name.removesuffix(suffix) + fused_suffix, offset
-    return trunk_name, 0
+            return Placement(trunk_name.removesuffix(suffix) + ours, offset, rows, columns)
+    return Placement(trunk_name)
 
 
 def _rows(target: nn.Parameter | RowQuantized) -> int:

@@ -115,6 +115,8 @@ class EngineServer:
     async def close(self) -> None:
         if self.engine is not None:
             await self.engine.close()
+        if self.model is not None:
+            await asyncio.to_thread(self.model.runner.close)
 
     # What endpoints need; each raises NotReadyError (a 503) when it is not there.
 

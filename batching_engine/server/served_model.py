@@ -17,9 +17,12 @@ GENERATION_TASK = "text-generation"
 
 
 class Embedder(Protocol):
-    """The part of ModelRunner the server calls: vectors for whole inputs, on the worker."""
+    """The part of ModelRunner the server calls: vectors for whole inputs, on the worker, and
+    the release of its tensor-parallel workers at the end."""
 
     def embed(self, token_ids: list[list[int]]) -> Any: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,10 +142,12 @@ def track_uri(spec: ServiceSpec, track: str) -> tuple[str, str]:
 
 
 def engine_config(spec: ServiceSpec, track: str) -> dict[str, Any]:
-    """What the engine reads from INFERGRID_ENGINE_CONFIG: its model and batching settings."""
+    """What the engine reads from INFERGRID_ENGINE_CONFIG: its model and batching settings,
+    and one tensor-parallel rank per whole GPU of the replica (1 for a share or a MIG slice)."""
     model = spec.model
     uri, _ = track_uri(spec, track)
-    return encode(ModelRef(model.name, uri, model.format, model.task), spec.engine, ENGINE_PORT)
+    engine = {**spec.engine, "tensorParallelSize": spec.resources.gpus or 1}
+    return encode(ModelRef(model.name, uri, model.format, model.task), engine, ENGINE_PORT)
 
 
 def render_configmap(spec: ServiceSpec, name: str, namespace: str, track: str) -> dict[str, Any]:

@@ -25,8 +25,6 @@ from .priority_classes import check_priority_class
 MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]+gb$")
 # How long a model may take to load (spec.model.loadTimeoutSeconds): bounds and default.
 LOAD_TIMEOUT_S = (30, 7200, 600)
-# The engine has no tensor parallelism yet: a replica serves from one GPU.
-MAX_GPUS_PER_REPLICA = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,19 +145,12 @@ def _resources(doc: dict[str, Any]) -> Resources:
         cpu=field(doc, "cpu", str, path, None),
         memory=field(doc, "memory", str, path, None),
     )
-    if (resources.gpus or 0) > MAX_GPUS_PER_REPLICA:
-        raise ContractError(
-            join(path, "gpus"),
-            f"must be {MAX_GPUS_PER_REPLICA} for now, got {resources.gpus}: the engine has no "
-            "tensor parallelism yet, so a replica would use one GPU and hold the others idle; "
-            "use gpus: 1 and more replicas",
-        )
     if resources.gpu_cores is not None and resources.gpu_memory_mib is None:
         raise ContractError(join(path, "gpuCores"), "is only allowed with gpuMemoryMiB")
     if resources.topology is not None and (resources.gpus or 0) < 2:
         raise ContractError(
             join(path, "topology"),
-            "is only allowed with gpus >= 2, which the operator refuses for now (see gpus)",
+            "is only allowed with gpus >= 2",
         )
     return resources
 

@@ -72,10 +72,13 @@ def test_the_loader_thread_makes_the_chosen_gpu_current_before_it_builds_the_mod
         device="cuda:1", dtype=None, gpu_memory_utilization=None, kv_cache_memory=None
     )
     engine_config = SimpleNamespace(
-        block_size=16, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64
-    )
+        block_size=16, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64,
+        quantization="none", tensor_parallel_size=0,
+    )  # fmt: skip
     thread = threading.Thread(
-        target=loading._runner, args=(settings, "model", engine_config), name="model-loader"
+        target=loading._runner,
+        args=(settings, "model", engine_config, print),
+        name="model-loader",
     )
     thread.start()
     thread.join()

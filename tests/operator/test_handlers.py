@@ -95,18 +95,6 @@ def refused(m: kopf.Memo, body: dict[str, Any]) -> dict[str, dict[str, str]]:
     return {c["type"]: c for c in patch["conditions"]}
 
 
-def test_more_than_one_gpu_shows_as_invalid_spec_with_the_reason(events):
-    m = memo()
-    conditions = refused(m, service(resources={"gpus": 2}))
-    for kind, status in (("Ready", "False"), ("Degraded", "True")):
-        condition = conditions[kind]
-        assert (condition["status"], condition["reason"]) == (status, "InvalidSpec")
-        assert condition["message"].startswith("spec.resources.gpus: ")
-        assert "no tensor parallelism" in condition["message"]
-        assert "use gpus: 1 and more replicas" in condition["message"]
-    assert events == [{"reason": "InvalidSpec", "message": conditions["Ready"]["message"]}]
-
-
 def test_hf_without_the_operators_cache_or_downloads_shows_as_invalid_spec(events):
     body = service(canary={"storageUri": "hf://org/model", "trafficPercent": 10})
     message = refused(memo(), body)["Ready"]["message"]

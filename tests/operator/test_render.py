@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import re
 
 import kopf
@@ -42,9 +41,7 @@ def test_rolls_one_pod_at_a_time_without_a_surge_pod():
 
 
 def test_pods_go_to_infergrid_scheduler_with_the_placement_annotations():
-    # parse_spec refuses gpus > 1 (and so topology) for now; rendering still carries both.
-    linked = Resources(gpus=2, topology="nvlink")
-    s = dataclasses.replace(spec(scheduling={"policy": "spread"}), resources=linked)
+    s = spec(scheduling={"policy": "spread"}, resources={"gpus": 2, "topology": "nvlink"})
     rendered = render_deployment(s, "llama", "ns")
     template = rendered["spec"]["template"]
     assert template["spec"]["schedulerName"] == "infergrid-scheduler"
@@ -72,7 +69,6 @@ def test_gpu_resources_are_limits_of_the_engine_container(resources, limits):
 
 
 def test_whole_gpus_beyond_one_render_as_their_count():
-    # Kept for when tensor parallelism lands: parse_spec refuses gpus > 1 until then.
     assert gpu_limits(Resources(gpus=4)) == {"nvidia.com/gpu": "4"}
 
 
@@ -147,6 +143,17 @@ def test_configmaps_are_immutable_and_hold_each_tracks_model_and_engine_settings
                                "format": "gguf", "task": "text-generation"}  # fmt: skip
     assert served["engine"]["maxNumSeqs"] == 8 and served["port"] == 8000
     assert yaml.safe_load(canary["data"]["engine.yaml"])["model"]["storageUri"] == "pvc://c"
+
+
+@pytest.mark.parametrize(
+    ("resources", "ranks"),
+    [({"gpus": 1}, 1), ({"gpus": 4, "topology": "nvlink"}, 4), ({"gpuMemoryMiB": 4096}, 1),
+     ({"migProfile": "1g.10gb"}, 1)],
+)  # fmt: skip
+def test_the_engine_gets_one_tensor_parallel_rank_per_whole_gpu(resources, ranks):
+    configmap = render_configmap(spec(resources=resources), "chat", "ns", "stable")
+    served = yaml.safe_load(configmap["data"]["engine.yaml"])
+    assert served["engine"]["tensorParallelSize"] == ranks
 
 
 def test_a_config_change_names_a_new_configmap_and_a_replica_change_does_not():
