@@ -10,7 +10,9 @@ output tokens/s and TTFT/TPOT p50/p99:
   when it is full or no more requests will come; it runs to its longest output);
 - ``continuous``: our engine, continuous batching over the paged KV cache; with
   ``--quantization none,int8,int4`` once per way of holding the weights (``continuous-int8``
-  and so on), each row giving the engine's resident weight memory.
+  and so on), each row giving the engine's resident weight memory; with ``--tp 1,2`` once
+  per number of tensor-parallel ranks too (``continuous-tp2``: worker processes over gloo,
+  splitting this process's threads).
 
 It also measures the machine's matmul rate in the same run (a large GEMM in the dtype
 served, before and after the models run, the best of torch.mm and the linear the engine
@@ -33,12 +35,13 @@ stock, or with the engine's linear under ``--hf-engine-linear``, which shows how
 gap is the matmul kernel rather than the batching.
 
     .venv/bin/python bench/engine_throughput.py [--models tiny,smollm2] [--rates 4,inf] [--json]
-        [--quantization none,int8,int4] [--threads N]
+        [--quantization none,int8,int4] [--tp 1,2] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -59,6 +62,7 @@ from batching_engine.model.gguf_import import import_gguf
 from batching_engine.model.layers import Linear, linear
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams, Sequence
+from batching_engine.tp_workers import TPWorkers
 from harness.tiny_llama import save_tiny_llama
 
 DTYPE = torch.float32
@@ -181,8 +185,11 @@ def _wait_until(start: float, at: float) -> None:
         time.sleep(delay)
 
 
-def serve_hf(model, requests: list[Request], batch: int) -> list[Request]:
-    """Static batches of ``batch`` (1: one request at a time), in arrival order."""
+def serve_hf(model, requests: list[Request], batch: int, warm: list[Request]) -> list[Request]:
+    """Static batches of ``batch`` (1: one request at a time), in arrival order, after
+    serving `warm` untimed."""
+    if warm:
+        serve_hf(model, warm, batch, [])
     start = time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(requests), batch):
@@ -295,29 +302,27 @@ def run_model(name: str, path: Path, args) -> list[dict]:
     vocab = hf.config.vocab_size
     config = EngineConfig(max_num_seqs=args.batch, max_num_batched_tokens=args.max_batched_tokens,
                           max_model_len=2048, max_queue_size=10_000)  # fmt: skip
-    engines = {mode: engine_for(path, config, mode) for mode in args.quantization.split(",")}
-    weight_mib = {
-        _way(mode): round(e.runner.weight_bytes / 2**20, 1) for mode, e in engines.items()
-    }
-    ceiling = {"model": name, "way": "decode-matmul-ceiling", "batch": args.batch,
-               "flops": decode_matmul_ceiling(engine_for(path, config, "none").runner,
-                                              args.batch)}  # fmt: skip
+    combos = [(q, int(tp)) for tp in args.tp.split(",") for q in args.quantization.split(",")]
+    weight_mib: dict[str, float] = {}  # rank 0's, filled as each engine way runs
+    with running_engine(path, config, "none", 1) as plain:
+        ceiling = {"model": name, "way": "decode-matmul-ceiling", "batch": args.batch,
+                   "flops": decode_matmul_ceiling(plain.runner, args.batch)}  # fmt: skip
     lengths = tuple(int(x) for x in args.lengths.split(","))
     rows = []
     for rate in (float(x) for x in args.rates.split(",")):
         requests = workload(args.requests, rate, vocab, lengths, args.seed)
         ways = [
-            ("hf-sequential", lambda rs: serve_hf(hf, rs[: args.sequential_requests], 1)),
-            ("hf-static", lambda rs: serve_hf(hf, rs, args.batch)),
-            *((_way(mode), lambda rs, e=engine: serve_continuous(e, rs))
-              for mode, engine in engines.items()),
+            ("hf-sequential", lambda rs, w: serve_hf(hf, rs[: args.sequential_requests], 1, w)),
+            ("hf-static", lambda rs, w: serve_hf(hf, rs, args.batch, w)),
+            *((_way(q, tp), lambda rs, w, q=q, tp=tp: serve_engine(path, config, q, tp, rs, w,
+                                                                   weight_mib))
+              for q, tp in combos),
         ]  # fmt: skip
         warm = [Request(0.0, r.prompt, 4) for r in requests[:2]]
         best: dict[str, dict] = {}
         for attempt in range(args.repeats):  # round robin: each way sees the same machine
             for way, serve in ways:
-                serve(fresh(warm))
-                row = Result(way, serve(fresh(requests))).summary()
+                row = Result(way, serve(fresh(requests), fresh(warm))).summary()
                 print(f"  {name} rate {rate} {way} #{attempt + 1}: {row['tokens_per_s']} tok/s",
                       file=sys.stderr)  # fmt: skip
                 if way not in best or row["tokens_per_s"] > best[way]["tokens_per_s"]:
@@ -326,7 +331,7 @@ def run_model(name: str, path: Path, args) -> list[dict]:
             memory = {"weight_mib": weight_mib[way]} if way in weight_mib else {}
             rows.append({"model": name, "parameters": params, "rate": rate, **best[way], **memory})
     by = {(r["rate"], r["way"]): r["tokens_per_s"] for r in rows}
-    first = _way(next(iter(engines)))
+    first = _way(*combos[0])
     for rate in dict.fromkeys(r["rate"] for r in rows):
         ours = by[(rate, first)]
         rows.append({"model": name, "rate": rate, "way": "ratios",
@@ -335,17 +340,40 @@ def run_model(name: str, path: Path, args) -> list[dict]:
     return [*rows, ceiling]
 
 
-def engine_for(path: Path, config: EngineConfig, quantization: str) -> LLMEngine:
-    runner = ModelRunner(path, device="cpu", dtype=DTYPE, block_size=config.block_size,
-                         kv_cache_memory_bytes=KV_CACHE_BYTES, max_model_len=config.max_model_len,
-                         max_num_seqs=config.max_num_seqs,
-                         max_num_batched_tokens=config.max_num_batched_tokens,
-                         quantization=quantization)  # fmt: skip
-    return LLMEngine(config, runner, eos_token_ids=())
+@contextlib.contextmanager
+def running_engine(path: Path, config: EngineConfig, quantization: str, tp: int):
+    """The engine, its weights held as `quantization` says, on `tp` ranks (tp - 1 worker
+    processes over gloo, each with its share of this process's threads), closed after."""
+    kwargs = {"model_dir": path, "device": "cpu", "dtype": DTYPE, "block_size": config.block_size,
+              "kv_cache_memory_bytes": KV_CACHE_BYTES, "max_model_len": config.max_model_len,
+              "max_num_seqs": config.max_num_seqs,
+              "max_num_batched_tokens": config.max_num_batched_tokens,
+              "quantization": quantization}  # fmt: skip
+    threads = torch.get_num_threads()
+    workers = None
+    if tp > 1:
+        share = max(1, threads // tp)
+        workers = TPWorkers(tp, kwargs, on_failure=print, cpu_threads=share)
+        torch.set_num_threads(share)
+    runner = ModelRunner(**kwargs, workers=workers)
+    try:
+        yield LLMEngine(config, runner, eos_token_ids=())
+    finally:
+        runner.close()
+        torch.set_num_threads(threads)
 
 
-def _way(quantization: str) -> str:
-    return "continuous" if quantization == "none" else f"continuous-{quantization}"
+def serve_engine(path, config, quantization, tp, requests, warm, weight_mib) -> list[Request]:
+    """One engine way: built, warmed up, timed, closed (so one process group at a time)."""
+    with running_engine(path, config, quantization, tp) as engine:
+        weight_mib[_way(quantization, tp)] = round(engine.runner.weight_bytes / 2**20, 1)
+        serve_continuous(engine, warm)
+        return serve_continuous(engine, requests)
+
+
+def _way(quantization: str, tp: int) -> str:
+    name = "continuous" if quantization == "none" else f"continuous-{quantization}"
+    return name if tp == 1 else f"{name}-tp{tp}"
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -420,6 +448,9 @@ def main() -> None:
         "--quantization",
         default="none",
         help="serve the engine once per mode listed (none, int8, int4), side by side",
+    )
+    parser.add_argument(
+        "--tp", default="1", help="serve the engine on each number of ranks listed, e.g. 1,2"
     )
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--json", action="store_true")

@@ -38,11 +38,13 @@ def engine_command() -> list[str]:
 class EngineProcess:
     """One engine process on a free port; stdout and stderr go to a log file."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(
+        self, args: list[str], log_path: Path, extra_env: dict[str, str] | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        env = os.environ | {"PYTHONUNBUFFERED": "1"}
+        env = os.environ | {"PYTHONUNBUFFERED": "1"} | (extra_env or {})
         env.pop("INFERGRID_ENGINE_CONFIG", None)
         command = [*engine_command(), "--host", "127.0.0.1", "--port", str(self.port), *args]
         with open(log_path, "wb") as log:
