@@ -137,7 +137,7 @@ class Settings:
     gpu_memory_utilization: float | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
-    cpu_threads: int | None = None  # None: every usable CPU but one
+    cpu_threads: int | None = None  # None: every usable CPU
     allow_download: bool = False
 
 
@@ -168,7 +168,7 @@ PROCESS_SETTINGS: Final = (
     Setting("readTimeoutS", "read_timeout_s", number(0.01, 3600),
             "seconds a client may take to send a request, headers and body (a 408 after "
             "that), and an idle connection stays open"),
-    Setting("cpuThreads", "cpu_threads", whole(1), "torch CPU threads (default: CPUs - 1)"),
+    Setting("cpuThreads", "cpu_threads", whole(1), "torch CPU threads (default: every usable CPU)"),
     Setting("allowDownload", "allow_download", boolean,
             f"fetch hf:// models missing from the cache (also ${ALLOW_DOWNLOAD_ENV}=true)",
             boolean=True),

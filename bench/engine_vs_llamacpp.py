@@ -218,8 +218,10 @@ async def run_round(name: str, url: str, model: str, prompts, max_tokens: int, c
             result.timings.append(await one_request(session, url, model, prompt, max_tokens))
 
     timeout = aiohttp.ClientTimeout(total=3600)
+    # A connection per request: llama-server may close a kept-alive one after a stream.
+    connector = aiohttp.TCPConnector(force_close=True, limit=concurrency + 1)
     started = time.perf_counter()
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
     result.seconds = time.perf_counter() - started
     return result
