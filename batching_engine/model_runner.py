@@ -87,7 +87,6 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype = _dtype(dtype)
         self.block_size = block_size
-        self.quantization = quantization
         self.workers = workers  # rank 0 of a tensor-parallel engine: the other ranks
         tp = workers.tp if workers is not None else tp
         self.tp = tp
