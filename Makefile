@@ -23,9 +23,9 @@ unit: install
 	$(PY) -m pytest -q tests
 
 # The demo's test starts a cluster with a real node of its own, so it runs once the rest of
-# the suite has stopped the suite's (one real node per machine). The cluster's binaries are
-# built first, outside pytest's per-test timeout: a cold build takes longer than it allows.
-e2e: install cluster-build
+# the suite has stopped the suite's (one real node per machine). The cluster's binaries and
+# the images are built first, outside pytest's per-test timeout: cold, each takes longer.
+e2e: install cluster-build images
 	$(PY) -m pytest -q -p no:cacheprovider e2e --ignore=e2e/test_demo.py
 	$(PY) -m pytest -q -p no:cacheprovider e2e/test_demo.py
 
