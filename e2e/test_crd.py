@@ -92,6 +92,7 @@ def test_defaults_are_filled_in(cluster, namespace, infsvc_crd):
         "maxBatchSize": 32,
         "maxQueueDelayMs": 5,
         "maxQueueSize": 256,
+        "quantization": "auto",
     }
     assert spec["scheduling"] == {
         "policy": "fgd-cluster-aware"
