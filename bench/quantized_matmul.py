@@ -26,6 +26,7 @@ from batching_engine.model.quantization import (
     INT4_GROUP_SIZE,
     QuantizedEmbedding,
     QuantizedLinear,
+    int4pack_scales_and_zeros,
     quantize_int4_rows,
     quantize_int8_rows,
 )
@@ -56,8 +57,7 @@ def ways(out_features: int, in_features: int, head: bool) -> dict[str, Callable]
     plain.pack(64)
     codes8, scales8 = quantize_int8_rows(weight)
     codes4, scales4, low4 = quantize_int4_rows(weight)
-    midpoints = (low4 + 8 * scales4).contiguous()
-    scales_and_zeros = torch.stack([scales4, midpoints], dim=-1).transpose(0, 1).contiguous()
+    scales_and_zeros = int4pack_scales_and_zeros(scales4, low4)
     packed4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes4.to(torch.int32), 8)
     if head:  # a tied LM head is int8 rows in both modes
         embedding = _filled(QuantizedEmbedding(out_features, in_features, torch.float32), weight)

@@ -84,6 +84,13 @@ def dequantize_int4_rows(
     return (groups * scales[..., None] + low[..., None]).reshape(rows, cols)
 
 
+def int4pack_scales_and_zeros(scales: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """What torch's int4pack kernels take besides the codes: [groups, rows, 2] of each group's
+    scale and midpoint, since they compute `(q - 8) * scale + midpoint`."""
+    midpoints = low + 8 * scales
+    return torch.stack([scales, midpoints], dim=-1).transpose(0, 1).contiguous()
+
+
 def resolve_quantization(asked: str, model_dir: Path, device: torch.device) -> tuple[str, str]:
     """(none, int8 or int4, why) for the `quantization` setting.
 
@@ -103,14 +110,21 @@ def resolve_quantization(asked: str, model_dir: Path, device: torch.device) -> t
 
 
 class RowQuantized(nn.Module):
-    """A weight held quantized row by row, which the loader fills through `load_rows`."""
+    """A weight held quantized row by row, which the loader fills through `load_rows`: int8
+    codes and one scale a row here, int4 groups in `QuantizedLinear`."""
 
     rows: int
     columns: int
+    codes: torch.Tensor
+    scales: torch.Tensor
 
+    @torch.no_grad()
     def load_rows(self, offset: int, weight: torch.Tensor) -> None:
         """Quantize float `weight` into rows `offset..offset + len(weight)`."""
-        raise NotImplementedError
+        codes, scales = quantize_int8_rows(weight)
+        rows = slice(offset, offset + weight.shape[0])
+        self.codes[rows] = codes.to(self.codes.device)
+        self.scales[rows] = scales.to(self.scales.dtype)
 
     def finish(self) -> None:
         """Ready the kernel's layout once every row is in."""
@@ -143,12 +157,12 @@ class QuantizedLinear(RowQuantized):
 
     @torch.no_grad()
     def load_rows(self, offset: int, weight: torch.Tensor) -> None:
-        rows = slice(offset, offset + weight.shape[0])
         if self.mode == "int8":
-            codes, scales = quantize_int8_rows(weight)
-        else:
-            codes, scales, low = quantize_int4_rows(weight)
-            self.low[rows] = low.to(self.low.dtype)
+            super().load_rows(offset, weight)
+            return
+        rows = slice(offset, offset + weight.shape[0])
+        codes, scales, low = quantize_int4_rows(weight)
+        self.low[rows] = low.to(self.low.dtype)
         self.codes[rows] = codes.to(self.codes.device)
         self.scales[rows] = scales.to(self.scales.dtype)
 
@@ -162,8 +176,7 @@ class QuantizedLinear(RowQuantized):
         if not self.codes.is_cuda:
             self.codes = nibbles
             return
-        zeros = self.low + 8 * self.scales
-        scales_and_zeros = torch.stack([self.scales, zeros], dim=-1).transpose(0, 1).contiguous()
+        scales_and_zeros = int4pack_scales_and_zeros(self.scales, self.low)
         packed = torch.ops.aten._convert_weight_to_int4pack(nibbles, _INT4_INNER_K_TILES)
         for name in ("codes", "scales", "low"):
             delattr(self, name)
@@ -198,13 +211,6 @@ class QuantizedEmbedding(RowQuantized):
         self.rows, self.columns = num_embeddings, dim
         self.register_buffer("codes", torch.empty(num_embeddings, dim, dtype=torch.int8))
         self.register_buffer("scales", torch.empty(num_embeddings, dtype=dtype))
-
-    @torch.no_grad()
-    def load_rows(self, offset: int, weight: torch.Tensor) -> None:
-        codes, scales = quantize_int8_rows(weight)
-        rows = slice(offset, offset + weight.shape[0])
-        self.codes[rows] = codes.to(self.codes.device)
-        self.scales[rows] = scales.to(self.scales.dtype)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.codes).to(self.scales.dtype) * self.scales[ids, None]
