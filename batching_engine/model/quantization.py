@@ -10,13 +10,14 @@ float32); int4 halves it again. Activations stay in the model's dtype.
 
 On CUDA the products are torch's kernels, which dequantize inside the matmul:
 `_weight_int8pack_mm`, and `_weight_int4pack_mm` over the codes packed once for it. On the CPU
-torch's fused kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) vectorise for
-AVX-512 only: on this project's AVX2 machine one SmolLM2 decode step's matmuls took 4.9x
-(int8) and 10x (int4) as long through them as in float32 at one row, 34x and 73x at 64 rows
-(bench/quantized_matmul.py). So on the CPU a layer dequantizes its rows into a scratch buffer,
-a few MiB reused by every layer, and multiplies through the same oneDNN linear as float32:
-2.9x (int8) and 4.5x (int4) float32's time at one row, 1.5x at 64. Memory is what int8 and
-int4 save on such a CPU, not time.
+torch's fused kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) took 6-8x (int8)
+and 16-19x (int4) float32's time for one SmolLM2 decode step's matmuls at one row, and 86-99x
+and 175-190x at 64 rows, on a 2-core AVX-512 EPYC (bench/quantized_matmul.py). So the CPU
+path is this project's own kernel (`batching_engine.kernels.cpu_quantized_matmul`, AVX2 or
+AVX-512), which reads the codes directly for few rows and converts each strip once for many:
+0.3x float32's time at one row, 1.0x at 64. Where that kernel cannot be built, a layer
+dequantizes its rows into a scratch buffer, a few MiB reused by every layer, and multiplies
+through the same oneDNN linear as float32 (2.5-4x float32's time at one row, 1.5x at 64).
 
 Both schemes are row-wise, so the loader fills a fused projection (q, k and v; gate and up)
 shard by shard through `load_rows` and never holds more than one checkpoint tensor in float;
@@ -39,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from batching_engine.kernels import cpu_quantized_matmul as cpu_kernel
 from batching_engine.model.layers import Linear, linear
 from infergrid.errors import ContractError
 
@@ -94,19 +96,26 @@ def int4pack_scales_and_zeros(scales: torch.Tensor, low: torch.Tensor) -> torch.
 def resolve_quantization(asked: str, model_dir: Path, device: torch.device) -> tuple[str, str]:
     """(none, int8 or int4, why) for the `quantization` setting.
 
-    `auto` keeps a GGUF file's quantized weights quantized on a GPU. On the CPU it holds them
-    in the model's dtype, since quantized matmuls are slower there (see the module's note).
+    `auto` keeps a GGUF file's quantized weights quantized on a GPU, and on a CPU that can run
+    the quantized kernel. Without it, quantized matmuls are slower than float32 there (see the
+    module's note), so the CPU then holds the weights in the model's dtype.
     """
+    on_cpu = device.type != "cuda"
+    missing = cpu_kernel.available() if on_cpu else None
+    path = f"; CPU kernel {cpu_kernel.target()}" if on_cpu and missing is None else ""
     if asked != "auto":
-        return asked, f"quantization {asked}"
+        slow = (
+            f"; dequantizing path: no CPU kernel ({missing})" if missing and asked != "none" else ""
+        )
+        return asked, f"quantization {asked}" + (path if asked != "none" else slow)
     config = json.loads((Path(model_dir) / "config.json").read_text())
     source = config.get(GGUF_WEIGHT_TYPE_KEY)
     mode = GGUF_MODES.get(source, "none")
     if source is None or mode == "none":
         return "none", "auto: the checkpoint's weights are not quantized"
-    if device.type != "cuda":
-        return "none", f"auto: {source} weights held as floats on the CPU; int8/int4 are slower"
-    return mode, f"auto: the checkpoint's {source} weights held as {mode}"
+    if missing is not None:
+        return "none", f"auto: {source} weights held as floats: no CPU quantized kernel ({missing})"
+    return mode, f"auto: the checkpoint's {source} weights held as {mode}{path}"
 
 
 class RowQuantized(nn.Module):
@@ -146,6 +155,7 @@ class QuantizedLinear(RowQuantized):
                 f"int4 needs layer widths divisible by {INT4_GROUP_SIZE}, got {in_features}",
             )
         self.rows, self.columns, self.mode = out_features, in_features, mode
+        self.packed = False  # laid out for the CPU kernel (`finish`)
         code_type = torch.int8 if mode == "int8" else torch.uint8
         self.register_buffer("codes", torch.empty(out_features, in_features, dtype=code_type))
         if mode == "int8":
@@ -168,8 +178,18 @@ class QuantizedLinear(RowQuantized):
 
     @torch.no_grad()
     def finish(self) -> None:
-        """int4: two codes a byte on the CPU; on CUDA the kernel's packing of codes, scales
-        and midpoints (it computes (q - 8) * scale + zero), which replaces them."""
+        """On the CPU, the kernel's strips (`cpu_quantized_matmul`) where it is built, else
+        int4 codes two a byte for the dequantizing path. On CUDA, int4 codes, scales and
+        midpoints in torch's kernel's packing (it computes (q - 8) * scale + zero)."""
+        if not self.codes.is_cuda and cpu_kernel.available() is None:
+            self.packed = True
+            if self.mode == "int8":
+                self.codes, self.scales = cpu_kernel.pack_int8(self.codes, self.scales)
+            else:
+                self.codes, self.scales, self.low = cpu_kernel.pack_int4(
+                    self.codes, self.scales, self.low
+                )
+            return
         if self.mode != "int4":
             return
         nibbles = (self.codes[:, ::2] << 4 | self.codes[:, 1::2]).contiguous()
@@ -184,6 +204,10 @@ class QuantizedLinear(RowQuantized):
         self.register_buffer("packed_scales", scales_and_zeros, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed and self.mode == "int8":
+            return cpu_kernel.matmul_int8(x, self.codes, self.scales, self.rows)
+        if self.packed:
+            return cpu_kernel.matmul_int4(x, self.codes, self.scales, self.low, self.rows)
         if not x.is_cuda:
             fill = _int8_rows(self.codes, self.scales) if self.mode == "int8" else self._int4_rows
             return dequantized_linear(x, self.rows, self.columns, fill)
@@ -209,14 +233,29 @@ class QuantizedEmbedding(RowQuantized):
     def __init__(self, num_embeddings: int, dim: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.rows, self.columns = num_embeddings, dim
+        self.packed = False  # laid out for the CPU kernel (`finish`)
         self.register_buffer("codes", torch.empty(num_embeddings, dim, dtype=torch.int8))
         self.register_buffer("scales", torch.empty(num_embeddings, dtype=dtype))
 
+    @torch.no_grad()
+    def finish(self) -> None:
+        """On the CPU, the kernel's strips where it is built: the LM head is its largest
+        matmul, and a lookup reads its few rows back out of them."""
+        if not self.codes.is_cuda and cpu_kernel.available() is None:
+            self.packed = True
+            self.codes, self.scales = cpu_kernel.pack_int8(self.codes, self.scales)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            codes = cpu_kernel.unpack_int8_rows(self.codes, ids.reshape(-1))
+            scales = self.scales.reshape(-1)[ids.reshape(-1), None]
+            return (codes.to(scales.dtype) * scales).view(*ids.shape, self.columns)
         return F.embedding(ids, self.codes).to(self.scales.dtype) * self.scales[ids, None]
 
     def as_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the vocabulary: the embedding rows as the LM head's weight."""
+        if self.packed:
+            return cpu_kernel.matmul_int8(hidden, self.codes, self.scales, self.rows)
         if hidden.is_cuda:
             return torch.ops.aten._weight_int8pack_mm(hidden.contiguous(), self.codes, self.scales)
         fill = _int8_rows(self.codes, self.scales)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from transformers import BertConfig as HFBertConfig
 from transformers import BertModel as HFBertModel
 
+from batching_engine.kernels import cpu_quantized_matmul as cpu_kernel
 from batching_engine.model.gguf_import import import_gguf
 from batching_engine.model.quantization import (
     GGUF_WEIGHT_TYPE_KEY,
@@ -34,6 +35,7 @@ from tests.batching_engine.test_smollm2 import smollm2_gguf
 TEXT = Path(__file__).parent / "data" / "perplexity.txt"
 # The issue's bounds: perplexity may rise by at most this share over the unquantized model.
 PERPLEXITY_BOUNDS = {"int8": 0.02, "int4": 0.10}
+CPU = torch.device("cpu")
 
 weights = st.builds(
     lambda rows, groups, seed, spread: (
@@ -163,7 +165,6 @@ def _config_dir(tmp_path: Path, weight_type: str | None) -> Path:
         ("Q8_0", "cuda", "int8"),
         ("F16", "cuda", "none"),
         (None, "cuda", "none"),
-        ("Q4_1", "cpu", "none"),  # the CPU kernels are slower than float32 here
     ],
 )
 def test_auto_keeps_a_ggufs_quantized_weights_quantized_on_a_gpu(
@@ -172,6 +173,23 @@ def test_auto_keeps_a_ggufs_quantized_weights_quantized_on_a_gpu(
     model_dir = _config_dir(tmp_path, weight_type)
     resolved, why = resolve_quantization("auto", model_dir, torch.device(device))
     assert resolved == mode and why.startswith("auto")
+
+
+@pytest.mark.parametrize(("switch", "mode"), [("auto", "int4"), ("off", "none")])
+def test_on_the_cpu_auto_keeps_them_quantized_only_with_the_cpu_kernel(
+    tmp_path, monkeypatch, switch, mode
+):
+    """Without the kernel, quantized matmuls on the CPU are slower than float32."""
+    monkeypatch.setenv(cpu_kernel.ENV_VAR, switch)
+    cpu_kernel._library.cache_clear()
+    try:
+        if switch == "auto" and cpu_kernel.available() is not None:
+            pytest.skip(f"no CPU quantized kernel here: {cpu_kernel.available()}")
+        resolved, why = resolve_quantization("auto", _config_dir(tmp_path, "Q4_1"), CPU)
+        assert resolved == mode
+        assert ("CPU kernel" in why) if mode == "int4" else ("no CPU quantized kernel" in why)
+    finally:
+        cpu_kernel._library.cache_clear()
 
 
 def test_an_explicit_mode_is_taken_as_asked(tmp_path):
