@@ -2,10 +2,16 @@
 
 Per layer, K and V are [num_blocks, block_size, num_kv_heads, head_dim]; all layers live in
 one tensor so the cache is a single allocation and each layer's K and V are contiguous views.
+
+On the CPU that allocation is an anonymous memory map: zeroed pages that the kernel commits only
+as tokens are written into them, so an engine holds (resident) the cache it has used, not the
+whole budget. `torch.zeros` would write, and so commit, every page at start (1 GiB by default).
 """
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -72,5 +78,18 @@ class KVCacheLayout:
             self.num_kv_heads,
             self.head_dim,
         )
-        cache = torch.zeros(shape, dtype=self.dtype, device=device)
+        if torch.device(device).type == "cpu":
+            cache = _lazily_committed_zeros(shape, self.dtype)
+        else:
+            cache = torch.zeros(shape, dtype=self.dtype, device=device)
         return [(cache[layer, 0], cache[layer, 1]) for layer in range(self.num_layers)]
+
+
+def _lazily_committed_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor over an anonymous private mapping (see the module's note). The tensor
+    holds the mapping alive; it is unmapped with the tensor's last reference."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(memory, dtype=dtype).view(shape)
