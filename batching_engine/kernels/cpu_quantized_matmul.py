@@ -1,111 +1,38 @@
-"""The CPU's quantized matmul: `cpu_quantized_matmul.c`, built once with the system's C compiler
-and called through ctypes.
+"""The CPU's quantized matmul: `cpu_quantized_matmul.c` (built and loaded by `cpu_build`).
 
-torch's weight-only kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) vectorise for
-AVX-512 only; on an AVX2 CPU they are slower than float32 (bench/quantized_matmul.py). This
-kernel is for AVX2 + FMA, the x86 baseline of the last decade. Its threads are OpenMP's: the
-library is linked against libgomp, which resolves to the copy torch has already loaded, so it
-shares torch's thread pool (and `torch.set_num_threads`) instead of competing with it.
-
-It is built into the cache (`$INFERGRID_CACHE_DIR`, else ~/.cache/infergrid) under a name that
-holds the source's and flags' hash, at first use, in about a second, for the instruction set
-torch reports: AVX-512 (strips of 32 columns) or AVX2 (16). `INFERGRID_CPU_KERNEL=avx2|off`
-forces the AVX2 build or none (tests and benchmarks compare them). Where it cannot be built (no
-AVX2, no C compiler, an ARM CPU), `available()` says why and the caller keeps its float path.
+torch's weight-only CPU kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) took
+6-8x (int8) and 16-19x (int4) float32's time on a 2-core AVX-512 EPYC (bench/quantized_matmul.py).
+This one reads the codes directly for few rows and converts each strip of the weight once for
+many, so it runs several times faster than float32 at one row and as fast at 64. Where it cannot
+be built, `available()` says why and the caller keeps its dequantizing path.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Final
 
 import torch
 
-log = logging.getLogger("infergrid.engine")
+from batching_engine.kernels import cpu_build
 
 SOURCE: Final = Path(__file__).with_suffix(".c")
 GROUP: Final = 32  # int4 group size along the input
-_FLAGS: Final = ("-O3", "-fopenmp", "-shared", "-fPIC", "-mavx2", "-mfma")
-# Per torch's CPU capability: the instruction set to build for, and the strip width.
-_TARGETS: Final = {
-    "AVX2": ("-DWIDTH=8",),
-    "AVX512": ("-DWIDTH=16", "-mavx512f", "-mavx512bw", "-mavx512vl"),
-}
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("INFERGRID_CACHE_DIR") or Path.home() / ".cache" / "infergrid"
-    return Path(base) / "kernels"
-
-
-ENV_VAR: Final = "INFERGRID_CPU_KERNEL"
-CHOICES: Final = ("auto", "avx2", "off")
-
-
-def target() -> str | None:
-    """The build to use (a `_TARGETS` key), or None with the switch off or no AVX2."""
-    choice = os.environ.get(ENV_VAR, "auto").strip().lower()
-    if choice not in CHOICES:
-        raise ValueError(f"{ENV_VAR}: {choice!r} is not one of {', '.join(CHOICES)}")
-    capability = torch.backends.cpu.get_cpu_capability()
-    if choice == "off" or capability not in _TARGETS:
-        return None
-    return "AVX2" if choice == "avx2" else capability
-
-
-@functools.cache
 def _library() -> ctypes.CDLL | str:
-    """The loaded kernel for `target()`, or why there is none: decided once per process
-    (tests that change the switch clear this cache)."""
-    chosen = target()
-    if chosen is None:
-        capability = torch.backends.cpu.get_cpu_capability()
-        off = os.environ.get(ENV_VAR, "").strip().lower() == "off"
-        return f"{ENV_VAR}=off" if off else f"the CPU has no AVX2 (torch reports {capability})"
-    return _load(chosen)
+    """The loaded kernel, or why there is none."""
+    return cpu_build.load(SOURCE, _declare)
 
 
-@functools.cache
-def _load(capability: str) -> ctypes.CDLL | str:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return "no C compiler (cc or gcc) to build it with"
-    flags = (*_FLAGS, *_TARGETS[capability])
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
-    built = cache_dir() / f"cpu_quantized_matmul-{digest}.so"
-    if not built.exists():
-        error = _build(compiler, flags, built)
-        if error:
-            return error
-    library = ctypes.CDLL(str(built))
+def _declare(library: ctypes.CDLL) -> None:
     library.quantized_matmul_strip.restype = ctypes.c_int
     library.quantized_matmul.restype = ctypes.c_int
     library.quantized_matmul.argtypes = [
         ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
     ]  # fmt: skip
-    return library
-
-
-def _build(compiler: str, flags: tuple[str, ...], target: Path) -> str | None:
-    """Compile into a temporary file, then rename: concurrent engines never load half a file."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        partial = Path(tmp) / target.name
-        command = [compiler, *flags, str(SOURCE), "-o", str(partial)]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            return f"{' '.join(command)} failed: {done.stderr.strip()[-500:]}"
-        partial.replace(target)
-    return None
 
 
 def available() -> str | None:
@@ -185,7 +112,7 @@ def _call(
     if codes.shape[-1] != library.quantized_matmul_strip():
         raise RuntimeError(
             f"weights packed in strips of {codes.shape[-1]} for a kernel that reads"
-            f" {library.quantized_matmul_strip()}: pack them after choosing {ENV_VAR}"
+            f" {library.quantized_matmul_strip()}: pack them after choosing {cpu_build.ENV_VAR}"
         )
     k = x.shape[-1]
     _check_shapes(mode, k, codes, scales, lows, n)

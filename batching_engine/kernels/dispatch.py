@@ -1,11 +1,12 @@
-"""The functions the model calls: each runs the Triton kernel on CUDA tensors and the torch
-reference elsewhere.
+"""The functions the model calls: each runs the Triton kernel on CUDA tensors, and the torch
+reference elsewhere, except where `cpu_decode`'s C kernels take float32 CPU tensors (rotary,
+the KV-cache write and decode attention: one call each instead of many torch ops).
 
-One switch forces either path for the whole process: the environment variable
+One switch forces a path for the whole process: the environment variable
 `INFERGRID_KERNELS=auto|triton|torch` (read at import; an unknown value fails then, not at the
 first request), or `set_kernel_backend()`. Forcing `triton` on CPU tensors raises a clear error;
-forcing `torch` on a GPU gives the reference path there (how the engine's greedy-token parity
-check compares the two).
+forcing `torch` gives the reference path on a GPU (how the engine's greedy-token parity check
+compares the two) and on the CPU (the C kernels' tests compare against it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Literal, get_args
 
 import torch
 
+from . import cpu_decode as _cpu
 from . import decode_attention as _decode
 from . import kv_cache_write as _kv_write
 from . import prefill_attention as _prefill
@@ -54,6 +56,17 @@ def uses_triton(tensor: torch.Tensor) -> bool:
     return _backend == "triton"
 
 
+def uses_cpu_kernels(*tensors: torch.Tensor) -> bool:
+    """Whether a call on `tensors` takes `cpu_decode`'s C kernels under the current switch."""
+    return _backend == "auto" and _cpu.applies(*tensors)
+
+
+def uses_reference(tensor: torch.Tensor) -> bool:
+    """Whether a decode-attention call on `tensor` takes the torch reference (which wants a
+    `DecodePlan`)."""
+    return not uses_triton(tensor) and not uses_cpu_kernels(tensor)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -71,6 +84,9 @@ def decode_attention(
         return _decode.decode_attention_triton(
             q, k_cache, v_cache, block_tables, context_lens, scale
         )
+    if uses_cpu_kernels(q, k_cache, v_cache):
+        scale = _decode.default_scale(q) if scale is None else scale
+        return _cpu.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
     return _decode.decode_attention_reference(
         q, k_cache, v_cache, block_tables, context_lens, scale, plan
     )
@@ -108,6 +124,8 @@ def write_kv_cache(
     """Store key/value `[num_tokens, num_kv_heads, head_dim]` into their slots; -1 skips."""
     if uses_triton(key):
         _kv_write.write_kv_cache_triton(key, value, k_cache, v_cache, slot_mapping)
+    elif uses_cpu_kernels(key, value, k_cache, v_cache):
+        _cpu.write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
     else:
         _kv_write.write_kv_cache_reference(key, value, k_cache, v_cache, slot_mapping)
 
@@ -133,6 +151,8 @@ def rotary_embedding(
     `[max_pos, rotary_dim]` (HF `rotate_half` layout); new tensors are returned."""
     if uses_triton(q):
         return _rotary.rotary_embedding_triton(positions, q, k, cos, sin)
+    if uses_cpu_kernels(q, k, cos, sin):
+        return _cpu.rotary_embedding(positions, q, k, cos, sin)
     return _rotary.rotary_embedding_reference(positions, q, k, cos, sin)
 
 

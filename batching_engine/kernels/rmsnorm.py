@@ -9,6 +9,7 @@ both paths give the same greedy tokens.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -61,9 +62,13 @@ def _fused_add_rmsnorm_kernel(
 def fused_add_rmsnorm_reference(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The torch path: `(rmsnorm(x + residual), x + residual)`, or `(rmsnorm(x), x)`."""
+    """The torch path: `(rmsnorm(x + residual), x + residual)`, or `(rmsnorm(x), x)`. In
+    float32 that is torch's one fused `rms_norm`, bitwise the formula below (tested), instead of
+    eight ops per norm and two norms a layer."""
     if residual is not None:
         x = x + residual
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps), x
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return (weight * h.to(x.dtype)).to(x.dtype), x

@@ -140,7 +140,7 @@ def _decode(
 ) -> torch.Tensor:
     seqs = slice(meta.num_prefill_seqs, None)
     tables, lens = meta.block_tables[seqs], meta.context_lens[seqs]
-    if meta.decode_plan is None and not dispatch.uses_triton(q):
+    if meta.decode_plan is None and dispatch.uses_reference(q):
         meta.decode_plan = decode_plan(tables, lens, k_cache.shape[1])
     return dispatch.decode_attention(q, k_cache, v_cache, tables, lens, scale, meta.decode_plan)
 

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from batching_engine.kernels import cpu_build
 from batching_engine.kernels import cpu_quantized_matmul as cpu_kernel
 from batching_engine.model.layers import Linear, linear
 from infergrid.errors import ContractError
@@ -102,7 +103,7 @@ def resolve_quantization(asked: str, model_dir: Path, device: torch.device) -> t
     """
     on_cpu = device.type != "cuda"
     missing = cpu_kernel.available() if on_cpu else None
-    path = f"; CPU kernel {cpu_kernel.target()}" if on_cpu and missing is None else ""
+    path = f"; CPU kernel {cpu_build.target()}" if on_cpu and missing is None else ""
     if asked != "auto":
         slow = (
             f"; dequantizing path: no CPU kernel ({missing})" if missing and asked != "none" else ""

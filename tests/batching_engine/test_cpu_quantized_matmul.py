@@ -9,6 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from batching_engine.kernels import cpu_build
 from batching_engine.kernels import cpu_quantized_matmul as kernel
 from batching_engine.model.quantization import (
     INT4_GROUP_SIZE,
@@ -25,12 +26,12 @@ BUILDS = ["auto", "avx2"]
 @pytest.fixture(params=BUILDS)
 def build(request, monkeypatch):
     """Each build the CPU can run: its own instruction set, and AVX2 on an AVX-512 CPU."""
-    monkeypatch.setenv(kernel.ENV_VAR, request.param)
-    kernel._library.cache_clear()
+    monkeypatch.setenv(cpu_build.ENV_VAR, request.param)
+    cpu_build.clear_cache()
     if kernel.available() is not None:
         pytest.skip(f"no CPU quantized kernel here: {kernel.available()}")
     yield request.param
-    kernel._library.cache_clear()
+    cpu_build.clear_cache()
 
 
 shapes = st.tuples(
@@ -113,10 +114,10 @@ def test_a_tied_embedding_looks_up_and_projects_from_its_packed_rows(build):
 
 
 def test_switched_off_the_layers_keep_the_dequantizing_path(monkeypatch):
-    monkeypatch.setenv(kernel.ENV_VAR, "off")
-    kernel._library.cache_clear()
+    monkeypatch.setenv(cpu_build.ENV_VAR, "off")
+    cpu_build.clear_cache()
     try:
-        assert kernel.available() == f"{kernel.ENV_VAR}=off"
+        assert kernel.available() == f"{cpu_build.ENV_VAR}=off"
         layer = QuantizedLinear(64, 20, "int8", torch.float32)
         layer.load_rows(0, _random((20, 64), 0))
         reference = _random((2, 64), 1) @ _dequantized(layer).T
@@ -124,28 +125,26 @@ def test_switched_off_the_layers_keep_the_dequantizing_path(monkeypatch):
         assert not layer.packed
         torch.testing.assert_close(layer(_random((2, 64), 1)), reference, rtol=1e-4, atol=1e-4)
     finally:
-        kernel._library.cache_clear()
+        cpu_build.clear_cache()
 
 
 def test_an_unknown_switch_value_names_the_variable(monkeypatch):
-    monkeypatch.setenv(kernel.ENV_VAR, "fast")
-    with pytest.raises(ValueError, match=kernel.ENV_VAR):
-        kernel.target()
+    monkeypatch.setenv(cpu_build.ENV_VAR, "fast")
+    with pytest.raises(ValueError, match=cpu_build.ENV_VAR):
+        cpu_build.target()
 
 
 def test_a_failed_build_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("INFERGRID_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a compiler that always fails
-    kernel._load.cache_clear()
-    kernel._library.cache_clear()
+    cpu_build.clear_cache()
     try:
         reason = kernel.available()
-        if kernel.target() is None:
+        if cpu_build.target() is None:
             pytest.skip("no AVX2 here: nothing is built")
         assert reason is not None and reason.startswith("false ") and "failed" in reason
     finally:
-        kernel._load.cache_clear()
-        kernel._library.cache_clear()
+        cpu_build.clear_cache()
 
 
 def _dequantized(layer: QuantizedLinear) -> torch.Tensor:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from transformers import BertConfig as HFBertConfig
 from transformers import BertModel as HFBertModel
 
+from batching_engine.kernels import cpu_build
 from batching_engine.kernels import cpu_quantized_matmul as cpu_kernel
 from batching_engine.model.gguf_import import import_gguf
 from batching_engine.model.quantization import (
@@ -180,8 +181,8 @@ def test_on_the_cpu_auto_keeps_them_quantized_only_with_the_cpu_kernel(
     tmp_path, monkeypatch, switch, mode
 ):
     """Without the kernel, quantized matmuls on the CPU are slower than float32."""
-    monkeypatch.setenv(cpu_kernel.ENV_VAR, switch)
-    cpu_kernel._library.cache_clear()
+    monkeypatch.setenv(cpu_build.ENV_VAR, switch)
+    cpu_build.clear_cache()
     try:
         if switch == "auto" and cpu_kernel.available() is not None:
             pytest.skip(f"no CPU quantized kernel here: {cpu_kernel.available()}")
@@ -189,7 +190,7 @@ def test_on_the_cpu_auto_keeps_them_quantized_only_with_the_cpu_kernel(
         assert resolved == mode
         assert ("CPU kernel" in why) if mode == "int4" else ("no CPU quantized kernel" in why)
     finally:
-        cpu_kernel._library.cache_clear()
+        cpu_build.clear_cache()
 
 
 def test_an_explicit_mode_is_taken_as_asked(tmp_path):

@@ -1,0 +1,153 @@
+"""A decode step's rotary, KV-cache write and decode attention on the CPU in float32:
+`cpu_decode.c` (built and loaded by `cpu_build`), one call each where torch takes 20-odd ops
+a layer. `dispatch` calls these for float32 CPU tensors when the library is built, and the
+torch references otherwise (or when `INFERGRID_KERNELS=torch` asks for them).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Final
+
+import torch
+
+from batching_engine.kernels import cpu_build
+
+SOURCE: Final = Path(__file__).with_suffix(".c")
+# Rotary rounds as torch does only without fused multiply-adds (see the source's note).
+_FLAGS: Final = ("-ffp-contract=off",)
+_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+
+
+def _declare(library: ctypes.CDLL) -> None:
+    library.rotary.argtypes = [_P, _I64, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _P]
+    library.write_kv.argtypes = [_P, _I64, _P, _I64, _I64, _I64, _P, _P, _P, _I64]
+    library.decode_attention.argtypes = [
+        _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _P, _I64, _P, ctypes.c_float, _P,
+    ]  # fmt: skip
+    for name in ("rotary", "write_kv", "decode_attention"):
+        getattr(library, name).restype = ctypes.c_int
+
+
+def _library() -> ctypes.CDLL | str:
+    return cpu_build.load(SOURCE, _declare, _FLAGS)
+
+
+def available() -> str | None:
+    """None when the library is ready; else why it cannot be used here."""
+    library = _library()
+    return library if isinstance(library, str) else None
+
+
+def applies(*tensors: torch.Tensor) -> bool:
+    """Whether these tensors take this path: float32 on the CPU, with the library built."""
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and (
+        available() is None
+    )
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What `rotary.rotary_embedding_reference` returns, bitwise."""
+    positions = _contiguous(positions, torch.int64)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    return _rotate(positions, q, cos, sin), _rotate(positions, k, cos, sin)
+
+
+def _rotate(
+    positions: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    x = _rows_of_heads(x)
+    tokens, heads, head_dim = x.shape
+    out = torch.empty(tokens, heads, head_dim, dtype=x.dtype)
+    _check(
+        _call().rotary(
+            positions.data_ptr(), tokens, x.data_ptr(), x.stride(0), heads, head_dim,
+            cos.data_ptr(), sin.data_ptr(), cos.shape[0], cos.shape[1], out.data_ptr(),
+        ),
+        "rotary: a position is outside the cos/sin table",
+    )  # fmt: skip
+    return out
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """What `kv_cache_write.write_kv_cache_reference` does: rows into their slots, -1 skips."""
+    _require_contiguous(k_cache, v_cache)
+    key, value = _rows_of_heads(key), _rows_of_heads(value)
+    slots = _contiguous(slot_mapping, torch.int64)
+    row = key.shape[1] * key.shape[2]
+    _check(
+        _call().write_kv(
+            key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0), key.shape[0], row,
+            slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.numel() // row,
+        ),
+        "write_kv_cache: a slot is outside the cache",
+    )  # fmt: skip
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """What `decode_attention.decode_attention_reference` returns, within float32 rounding."""
+    _require_contiguous(k_cache, v_cache)
+    q = q.contiguous()
+    seqs, heads, head_dim = q.shape
+    num_blocks, block_size, kv_heads, _ = k_cache.shape
+    tables = _contiguous(block_tables, torch.int32)
+    lens = _contiguous(context_lens, torch.int32)
+    out = torch.empty_like(q)
+    _check(
+        _call().decode_attention(
+            q.data_ptr(), seqs, heads, kv_heads, head_dim, k_cache.data_ptr(),
+            v_cache.data_ptr(), num_blocks, block_size, tables.data_ptr(), tables.shape[1],
+            lens.data_ptr(), scale, out.data_ptr(),
+        ),
+        "decode_attention: a context length or block id is outside the cache, or the heads"
+        " do not divide into the KV heads",
+    )  # fmt: skip
+    return out
+
+
+def _call() -> ctypes.CDLL:
+    library = _library()
+    if isinstance(library, str):
+        raise RuntimeError(f"the CPU decode kernels are unavailable: {library}")
+    return library
+
+
+def _check(status: int, message: str) -> None:
+    if status != 0:
+        raise ValueError(message)
+
+
+def _require_contiguous(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("the CPU decode kernels need contiguous K and V caches")
+
+
+def _rows_of_heads(x: torch.Tensor) -> torch.Tensor:
+    """x [tokens, heads, head_dim] with each token's heads contiguous (rows may be apart)."""
+    if x.stride(2) == 1 and x.stride(1) == x.shape[2]:
+        return x
+    return x.contiguous()
+
+
+def _contiguous(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype).contiguous()
