@@ -1,12 +1,12 @@
-/* A decode step's per-layer work besides the matmuls, on the CPU, in float32: rotary
-   embedding, the KV-cache write, and attention of one query token per sequence over its paged
-   context. As torch ops these are 20-odd calls a layer, each costing more in dispatch than in
+/* A decode step's per-layer work besides the matmuls, on the CPU, in float32: residual add
+   and RMSNorm, rotary embedding, the KV-cache write, and attention of one query
+   token per sequence over its paged context. As torch ops these are 20-odd calls a layer, each costing more in dispatch than in
    arithmetic when a step decodes a handful of tokens; here each is one call.
 
-   They compute what the torch references in rotary.py, kv_cache_write.py and
-   decode_attention.py compute. Built with -ffp-contract=off, the rotary rounds exactly as
-   torch's (a product, a product, a sum), so its output is bitwise the reference's; attention
-   sums in its own order, within float32 rounding of scaled_dot_product_attention.
+   They compute what the torch references in rmsnorm.py, rotary.py, kv_cache_write.py and
+   decode_attention.py compute. Built with -ffp-contract=off, the rotary and the KV write are
+   bitwise the references'; the norm and attention sum in their own order, within float32
+   rounding of torch's. (The MLP's gate stays torch's: its vectorised exp beats a scalar one.)
 
    Every function checks the indices it is given against the sizes it is told and returns
    nonzero, writing nothing out of bounds, when one is outside them. */
@@ -53,6 +53,29 @@ int write_kv(const float *key, int64_t key_stride, const float *value, int64_t v
         memcpy(v_cache + slots[t] * row, value + t * value_stride, sizeof(float) * row);
     }
     return 0;
+}
+
+/* out = rmsnorm(x + residual) * weight and residual_out = x + residual, per row of `hidden`
+   (x and residual rows `x_stride` and `residual_stride` apart; residual may be NULL). */
+void add_rmsnorm(const float *x, int64_t x_stride, const float *residual,
+                 int64_t residual_stride, const float *weight, int64_t rows, int64_t hidden,
+                 float eps, float *out, float *residual_out) {
+#pragma omp parallel for if (rows >= 16) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * x_stride;
+        const float *rr = residual ? residual + r * residual_stride : NULL;
+        float *o = out + r * hidden, *sum = residual_out + r * hidden;
+        float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+        for (int64_t i = 0; i < hidden; i++) {
+            float v = rr ? xr[i] + rr[i] : xr[i];
+            sum[i] = v;
+            squares += v * v;
+        }
+        float inverse = 1.0f / sqrtf(squares / (float)hidden + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < hidden; i++) o[i] = weight[i] * (sum[i] * inverse);
+    }
 }
 
 static float dot(const float *a, const float *b, int64_t n) {

@@ -1,7 +1,8 @@
-"""A decode step's rotary, KV-cache write and decode attention on the CPU in float32:
-`cpu_decode.c` (built and loaded by `cpu_build`), one call each where torch takes 20-odd ops
-a layer. `dispatch` calls these for float32 CPU tensors when the library is built, and the
-torch references otherwise (or when `INFERGRID_KERNELS=torch` asks for them).
+"""A decode step's per-layer work besides the matmuls, on the CPU in float32 (residual add and
+RMSNorm, rotary, the KV-cache write, decode attention): `cpu_decode.c`, built and loaded by
+`cpu_build`, one call each where torch takes 30-odd ops a layer. `dispatch` calls these for
+float32 CPU tensors when the library is built, and the torch references otherwise (or when
+`INFERGRID_KERNELS=torch` asks for them).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def _declare(library: ctypes.CDLL) -> None:
     ]  # fmt: skip
     for name in ("rotary", "write_kv", "decode_attention"):
         getattr(library, name).restype = ctypes.c_int
+    library.add_rmsnorm.argtypes = [_P, _I64, _P, _I64, _P, _I64, _I64, ctypes.c_float, _P, _P]
+    library.add_rmsnorm.restype = None
 
 
 def _library() -> ctypes.CDLL | str:
@@ -45,6 +48,27 @@ def applies(*tensors: torch.Tensor) -> bool:
     return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and (
         available() is None
     )
+
+
+def fused_add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What `rmsnorm.fused_add_rmsnorm_reference` returns, within float32 rounding."""
+    x, weight = _rows(x), weight.contiguous()
+    rows, hidden = x.shape
+    if residual is not None:
+        residual = _rows(residual)
+        if residual.shape != x.shape:
+            raise ValueError(f"residual: shape {tuple(residual.shape)}, x {tuple(x.shape)}")
+    if weight.shape != (hidden,):
+        raise ValueError(f"weight: shape {tuple(weight.shape)} for hidden size {hidden}")
+    out, summed = torch.empty(rows, hidden), torch.empty(rows, hidden)
+    _call().add_rmsnorm(
+        x.data_ptr(), x.stride(0), residual.data_ptr() if residual is not None else None,
+        residual.stride(0) if residual is not None else 0, weight.data_ptr(), rows, hidden,
+        eps, out.data_ptr(), summed.data_ptr(),
+    )  # fmt: skip
+    return out, summed
 
 
 def rotary_embedding(
@@ -147,6 +171,13 @@ def _rows_of_heads(x: torch.Tensor) -> torch.Tensor:
     if x.stride(2) == 1 and x.stride(1) == x.shape[2]:
         return x
     return x.contiguous()
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, n] with each row contiguous (rows may be apart)."""
+    if x.dim() != 2:
+        raise ValueError(f"expected [rows, hidden], got shape {tuple(x.shape)}")
+    return x if x.stride(1) == 1 else x.contiguous()
 
 
 def _contiguous(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """The functions the model calls: each runs the Triton kernel on CUDA tensors, and the torch
-reference elsewhere, except where `cpu_decode`'s C kernels take float32 CPU tensors (rotary,
-the KV-cache write and decode attention: one call each instead of many torch ops).
+reference elsewhere, except where `cpu_decode`'s C kernels take float32 CPU tensors (norm,
+rotary, KV-cache write, decode attention: one call each instead of many torch ops).
 
 One switch forces a path for the whole process: the environment variable
 `INFERGRID_KERNELS=auto|triton|torch` (read at import; an unknown value fails then, not at the
@@ -137,6 +137,8 @@ def fused_add_rmsnorm(
     x `[num_tokens, hidden]`."""
     if uses_triton(x):
         return _rmsnorm.fused_add_rmsnorm_triton(x, residual, weight, eps)
+    if uses_cpu_kernels(x, weight, *([] if residual is None else [residual])):
+        return _cpu.fused_add_rmsnorm(x, residual, weight, eps)
     return _rmsnorm.fused_add_rmsnorm_reference(x, residual, weight, eps)
 
 

@@ -1,6 +1,7 @@
-"""The CPU decode kernels (rotary, KV-cache write, decode attention in C) against the torch
-references they replace on float32 CPU tensors: rotary and the write bitwise, attention within
-float32 rounding, and every out-of-range index refused before anything is written."""
+"""The CPU decode kernels (add + RMSNorm, rotary, KV-cache write, decode attention in C)
+against the torch references they replace on float32 CPU tensors: rotary and the write
+bitwise, the norm and attention within float32 rounding, and every out-of-range index refused
+before anything is written."""
 
 from __future__ import annotations
 
@@ -107,6 +108,26 @@ def test_attention_refuses_what_would_read_outside_the_cache(table, lens):
         cpu_decode.decode_attention(torch.zeros(1, 1, 8), cache, cache,
                                     torch.tensor(table, dtype=torch.int32),
                                     torch.tensor(lens, dtype=torch.int32), 1.0)  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 40), hidden=st.sampled_from([8, 64, 576]),
+       with_residual=st.booleans(), seed=st.integers(0, 2**31))  # fmt: skip
+def test_add_then_norm_matches_the_reference(rows, hidden, with_residual, seed):
+    """Rows of x may be apart (a view of wider rows); one row or many (then threaded)."""
+    gen = generator(seed)
+    x = randn(rows, 2 * hidden, dtype=F32, gen=gen)[:, :hidden]
+    residual = randn(rows, hidden, dtype=F32, gen=gen) if with_residual else None
+    weight = randn(hidden, dtype=F32, gen=gen)
+    out, summed = cpu_decode.fused_add_rmsnorm(x, residual, weight, 1e-5)
+    expected, expected_sum = fused_add_rmsnorm_reference(x, residual, weight, 1e-5)
+    assert torch.equal(summed, expected_sum)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_norm_refuses_a_weight_of_another_size():
+    with pytest.raises(ValueError, match="weight"):
+        cpu_decode.fused_add_rmsnorm(torch.zeros(2, 8), None, torch.ones(7), 1e-5)
 
 
 @settings(max_examples=60, deadline=None)
