@@ -133,7 +133,8 @@ int decode_attention(const float *q, int64_t seqs, int64_t heads, int64_t kv_hea
         longest = context > longest ? context : longest;
     }
     int failed = 0;
-#pragma omp parallel
+    /* A few short contexts are less work than waking a second thread. */
+#pragma omp parallel if (seqs * kv_heads * longest >= 4096)
     {
         float *scores = malloc(sizeof(float) * (size_t)(group * (longest ? longest : 1)));
         if (!scores) {

@@ -10,6 +10,7 @@ be built, `available()` says why and the caller keeps its dequantizing path.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -49,23 +50,58 @@ def strip() -> int:
     return library.quantized_matmul_strip()
 
 
-def pack_int8(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 codes [n, k] and float scales [n] as the kernel reads them: [strips, k, 16] and
-    [strips, 16], the columns padded to whole strips with zero codes."""
+@dataclass(frozen=True, slots=True)
+class PackedWeight:
+    """A weight [n, k] laid out as the kernel reads it (`pack_int8`, `pack_int4`), checked once
+    here so that a call need only check its input's width: the kernel trusts its pointers."""
+
+    mode: int  # 8 or 4
+    codes: torch.Tensor  # int8 [strips, k, strip] or uint8 [strips, k / 2, strip]
+    scales: torch.Tensor  # [strips, strip] (int8) or [strips, k / 32, strip] (int4), float32
+    lows: torch.Tensor | None  # int4's minima, shaped as its scales
+    n: int
+    k: int
+
+    def __post_init__(self) -> None:
+        strips, width = self.codes.shape[0], self.codes.shape[-1]
+        rows = self.k if self.mode == 8 else self.k // 2
+        groups = () if self.mode == 8 else (self.k // GROUP,)
+        problems = [
+            self.mode not in (4, 8) and f"mode {self.mode}",
+            self.codes.shape != (strips, rows, width) and f"codes {tuple(self.codes.shape)}",
+            self.mode == 4 and self.k % GROUP and f"k={self.k} is not a multiple of {GROUP}",
+            not 0 < self.n <= strips * width and f"n={self.n} in {strips} strips of {width}",
+            self.scales.shape != (strips, *groups, width) and f"scales {self.scales.shape}",
+            (self.lows is None) != (self.mode == 8) and "lows belong to int4 alone",
+            self.lows is not None and self.lows.shape != self.scales.shape and "lows' shape",
+            self.scales.dtype != torch.float32 and f"scales {self.scales.dtype}",
+            not all(t.is_contiguous() for t in self.tensors) and "not contiguous",
+        ]
+        found = [p for p in problems if p]
+        if found:
+            raise ValueError(f"packed weight [{self.n}, {self.k}]: {'; '.join(found)}")
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.codes, self.scales) + ((self.lows,) if self.lows is not None else ())
+
+
+def pack_int8(codes: torch.Tensor, scales: torch.Tensor) -> PackedWeight:
+    """int8 codes [n, k] and scales [n] as the kernel reads them: codes [strips, k, strip] and
+    scales [strips, strip], the columns padded to whole strips with zero codes."""
     n, k = codes.shape
     width = strip()
     strips = -(-n // width)
     padded = _pad_rows(codes, strips * width)
     packed = padded.view(strips, width, k).transpose(1, 2).contiguous()
-    return packed, _pad_rows(scales.float(), strips * width).view(strips, width)
+    scales = _pad_rows(scales.float(), strips * width).view(strips, width)
+    return PackedWeight(8, packed, scales, None, n, k)
 
 
-def pack_int4(
-    codes: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack_int4(codes: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> PackedWeight:
     """int4 codes [n, k] (uint8, 0..15), scales and minima [n, k / 32] as the kernel reads
-    them: bytes [strips, k / 2, 16] holding codes k (high nibble) and k + 1 (low), and
-    [strips, groups, 16] each for the scales and minima."""
+    them: bytes [strips, k / 2, strip] holding codes k (high nibble) and k + 1 (low), and
+    [strips, groups, strip] each for the scales and minima."""
     n, k = codes.shape
     width = strip()
     strips = -(-n // width)
@@ -77,81 +113,40 @@ def pack_int4(
         padded_values = _pad_rows(values.float(), strips * width)
         return padded_values.view(strips, width, -1).transpose(1, 2).contiguous()
 
-    return packed, per_group(scales), per_group(lows)
+    return PackedWeight(4, packed, per_group(scales), per_group(lows), n, k)
 
 
-def unpack_int8_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def unpack_int8_rows(weight: PackedWeight, rows: torch.Tensor) -> torch.Tensor:
     """The int8 codes of weight rows `rows` ([r] int64) from `pack_int8`'s layout: [r, k]."""
-    width = packed.shape[-1]
-    return packed[rows // width, :, rows % width]
+    width = weight.codes.shape[-1]
+    return weight.codes[rows // width, :, rows % width]
 
 
-def matmul_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, n: int) -> torch.Tensor:
-    """x [..., k] float32 @ the int8 weight [n, k] that `pack_int8` packed: [..., n]."""
-    return _call(8, x, codes, scales, None, n)
-
-
-def matmul_int4(
-    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor, n: int
-) -> torch.Tensor:
-    """x [..., k] float32 @ the int4 weight [n, k] that `pack_int4` packed: [..., n]."""
-    return _call(4, x, codes, scales, lows, n)
-
-
-def _call(
-    mode: int,
-    x: torch.Tensor,
-    codes: torch.Tensor,
-    scales: torch.Tensor,
-    lows: torch.Tensor | None,
-    n: int,
-) -> torch.Tensor:
+def matmul(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+    """x [..., k] float32 @ the packed weight's [n, k] transposed: [..., n]."""
     library = _library()
     if isinstance(library, str):
         raise RuntimeError(f"the CPU quantized matmul is unavailable: {library}")
-    if codes.shape[-1] != library.quantized_matmul_strip():
+    if weight.codes.shape[-1] != library.quantized_matmul_strip():
         raise RuntimeError(
-            f"weights packed in strips of {codes.shape[-1]} for a kernel that reads"
+            f"weights packed in strips of {weight.codes.shape[-1]} for a kernel that reads"
             f" {library.quantized_matmul_strip()}: pack them after choosing {cpu_build.ENV_VAR}"
         )
-    k = x.shape[-1]
-    _check_shapes(mode, k, codes, scales, lows, n)
+    k, n = weight.k, weight.n
+    if x.shape[-1] != k:
+        raise ValueError(f"x: {x.shape[-1]} columns for a weight of {k}")
     flat = x.reshape(-1, k)
     if flat.dtype != torch.float32 or flat.stride(-1) != 1:
         flat = flat.float().contiguous()
     y = x.new_empty(flat.shape[0], n, dtype=torch.float32)
+    lows = weight.lows.data_ptr() if weight.lows is not None else None
     failed = library.quantized_matmul(
-        mode, flat.data_ptr(), flat.shape[0], flat.stride(0), k, codes.data_ptr(),
-        scales.data_ptr(), lows.data_ptr() if lows is not None else None, n, y.data_ptr(),
+        weight.mode, flat.data_ptr(), flat.shape[0], flat.stride(0), k,
+        weight.codes.data_ptr(), weight.scales.data_ptr(), lows, n, y.data_ptr(),
     )  # fmt: skip
     if failed:
         raise MemoryError("the CPU quantized matmul could not allocate its strip buffer")
     return y.view(*x.shape[:-1], n)
-
-
-def _check_shapes(
-    mode: int,
-    k: int,
-    codes: torch.Tensor,
-    scales: torch.Tensor,
-    lows: torch.Tensor | None,
-    n: int,
-) -> None:
-    """The kernel trusts its pointers: refuse any call whose tensors it would overrun."""
-    strips, width = codes.shape[0], codes.shape[-1]
-    rows = k if mode == 8 else k // 2
-    groups = () if mode == 8 else (k // GROUP,)
-    problems = [
-        codes.shape != (strips, rows, width) and f"codes {tuple(codes.shape)} for k={k}",
-        mode == 4 and k % GROUP and f"k={k} is not a multiple of {GROUP}",
-        not 0 < n <= strips * width and f"n={n} does not fit {strips} strips of {width}",
-        scales.shape != (strips, *groups, width) and f"scales {tuple(scales.shape)}",
-        lows is not None and lows.shape != scales.shape and f"lows {tuple(lows.shape)}",
-        not all(t.is_contiguous() for t in (codes, scales)) and "packed tensors must be contiguous",
-    ]
-    found = [p for p in problems if p]
-    if found:
-        raise ValueError(f"quantized matmul: {'; '.join(found)}")
 
 
 def _pad_rows(values: torch.Tensor, rows: int) -> torch.Tensor:

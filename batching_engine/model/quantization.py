@@ -156,7 +156,8 @@ class QuantizedLinear(RowQuantized):
                 f"int4 needs layer widths divisible by {INT4_GROUP_SIZE}, got {in_features}",
             )
         self.rows, self.columns, self.mode = out_features, in_features, mode
-        self.packed = False  # laid out for the CPU kernel (`finish`)
+        # Laid out for the CPU kernel (`finish`): the buffers below, as it reads them.
+        self.packed: cpu_kernel.PackedWeight | None = None
         code_type = torch.int8 if mode == "int8" else torch.uint8
         self.register_buffer("codes", torch.empty(out_features, in_features, dtype=code_type))
         if mode == "int8":
@@ -183,13 +184,12 @@ class QuantizedLinear(RowQuantized):
         int4 codes two a byte for the dequantizing path. On CUDA, int4 codes, scales and
         midpoints in torch's kernel's packing (it computes (q - 8) * scale + zero)."""
         if not self.codes.is_cuda and cpu_kernel.available() is None:
-            self.packed = True
             if self.mode == "int8":
-                self.codes, self.scales = cpu_kernel.pack_int8(self.codes, self.scales)
+                self.packed = cpu_kernel.pack_int8(self.codes, self.scales)
             else:
-                self.codes, self.scales, self.low = cpu_kernel.pack_int4(
-                    self.codes, self.scales, self.low
-                )
+                self.packed = cpu_kernel.pack_int4(self.codes, self.scales, self.low)
+                self.low = self.packed.lows
+            self.codes, self.scales = self.packed.codes, self.packed.scales  # same tensors
             return
         if self.mode != "int4":
             return
@@ -205,10 +205,8 @@ class QuantizedLinear(RowQuantized):
         self.register_buffer("packed_scales", scales_and_zeros, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed and self.mode == "int8":
-            return cpu_kernel.matmul_int8(x, self.codes, self.scales, self.rows)
-        if self.packed:
-            return cpu_kernel.matmul_int4(x, self.codes, self.scales, self.low, self.rows)
+        if self.packed is not None:
+            return cpu_kernel.matmul(x, self.packed)
         if not x.is_cuda:
             fill = _int8_rows(self.codes, self.scales) if self.mode == "int8" else self._int4_rows
             return dequantized_linear(x, self.rows, self.columns, fill)
@@ -234,7 +232,7 @@ class QuantizedEmbedding(RowQuantized):
     def __init__(self, num_embeddings: int, dim: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.rows, self.columns = num_embeddings, dim
-        self.packed = False  # laid out for the CPU kernel (`finish`)
+        self.packed: cpu_kernel.PackedWeight | None = None  # as in QuantizedLinear
         self.register_buffer("codes", torch.empty(num_embeddings, dim, dtype=torch.int8))
         self.register_buffer("scales", torch.empty(num_embeddings, dtype=dtype))
 
@@ -243,20 +241,20 @@ class QuantizedEmbedding(RowQuantized):
         """On the CPU, the kernel's strips where it is built: the LM head is its largest
         matmul, and a lookup reads its few rows back out of them."""
         if not self.codes.is_cuda and cpu_kernel.available() is None:
-            self.packed = True
-            self.codes, self.scales = cpu_kernel.pack_int8(self.codes, self.scales)
+            self.packed = cpu_kernel.pack_int8(self.codes, self.scales)
+            self.codes, self.scales = self.packed.codes, self.packed.scales  # same tensors
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            codes = cpu_kernel.unpack_int8_rows(self.codes, ids.reshape(-1))
+        if self.packed is not None:
+            codes = cpu_kernel.unpack_int8_rows(self.packed, ids.reshape(-1))
             scales = self.scales.reshape(-1)[ids.reshape(-1), None]
             return (codes.to(scales.dtype) * scales).view(*ids.shape, self.columns)
         return F.embedding(ids, self.codes).to(self.scales.dtype) * self.scales[ids, None]
 
     def as_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the vocabulary: the embedding rows as the LM head's weight."""
-        if self.packed:
-            return cpu_kernel.matmul_int8(hidden, self.codes, self.scales, self.rows)
+        if self.packed is not None:
+            return cpu_kernel.matmul(hidden, self.packed)
         if hidden.is_cuda:
             return torch.ops.aten._weight_int8pack_mm(hidden.contiguous(), self.codes, self.scales)
         fill = _int8_rows(self.codes, self.scales)

@@ -56,7 +56,7 @@ def test_int8_equals_the_dequantized_product(build, shape):
     weight, x = _random((n, k), seed), _random((m, k), seed + 1)
     codes, scales = quantize_int8_rows(weight)
     expected = x @ (codes.float() * scales[:, None]).T
-    got = kernel.matmul_int8(x, *kernel.pack_int8(codes, scales), n)
+    got = kernel.matmul(x, kernel.pack_int8(codes, scales))
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -70,14 +70,14 @@ def test_int4_equals_the_dequantized_product(build, shape):
     weight, x = _random((n, k), seed), _random((m, k), seed + 1)
     codes, scales, low = quantize_int4_rows(weight)
     expected = x @ dequantize_int4_rows(codes, scales, low).T
-    got = kernel.matmul_int4(x, *kernel.pack_int4(codes, scales, low), n)
+    got = kernel.matmul(x, kernel.pack_int4(codes, scales, low))
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_batched_inputs_keep_their_leading_dimensions(build):
     codes, scales = quantize_int8_rows(_random((20, 64), 0))
     x = _random((2, 3, 64), 1)
-    got = kernel.matmul_int8(x, *kernel.pack_int8(codes, scales), 20)
+    got = kernel.matmul(x, kernel.pack_int8(codes, scales))
     assert got.shape == (2, 3, 20)
     torch.testing.assert_close(got, x @ (codes.float() * scales[:, None]).T, rtol=1e-4, atol=1e-4)
 
@@ -85,10 +85,14 @@ def test_batched_inputs_keep_their_leading_dimensions(build):
 def test_a_mismatched_call_is_refused_before_the_kernel_reads(build):
     codes, scales = quantize_int8_rows(_random((20, 64), 0))
     packed = kernel.pack_int8(codes, scales)
-    with pytest.raises(ValueError, match="codes .* for k=32"):
-        kernel.matmul_int8(_random((1, 32), 1), *packed, 20)
-    with pytest.raises(ValueError, match="n=99 does not fit"):
-        kernel.matmul_int8(_random((1, 64), 1), *packed, 99)
+    with pytest.raises(ValueError, match="x: 32 columns for a weight of 64"):
+        kernel.matmul(_random((1, 32), 1), packed)
+    with pytest.raises(ValueError, match="n=99 in"):
+        kernel.PackedWeight(8, packed.codes, packed.scales, None, 99, 64)
+    with pytest.raises(ValueError, match="codes"):
+        kernel.PackedWeight(8, packed.codes, packed.scales, None, 20, 65)
+    with pytest.raises(ValueError, match="lows belong to int4"):
+        kernel.PackedWeight(4, packed.codes, packed.scales, None, 20, 64)
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
@@ -98,7 +102,7 @@ def test_layers_use_the_kernel_and_compute_what_their_codes_stand_for(build, mod
     layer.load_rows(0, weight)
     reference = x @ _dequantized(layer).T
     layer.finish()
-    assert layer.packed
+    assert layer.packed is not None
     torch.testing.assert_close(layer(x), reference, rtol=1e-4, atol=1e-4)
 
 
@@ -122,7 +126,7 @@ def test_switched_off_the_layers_keep_the_dequantizing_path(monkeypatch):
         layer.load_rows(0, _random((20, 64), 0))
         reference = _random((2, 64), 1) @ _dequantized(layer).T
         layer.finish()
-        assert not layer.packed
+        assert layer.packed is None
         torch.testing.assert_close(layer(_random((2, 64), 1)), reference, rtol=1e-4, atol=1e-4)
     finally:
         cpu_build.clear_cache()
