@@ -1,14 +1,19 @@
 """One decode step's matmuls on the CPU: float32 against each way of multiplying int8/int4 weights.
 
-Why the engine's CPU path dequantizes (batching_engine/model/quantization.py): for every
+Why the engine's CPU path is its own kernel (batching_engine/model/quantization.py): for every
 projection of SmolLM2-135M (30 layers) and its tied LM head, at 1 and at 64 rows, this times
 
 - ``float32``: the engine's linear (oneDNN) over float32 weights, packed as the engine packs them;
 - ``int8 fused`` / ``int4 fused``: torch's own kernels, ``_weight_int8pack_mm`` and
   ``_weight_int4pack_mm_for_cpu`` (the CPU's int4 packing);
-- ``int8 engine`` / ``int4 engine``: the engine's `QuantizedLinear`, as it runs.
+- ``int8 kernel`` / ``int4 kernel``: the engine's `QuantizedLinear` through its C kernel
+  (kernels/cpu_quantized_matmul.c), as it runs where the kernel is built;
+- ``int8 dequant`` / ``int4 dequant``: the same layers where it is not (rows dequantized into a
+  scratch buffer, then oneDNN);
 
-and prints each step's milliseconds and its ratio to float32, all measured in one run.
+and prints each step's milliseconds and its ratio to float32, all measured in one run. Each
+shape's weight is one tensor timed again and again, so the small ones stay in cache: float32
+is favoured against what a whole model streaming from memory sees.
 
     .venv/bin/python bench/quantized_matmul.py [--threads N] [--rows 1,64]
 """
@@ -16,11 +21,13 @@ and prints each step's milliseconds and its ratio to float32, all measured in on
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 
 import torch
 
+from batching_engine.kernels import cpu_build, cpu_quantized_matmul
 from batching_engine.model.layers import Linear
 from batching_engine.model.quantization import (
     INT4_GROUP_SIZE,
@@ -59,26 +66,41 @@ def ways(out_features: int, in_features: int, head: bool) -> dict[str, Callable]
     codes4, scales4, low4 = quantize_int4_rows(weight)
     scales_and_zeros = int4pack_scales_and_zeros(scales4, low4)
     packed4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes4.to(torch.int32), 8)
-    if head:  # a tied LM head is int8 rows in both modes
-        embedding = _filled(QuantizedEmbedding(out_features, in_features, torch.float32), weight)
-        engine8 = engine4 = embedding.as_head
-    else:
-        engine8 = _filled(QuantizedLinear(in_features, out_features, "int8", torch.float32), weight)
-        engine4 = _filled(QuantizedLinear(in_features, out_features, "int4", torch.float32), weight)
+    engine = {}
+    for path, kernel in (("kernel", True), ("dequant", False)):
+        if head:  # a tied LM head is int8 rows in both modes
+            table = QuantizedEmbedding(out_features, in_features, torch.float32)
+            engine[f"int8 {path}"] = engine[f"int4 {path}"] = _filled(table, weight, kernel).as_head
+            continue
+        for mode in ("int8", "int4"):
+            layer = QuantizedLinear(in_features, out_features, mode, torch.float32)
+            engine[f"{mode} {path}"] = _filled(layer, weight, kernel)
     return {
         "float32": plain,
         "int8 fused": lambda x: torch.ops.aten._weight_int8pack_mm(x, codes8, scales8),
         "int4 fused": lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(
             x, packed4, INT4_GROUP_SIZE, scales_and_zeros
         ),
-        "int8 engine": engine8,
-        "int4 engine": engine4,
+        **engine,
     }
 
 
-def _filled(module, weight: torch.Tensor):
+def _filled(module, weight: torch.Tensor, kernel: bool):
+    """The module filled, and laid out for the kernel or (switched off) the dequantizing path."""
     module.load_rows(0, weight)
-    module.finish()
+    if kernel:  # built as INFERGRID_CPU_KERNEL asks (auto, or avx2)
+        module.finish()
+        return module
+    saved = os.environ.get(cpu_build.ENV_VAR)
+    os.environ[cpu_build.ENV_VAR] = "off"
+    cpu_build.clear_cache()
+    try:
+        module.finish()
+    finally:
+        os.environ.pop(cpu_build.ENV_VAR)
+        if saved is not None:
+            os.environ[cpu_build.ENV_VAR] = saved
+        cpu_build.clear_cache()
     return module
 
 
@@ -102,6 +124,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    missing = cpu_quantized_matmul.available()
+    if missing is not None:
+        raise SystemExit(f"the engine's CPU quantized kernel is unavailable here: {missing}")
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()},"
           f" {torch.get_num_threads()} threads; SmolLM2-135M decode-step matmuls, ms")  # fmt: skip

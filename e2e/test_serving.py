@@ -88,6 +88,19 @@ def test_the_sample_gets_an_engine_pod_on_the_real_node_with_its_allocation(clus
     assert pod.spec.node_name in text
 
 
+def test_the_engine_pod_holds_the_demo_models_weights_as_int4_through_the_cpu_kernel(
+    cluster, served
+):
+    """The image's gcc builds the CPU kernels in the pod (into /tmp), so `auto` keeps the
+    GGUF's Q4_1 weights as int4 on the real node's CPU."""
+    core = client.CoreV1Api(cluster.api)
+    pod = wait_serving(core, served, 1)[0]
+    log = core.read_namespaced_pod_log(pod.metadata.name, served)
+    weights = [line for line in log.splitlines() if "weights: " in line]
+    assert weights and "weights: int4 (auto: the checkpoint's Q4_1" in weights[-1], log[-2000:]
+    assert "CPU kernel AVX" in weights[-1]
+
+
 def test_kubectl_scale_gives_a_second_serving_pod(cluster, served):
     """Before any load: the autoscaler, idle, keeps a hand-set count for its window."""
     core = client.CoreV1Api(cluster.api)
