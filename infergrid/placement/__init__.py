@@ -9,7 +9,8 @@ the extender and the simulator ask: it holds many nodes' states and answers filt
 ``build_node_state`` makes a node from its annotations; ``apply`` and
 ``release`` keep it current; ``to_pod_assignment`` writes what bind records.
 ``recheck`` is the device plugin's gate at Allocate: the same rules, applied to
-an assignment already decided.
+an assignment already decided. ``choose_victims`` answers preemption: the fewest
+lower-priority holders whose eviction lets a pod fit.
 The trace simulator also passes a ``HostRequest`` (CPU, memory, GPU models) on
 nodes with ``HostResources``, and runs the simulation-only policies (the FGD
 paper's baselines) from ``SIMULATION_SCORERS`` and ``SIMULATION_GPU_CHOICES``.
@@ -37,6 +38,7 @@ from infergrid.placement.learned import LEARNING, LearnedWorkload
 from infergrid.placement.node_set import NodeSet, Verdicts
 from infergrid.placement.offers import OfferIndex, Rejections
 from infergrid.placement.policy import Policy, resolve_policy
+from infergrid.placement.preemption import Holder, choose_victims
 from infergrid.placement.recheck import recheck
 from infergrid.placement.recorded_assignment import reservation_from_assignment, to_pod_assignment
 from infergrid.placement.reserve import apply, release
@@ -77,6 +79,7 @@ __all__ = [
     "FragmentationTally",
     "GpuChoice",
     "GpuState",
+    "Holder",
     "HostRequest",
     "HostResources",
     "MigSlot",
@@ -93,6 +96,7 @@ __all__ = [
     "apply",
     "build_node_state",
     "choose_gpu_set",
+    "choose_victims",
     "fit",
     "free_capacity",
     "host_shortfalls",

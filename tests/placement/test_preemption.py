@@ -1,0 +1,119 @@
+"""Preemption on GPU shares: the smallest set of lower-priority holders whose eviction lets the
+pod fit, never a holder of equal or higher priority, and no node when nothing would help."""
+
+from itertools import combinations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infergrid.placement import fit
+from infergrid.placement.preemption import EXACT_CANDIDATES, Holder, choose_victims, without
+
+from .builders import (
+    BINPACK,
+    L4_MIB,
+    gpu,
+    held_share,
+    held_whole,
+    inventory,
+    node_of,
+    pod,
+    share,
+    whole,
+)
+
+L4X2 = inventory(gpu(0), gpu(1))
+ONLINE, OFFLINE = 1000, 0
+
+
+def holders_and_node(specs, used=None):
+    """specs: (uid, priority, gpu index, MiB, cores) shares; the node with them all held."""
+    assignments = [held_share(index, mib, cores, name=uid) for uid, _, index, mib, cores in specs]
+    holders = [
+        Holder(uid, priority, a.containers)
+        for (uid, priority, *_), a in zip(specs, assignments, strict=True)
+    ]
+    return holders, node_of(L4X2, assignments, used=used)
+
+
+def test_a_pod_that_fits_evicts_nobody():
+    holders, node = holders_and_node([("a", OFFLINE, 0, 4096, 20)])
+    assert choose_victims(pod(share(8192, 50)), node, holders, ONLINE, BINPACK) == ()
+
+
+def test_a_whole_gpu_takes_the_gpu_with_fewest_offline_shares():
+    holders, node = holders_and_node(
+        [("a", OFFLINE, 0, 4096, 20), ("b", OFFLINE, 0, 4096, 20), ("c", OFFLINE, 1, 8192, 30)]
+    )
+    assert choose_victims(pod(whole(1)), node, holders, ONLINE, BINPACK) == ("c",)
+
+
+def test_holders_of_equal_or_higher_priority_are_never_evicted():
+    holders, node = holders_and_node([("a", ONLINE, 0, 20000, 50), ("b", ONLINE, 1, 20000, 50)])
+    assert choose_victims(pod(share(8192, 50)), node, holders, ONLINE, BINPACK) is None
+    assert choose_victims(pod(share(8192, 50)), node, holders, ONLINE + 1, BINPACK) == ("a",)
+
+
+def test_the_node_is_dropped_when_even_evicting_everyone_would_not_do():
+    holders, node = holders_and_node([("a", OFFLINE, 0, 4096, 20)])
+    assert choose_victims(pod(whole(3)), node, holders, ONLINE, BINPACK) is None
+
+
+def test_a_victims_measured_memory_goes_with_it():
+    """GPU-0 is measured full by its offline share's process: once evicted, the GPU is free."""
+    holders, node = holders_and_node([("a", OFFLINE, 0, 20000, 20), ("b", ONLINE, 1, 20000, 20)],
+                                     used={0: 20000, 1: 20000})  # fmt: skip
+    assert choose_victims(pod(share(16384, 50)), node, holders, ONLINE, BINPACK) == ("a",)
+    assert without(node, holders[:1]).gpus[0].used_mib == 0
+
+
+def test_among_equal_sizes_the_least_important_victim_goes():
+    holders, node = holders_and_node([("low", 0, 0, 20000, 20), ("mid", 5, 1, 20000, 20)])
+    assert choose_victims(pod(share(16384, 50)), node, holders, ONLINE, BINPACK) == ("low",)
+
+
+def test_a_whole_gpu_holder_is_a_candidate_too():
+    assignment = held_whole(0, name="w")
+    holders = [Holder("w", OFFLINE, assignment.containers)]
+    node = node_of(L4X2, [assignment])
+    assert choose_victims(pod(whole(2)), node, holders, ONLINE, BINPACK) == ("w",)
+
+
+shares = st.lists(
+    st.tuples(
+        st.integers(0, 1),
+        st.integers(1, 6).map(lambda k: k * 2048),
+        st.sampled_from([10, 20, 40]),
+        st.integers(0, 3),
+    ),  # fmt: skip
+    min_size=0,
+    max_size=8,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(held=shares, ask_mib=st.integers(1, 12).map(lambda k: k * 2048),
+       ask_cores=st.sampled_from([10, 50, 100]), whole_gpus=st.integers(0, 2),
+       priority=st.integers(0, 4))  # fmt: skip
+def test_victims_are_lower_priority_make_room_and_no_smaller_set_would(
+    held, ask_mib, ask_cores, whole_gpus, priority
+):
+    specs, per_gpu = [], {0: 0, 1: 0}
+    for i, (index, mib, cores, prio) in enumerate(held):
+        if per_gpu[index] + mib <= L4_MIB:  # what a real node could hold
+            per_gpu[index] += mib
+            specs.append((f"p{i}", prio, index, mib, cores))
+    holders, node = holders_and_node(specs)
+    request = pod(whole(whole_gpus)) if whole_gpus else pod(share(ask_mib, ask_cores))
+    victims = choose_victims(request, node, holders, priority, BINPACK)
+    lower = [h for h in holders if h.priority < priority]
+    room = lambda chosen: fit(request, without(node, chosen), BINPACK).fits  # noqa: E731
+    if victims is None:
+        assert not room(lower)
+        return
+    chosen = [h for h in holders if h.uid in victims]
+    assert len(chosen) == len(victims) and all(h.priority < priority for h in chosen)
+    assert room(chosen)
+    assert len(lower) > EXACT_CANDIDATES or not any(
+        room(smaller) for size in range(len(chosen)) for smaller in combinations(lower, size)
+    )
