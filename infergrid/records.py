@@ -66,6 +66,8 @@ class PodRecord:
     """The pod's effective CPU request in millicores, as kube-scheduler counts it."""
     memory_mib: int = 0
     """The pod's effective memory request in MiB."""
+    priority: int = 0
+    """``spec.priority``, which the API server fills from the pod's PriorityClass."""
 
     @property
     def key(self) -> str:
@@ -127,7 +129,14 @@ def pod_record(pod: dict[str, Any]) -> PodRecord:
         resource_version=meta.get("resourceVersion", ""),
         cpu_milli=host.cpu_milli,
         memory_mib=host.memory_mib,
+        priority=pod_priority(pod),
     )
+
+
+def pod_priority(pod: dict[str, Any]) -> int:
+    """``spec.priority``; 0 (the default class's) where it is absent or not an integer."""
+    value = (pod.get("spec") or {}).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def is_live(pod: PodRecord) -> bool:

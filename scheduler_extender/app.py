@@ -28,14 +28,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from infergrid.errors import ContractError
 from scheduler_extender import metrics
 from scheduler_extender.binder import Binder, BindError
-from scheduler_extender.decisions import filter_nodes, prioritize_nodes
+from scheduler_extender.decisions import filter_nodes, preempt_nodes, prioritize_nodes
 from scheduler_extender.pending_binds import BindBarrier
 from scheduler_extender.protocol import (
     binding_result,
     decode_binding_args,
     decode_extender_args,
+    decode_preemption_args,
     encode,
     filter_result,
+    preemption_result,
     priority_list,
 )
 from scheduler_extender.tentative import Reserver, predicted_node, sole_top
@@ -85,6 +87,7 @@ class ExtenderService:
         app.router.add_post("/filter", self._timed("filter", self.filter))
         app.router.add_post("/prioritize", self._timed("prioritize", self.prioritize))
         app.router.add_post("/bind", self._timed("bind", self.bind))
+        app.router.add_post("/preempt", self._timed("preempt", self.preempt))
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         return app
@@ -156,6 +159,13 @@ class ExtenderService:
         another request (callbacks already queued run before those of new input)."""
         if self.reserver is not None:
             asyncio.get_running_loop().call_soon(self.reserver.hold, pod, uid, node)
+
+    async def preempt(self, request: web.Request) -> web.Response:
+        args = decode_preemption_args(await request.read())
+        kept = preempt_nodes(args.pod, args.nodes, self.view, self.default_policy, self.clock())
+        metrics.PREEMPTION_NODES.labels("kept").inc(len(kept))
+        metrics.PREEMPTION_NODES.labels("dropped").inc(len(args.nodes) - len(kept))
+        return _reply(preemption_result(kept))
 
     async def bind(self, request: web.Request) -> web.Response:
         args = decode_binding_args(await request.read())

@@ -20,9 +20,20 @@ import numpy as np
 import numpy.typing as npt
 
 from infergrid.errors import ContractError
-from infergrid.placement import LEARNING, HostRequest, Policy, normalize_scores, resolve_policy
+from infergrid.placement import (
+    LEARNING,
+    Holder,
+    HostRequest,
+    Policy,
+    choose_victims,
+    normalize_scores,
+    resolve_policy,
+)
+from infergrid.placement.preemption import without
 from infergrid.pod_host import parse_host_request
 from infergrid.pod_request import PodGpuRequest, parse_pod_request
+from infergrid.records import pod_priority
+from scheduler_extender.protocol import Victims
 from scheduler_extender.view import PlacementView
 
 
@@ -77,6 +88,45 @@ def prioritize_nodes(
     host = _host(pod) if request.policy in LEARNING else None
     raw = view.nodes.scores(names, request, _policy(request, view), host, rows)
     return dict(zip(names, _normalized(raw), strict=True))
+
+
+def preempt_nodes(
+    pod: dict[str, Any],
+    proposed: dict[str, Victims],
+    view: PlacementView,
+    default_policy: str,
+    now: datetime,
+) -> dict[str, Victims]:
+    """The preempt verb: per node kube-scheduler proposes, its victims plus the fewest
+    lower-priority GPU holders whose eviction lets the pod's GPUs fit (`choose_victims`); a
+    node where no eviction makes room is left out, so no pod is evicted there for nothing.
+
+    kube-scheduler's own victims stay (they free what it counts: CPU, memory, ports), and
+    their GPUs count as freed. Its PodDisruptionBudget count is passed on as it is: the
+    extender does not read budgets. A pod without GPU containers is not the extender's to
+    judge, and an unreadable request fits nowhere, so every node is dropped.
+    """
+    try:
+        request = parse_pod_request(pod, default_policy)
+    except ContractError:
+        return {}
+    if not request.gpu_containers:
+        return dict(proposed)
+    policy, priority = _policy(request, view), pod_priority(pod)
+    kept: dict[str, Victims] = {}
+    for name, victims in proposed.items():
+        node = view.node_state(name, now)
+        if isinstance(node, str):
+            continue
+        held = view.cache.holders_on(name)
+        theirs = set(victims.uids)
+        gone = [Holder(uid, p or 0, a.containers) for uid, p, a in held if uid in theirs]
+        others = [Holder(uid, p, a.containers) for uid, p, a in held
+                  if uid not in theirs and p is not None]  # fmt: skip
+        chosen = choose_victims(request, without(node, gone), others, priority, policy)
+        if chosen is not None:
+            kept[name] = Victims(victims.uids + chosen, victims.pdb_violations)
+    return kept
 
 
 def _normalized(raw: npt.NDArray[np.float64]) -> list[int]:

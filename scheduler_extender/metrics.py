@@ -13,6 +13,11 @@ PLACEMENTS = Counter(
     "Pods bound with a GPU assignment, by policy.",
     ["policy"],
 )
+PREEMPTION_NODES = Counter(
+    "infergrid_scheduler_extender_preemption_nodes_total",
+    "Candidate nodes of the preempt verb: kept (with victims that make room) or dropped.",
+    ["outcome"],
+)
 REJECTIONS = Counter(
     "infergrid_scheduler_extender_rejections_total",
     "Node rejections in filter, by reason (the resource that fell short, or why none fits).",

@@ -32,6 +32,21 @@ class BindingArgs:
     node: str
 
 
+@dataclass(frozen=True, slots=True)
+class Victims:
+    """What kube-scheduler's own preemption would evict on one node: pod uids, and how many
+    PodDisruptionBudgets that would violate."""
+
+    uids: tuple[str, ...]
+    pdb_violations: int
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionArgs:
+    pod: dict[str, Any]
+    nodes: dict[str, Victims]
+
+
 def _object(body: bytes) -> dict[str, Any]:
     try:
         doc = orjson.loads(body)
@@ -67,6 +82,50 @@ def decode_extender_args(body: bytes) -> ExtenderArgs:
     if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
         raise ContractError("Pod", "is required and must be a Pod object")
     return ExtenderArgs(pod=pod, node_names=_node_names(doc))
+
+
+def decode_preemption_args(body: bytes) -> PreemptionArgs:
+    """ExtenderPreemptionArgs: NodeNameToMetaVictims (uids only, with nodeCacheCapable) or
+    NodeNameToVictims (whole pods)."""
+    doc = _object(body)
+    pod = doc.get("Pod")
+    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
+        raise ContractError("Pod", "is required and must be a Pod object")
+    key = "NodeNameToMetaVictims" if doc.get("NodeNameToMetaVictims") else "NodeNameToVictims"
+    table = doc.get(key) or {}
+    if not isinstance(table, dict):
+        raise ContractError(key, "must map node names to victims")
+    return PreemptionArgs(pod, {node: _victims(key, node, v) for node, v in table.items()})
+
+
+def _victims(key: str, node: str, victims: Any) -> Victims:
+    field = f"{key}[{node!r}]"
+    if not node or not isinstance(victims, dict):
+        raise ContractError(field, "must be a victims object under a node name")
+    pods, violations = victims.get("Pods") or [], victims.get("NumPDBViolations") or 0
+    if not isinstance(pods, list) or not isinstance(violations, int):
+        raise ContractError(field, "Pods must be a list and NumPDBViolations an integer")
+    uids = []
+    for pod in pods:
+        uid = (
+            (pod.get("UID") or (pod.get("metadata") or {}).get("uid"))
+            if isinstance(pod, dict)
+            else None
+        )
+        if not isinstance(uid, str) or not uid:
+            raise ContractError(f"{field}.Pods", "every victim needs a UID")
+        uids.append(uid)
+    return Victims(tuple(uids), violations)
+
+
+def preemption_result(nodes: dict[str, Victims]) -> dict[str, Any]:
+    """ExtenderPreemptionResult: the nodes that remain candidates, each with its victims."""
+    return {
+        "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": uid} for uid in v.uids], "NumPDBViolations": v.pdb_violations}
+            for node, v in nodes.items()
+        }
+    }
 
 
 def decode_binding_args(body: bytes) -> BindingArgs:

@@ -1,0 +1,111 @@
+"""The preempt verb over real HTTP: for each node kube-scheduler proposes, the fewest
+lower-priority GPU holders whose eviction lets the pod fit, or no node at all."""
+
+from __future__ import annotations
+
+from infergrid.assignment_annotation import (
+    AssignedGpu,
+    ContainerAssignment,
+    PodAssignment,
+    encode_assignment,
+)
+from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT, RESOURCE_GPU
+from scheduler_extender.watch_cache import ADDED
+from tests.scheduler_extender.test_http import FLEET, NOW, call, service, share_pod
+
+L4 = next(n for n in FLEET.nodes if n.name == "l4-0").inventory.gpus  # 4 GPUs of 23034 MiB
+ONLINE, OFFLINE = 1000, 0
+
+
+def holder(uid: str, priority: int, gpu: int, mib: int, node: str = "l4-0") -> dict:
+    """A running pod holding a share of the node's GPU `gpu`, at `priority`."""
+    share = ContainerAssignment("engine", gpus=(AssignedGpu(L4[gpu].uuid, mib, 30),), shared=True)
+    assignment = encode_assignment(PodAssignment(node, NOW, (share,)))
+    return {
+        "metadata": {"name": uid, "namespace": "batch", "uid": uid,
+                     "annotations": {ANNOTATION_GPU_ASSIGNMENT: assignment}},
+        "spec": {"nodeName": node, "priority": priority, "containers": []},
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+
+
+def whole_gpu_pod(priority: int) -> dict:
+    limits = {RESOURCE_GPU: "1"}
+    return {
+        "metadata": {"name": "online", "namespace": "serve", "uid": "online"},
+        "spec": {"priority": priority,
+                 "containers": [{"name": "engine", "resources": {"limits": limits}}]},
+    }  # fmt: skip
+
+
+def filled_service(pods: list[dict]):
+    svc = service()
+    for pod in pods:
+        svc.view.cache.apply_pod(ADDED, pod)
+    return svc
+
+
+def preempt(svc, pod: dict, nodes: dict[str, list[str]]) -> dict:
+    body = {"Pod": pod, "NodeNameToMetaVictims": {
+        node: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": 0}
+        for node, uids in nodes.items()}}  # fmt: skip
+    status, result = call(svc, "/preempt", body)
+    assert status == 200, result
+    return {
+        node: [p["UID"] for p in v["Pods"]] for node, v in result["NodeNameToMetaVictims"].items()
+    }
+
+
+# Every GPU of l4-0 busy: two offline shares on GPU 0, one each on GPUs 1 and 2, an online one on 3.
+BUSY = [
+    holder("batch-a", OFFLINE, 0, 8000),
+    holder("batch-b", OFFLINE, 0, 8000),
+    holder("batch-c", OFFLINE, 1, 16000),
+    holder("batch-d", OFFLINE, 2, 20000),
+    holder("serve-e", ONLINE, 3, 20000),
+]
+
+
+def test_a_whole_gpu_evicts_the_one_offline_share_that_frees_a_gpu():
+    victims = preempt(filled_service(BUSY), whole_gpu_pod(ONLINE), {"l4-0": []})
+    assert victims == {"l4-0": ["batch-c"]}  # one victim; c holds less than d
+
+
+def test_a_node_where_only_equal_priority_pods_hold_gpus_is_dropped():
+    pods = [holder(f"serve-{i}", ONLINE, i, 20000) for i in range(4)]
+    assert preempt(filled_service(pods), whole_gpu_pod(ONLINE), {"l4-0": []}) == {}
+
+
+def test_kube_schedulers_own_victims_stay_and_their_gpus_count_as_freed():
+    """It proposed batch-d (for CPU, say): that frees GPU 2, so nobody else need go."""
+    victims = preempt(filled_service(BUSY), whole_gpu_pod(ONLINE), {"l4-0": ["batch-d"]})
+    assert victims == {"l4-0": ["batch-d"]}
+
+
+def test_a_pod_that_fits_keeps_the_node_with_no_more_victims():
+    victims = preempt(filled_service(BUSY[:1]), whole_gpu_pod(ONLINE), {"l4-0": []})
+    assert victims == {"l4-0": []}
+
+
+def test_unknown_nodes_are_dropped_and_a_pod_without_gpus_is_not_judged():
+    svc = filled_service(BUSY)
+    assert preempt(svc, whole_gpu_pod(ONLINE), {"nowhere": []}) == {}
+    cpu_only = {"metadata": {"name": "c", "namespace": "n", "uid": "c"},
+                "spec": {"containers": [{"name": "c"}]}}  # fmt: skip
+    assert preempt(svc, cpu_only, {"l4-0": ["batch-a"]}) == {"l4-0": ["batch-a"]}
+
+
+def test_a_share_evicts_the_one_offline_share_whose_room_is_enough_and_smallest():
+    """10000 MiB: GPU 0 less batch-a has 15034 free, as much as needed with the least evicted."""
+    pod = share_pod(10000)
+    pod["spec"]["priority"] = ONLINE
+    assert preempt(filled_service(BUSY), pod, {"l4-0": []}) == {"l4-0": ["batch-a"]}
+
+
+def test_malformed_victims_are_refused_naming_the_field():
+    svc = service()
+    bad = {"Pod": whole_gpu_pod(1), "NodeNameToMetaVictims": {"l4-0": {"Pods": [{}]}}}
+    status, result = call(svc, "/preempt", bad)
+    assert status == 400 and "NodeNameToMetaVictims['l4-0'].Pods" in result["Error"]
+    status, result = call(svc, "/preempt", {"NodeNameToMetaVictims": {}})
+    assert status == 400 and "Pod" in result["Error"]
