@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,6 +30,7 @@ from scheduler_extender import metrics
 from scheduler_extender.binder import Binder, BindError
 from scheduler_extender.decisions import filter_nodes, preempt_nodes, prioritize_nodes
 from scheduler_extender.pending_binds import BindBarrier
+from scheduler_extender.preemptor import Preemptor
 from scheduler_extender.protocol import (
     binding_result,
     decode_binding_args,
@@ -72,6 +73,7 @@ class ExtenderService:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         barrier: BindBarrier | None = None,
         reserver: Reserver | None = None,
+        preemptor: Preemptor | None = None,
     ):
         self.view = view
         self.binder = binder
@@ -80,6 +82,8 @@ class ExtenderService:
         self.clock = clock
         self.barrier = barrier or BindBarrier(wait_s=0)
         self.reserver = reserver
+        self.preemptor = preemptor
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def app(self) -> web.Application:
         """kube-scheduler's: the verbs, and the probes."""
@@ -131,6 +135,10 @@ class ExtenderService:
             self.barrier.passed_filter(uid, args.pod)
         if len(out.passed) == 1:  # kube-scheduler binds a lone node without asking prioritize
             self._hold_next(args.pod, uid, out.passed[0])
+        if not out.passed and out.failed and self.preemptor is not None and self.is_leader():
+            plan = self.preemptor.plan(args.pod, list(out.failed), self.clock())
+            if plan is not None and plan.evict:
+                self._in_background(self.preemptor.evict_all(args.pod, plan))
         return _reply(filter_result(out.passed, out.failed, out.unresolvable))
 
     async def prioritize(self, request: web.Request) -> web.Response:
@@ -152,6 +160,14 @@ class ExtenderService:
         if self.reserver is not None:
             self.reserver.expire()
             self.reserver.forget(uid)
+        elif self.preemptor is not None:
+            self.preemptor.new_cycle(uid)
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Runs `work` after the answer is sent, keeping the task referenced until it ends."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _hold_next(self, pod: dict[str, Any], uid: str, node: str) -> None:
         """Holds the pod's placement on `node` as the event loop's next step, right after the

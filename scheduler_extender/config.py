@@ -37,6 +37,7 @@ class ExtenderConfig:
     resync_s: float = 300.0
     bind_wait_s: float = 0.0
     tentative_reservation_s: float = 10.0
+    preemption_hold_s: float = 60.0
     scheduler_token_dir: Path | None = None
     scheduler_service_account: str = ""
 
@@ -99,6 +100,10 @@ SETTINGS: Final = (
     Setting("tentativeReservationSeconds", "tentative_reservation_s", number(0, 300),
               "prioritize holds a pod's placement on its top node until bind, at most this "
               "long (0: off)"),
+    Setting("preemptionHoldSeconds", "preemption_hold_s", number(0, 600),
+              "when no node takes a pod that may preempt, evict the fewest lower-priority GPU "
+              "holders and hold their room for it this long (0: leave preemption to "
+              "kube-scheduler alone)"),
     Setting("schedulerTokenDir", "scheduler_token_dir", optional_path,
               "write kube-scheduler's API token, ca.crt and namespace here (empty: don't)"),
     Setting("schedulerServiceAccount", "scheduler_service_account", text,

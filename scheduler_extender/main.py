@@ -27,6 +27,7 @@ from scheduler_extender.binder import Binder
 from scheduler_extender.config import SETTINGS, ExtenderConfig, check
 from scheduler_extender.leader import LeaseElector
 from scheduler_extender.pending_binds import BindBarrier
+from scheduler_extender.preemptor import Preemptor, evictor
 from scheduler_extender.scheduler_token import SERVICE_ACCOUNT_DIR, SchedulerToken
 from scheduler_extender.tentative import Reserver
 from scheduler_extender.view import PlacementView
@@ -94,9 +95,14 @@ async def serve(
     reserver = None
     if cfg.tentative_reservation_s > 0:
         reserver = Reserver(view, cfg.default_policy, cfg.tentative_reservation_s)
+    preemptor = None
+    if cfg.preemption_hold_s > 0:
+        evict = evictor(client.CoreV1Api(api))
+        preemptor = Preemptor(view, cfg.default_policy, evict, cfg.preemption_hold_s)
     service = ExtenderService(
-        view, binder, cfg.default_policy, is_leader, barrier=barrier, reserver=reserver
-    )
+        view, binder, cfg.default_policy, is_leader, barrier=barrier, reserver=reserver,
+        preemptor=preemptor,
+    )  # fmt: skip
     runners = [await listen(service.app(), cfg.host, cfg.port, tls_context(cfg))]
     log.info("extender listening on %s:%d", cfg.host, cfg.port)
     if cfg.metrics_port:

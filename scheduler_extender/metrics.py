@@ -18,6 +18,12 @@ PREEMPTION_NODES = Counter(
     "Candidate nodes of the preempt verb: kept (with victims that make room) or dropped.",
     ["outcome"],
 )
+PREEMPTION_EVICTIONS = Counter(
+    "infergrid_scheduler_extender_preemption_evictions_total",
+    "Evictions the extender asked for to make GPU room for a higher-priority pod, by outcome"
+    " (evicted, or refused: a PodDisruptionBudget, or the pod already gone).",
+    ["outcome"],
+)
 REJECTIONS = Counter(
     "infergrid_scheduler_extender_rejections_total",
     "Node rejections in filter, by reason (the resource that fell short, or why none fits).",

@@ -143,6 +143,7 @@ def infergrid_scheduler_config(layout: Layout, profile: dict | None = None) -> s
                     "urlPrefix": layout.extender_url,
                     "filterVerb": "filter",
                     "prioritizeVerb": "prioritize",
+                    "preemptVerb": "preempt",
                     "bindVerb": "bind",
                     "weight": 1,
                     "nodeCacheCapable": True,

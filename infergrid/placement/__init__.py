@@ -38,7 +38,7 @@ from infergrid.placement.learned import LEARNING, LearnedWorkload
 from infergrid.placement.node_set import NodeSet, Verdicts
 from infergrid.placement.offers import OfferIndex, Rejections
 from infergrid.placement.policy import Policy, resolve_policy
-from infergrid.placement.preemption import Holder, choose_victims
+from infergrid.placement.preemption import Holder, cheapest_node, choose_victims, without
 from infergrid.placement.recheck import recheck
 from infergrid.placement.recorded_assignment import reservation_from_assignment, to_pod_assignment
 from infergrid.placement.reserve import apply, release
@@ -95,6 +95,7 @@ __all__ = [
     "Workload",
     "apply",
     "build_node_state",
+    "cheapest_node",
     "choose_gpu_set",
     "choose_victims",
     "fit",
@@ -114,4 +115,5 @@ __all__ = [
     "task_fragmentation",
     "to_pod_assignment",
     "with_cluster",
+    "without",
 ]

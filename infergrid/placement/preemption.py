@@ -72,6 +72,30 @@ def choose_victims(
     return tuple(h.uid for h in chosen)
 
 
+def cheapest_node(
+    request: PodGpuRequest,
+    nodes: Iterable[tuple[NodeState, Sequence[Holder]]],
+    priority: int,
+    policy: Policy,
+) -> tuple[str, tuple[Holder, ...]] | None:
+    """The node where `request` fits after the least disruption, and whom to evict there
+    (`choose_victims` on each node; then fewest victims, least important ones, lowest
+    priorities in all, and the node's name); None where no eviction anywhere makes room.
+    A node where the pod fits already is not a preemption's to choose: the caller asks only
+    about nodes that refused it."""
+    best: tuple[tuple[int, int, int, str], str, tuple[Holder, ...]] | None = None
+    for node, holders in nodes:
+        uids = choose_victims(request, node, holders, priority, policy)
+        if not uids:
+            continue
+        chosen = tuple(h for h in holders if h.uid in uids)
+        priorities = [h.priority for h in chosen]
+        key = (len(chosen), max(priorities), sum(priorities), node.name)
+        if best is None or key < best[0]:
+            best = (key, node.name, chosen)
+    return None if best is None else (best[1], best[2])
+
+
 def without(node: NodeState, victims: Iterable[Holder]) -> NodeState:
     """`node` once `victims` are gone: their GPUs released and their memory off the measured
     use of each GPU they held."""

@@ -1,13 +1,20 @@
 """Preemption on GPU shares: the smallest set of lower-priority holders whose eviction lets the
 pod fit, never a holder of equal or higher priority, and no node when nothing would help."""
 
+from dataclasses import replace
 from itertools import combinations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infergrid.placement import fit
-from infergrid.placement.preemption import EXACT_CANDIDATES, Holder, choose_victims, without
+from infergrid.placement.preemption import (
+    EXACT_CANDIDATES,
+    Holder,
+    cheapest_node,
+    choose_victims,
+    without,
+)
 
 from .builders import (
     BINPACK,
@@ -117,3 +124,20 @@ def test_victims_are_lower_priority_make_room_and_no_smaller_set_would(
     assert len(lower) > EXACT_CANDIDATES or not any(
         room(smaller) for size in range(len(chosen)) for smaller in combinations(lower, size)
     )
+
+
+def test_the_cheapest_node_is_the_one_with_fewest_then_least_important_victims():
+    two, node_a = holders_and_node(
+        [("a1", OFFLINE, 0, 10000, 20), ("a2", OFFLINE, 0, 10000, 20), ("a3", 5, 1, 20000, 20)]
+    )
+    one, node_b = holders_and_node([("b1", 5, 0, 20000, 20), ("b2", ONLINE, 1, 20000, 20)])
+    node_b = replace(node_b, name="node-b")
+    one_low, node_c = holders_and_node(
+        [("c1", OFFLINE, 0, 20000, 20), ("c2", ONLINE, 1, 20000, 20)]
+    )
+    node_c = replace(node_c, name="node-c")
+    request = pod(whole(1))
+    name, victims = cheapest_node(request, [(node_a, two), (node_b, one), (node_c, one_low)],
+                                  ONLINE, BINPACK)  # fmt: skip
+    assert (name, [v.uid for v in victims]) == ("node-c", ["c1"])
+    assert cheapest_node(pod(whole(2)), [(node_b, one)], ONLINE, BINPACK) is None

@@ -10,7 +10,8 @@ from infergrid.assignment_annotation import (
     encode_assignment,
 )
 from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT, RESOURCE_GPU
-from scheduler_extender.watch_cache import ADDED
+from scheduler_extender.preemptor import Preemptor
+from scheduler_extender.watch_cache import ADDED, DELETED
 from tests.scheduler_extender.test_http import FLEET, NOW, call, service, share_pod
 
 L4 = next(n for n in FLEET.nodes if n.name == "l4-0").inventory.gpus  # 4 GPUs of 23034 MiB
@@ -109,3 +110,75 @@ def test_malformed_victims_are_refused_naming_the_field():
     assert status == 400 and "NodeNameToMetaVictims['l4-0'].Pods" in result["Error"]
     status, result = call(svc, "/preempt", {"NodeNameToMetaVictims": {}})
     assert status == 400 and "Pod" in result["Error"]
+
+
+# Preemption the extender leads: kube-scheduler's dry run never sees GPU memory.
+
+
+class Evictions:
+    """The Eviction API across the seam: records each eviction asked for."""
+
+    def __init__(self, refuse: str | None = None):
+        self.asked: list[str] = []
+        self.refuse = refuse
+
+    async def __call__(self, namespace: str, name: str, uid: str) -> str | None:
+        self.asked.append(uid)
+        return self.refuse
+
+
+def leading_service(pods: list[dict], evictions: Evictions):
+    svc = filled_service(pods)
+    svc.preemptor = Preemptor(svc.view, "binpack", evictions, hold_s=60, monotonic=lambda: 0.0)
+    return svc
+
+
+def filter_on(svc, pod: dict, nodes: list[str]) -> dict:
+    status, result = call(svc, "/filter", {"Pod": pod, "NodeNames": nodes})
+    assert status == 200
+    return result
+
+
+def test_a_refused_online_pod_evicts_the_fewest_offline_pods_and_its_room_is_held():
+    evictions = Evictions()
+    svc = leading_service(BUSY, evictions)
+    result = filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
+    assert result["NodeNames"] == [] and "l4-0" in result["FailedNodes"]
+    assert evictions.asked == ["batch-c"]
+    assert svc.view.cache.tentative("online").node == "l4-0"
+    # The victim is still terminating: the pod is refused again, and nobody else is evicted.
+    filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
+    assert evictions.asked == ["batch-c"]
+    # Once it has gone, a new offline share (7500 MiB: only GPU 1 could take it) finds the
+    # room held, and the online pod fits there.
+    victim = next(p for p in BUSY if p["metadata"]["uid"] == "batch-c")
+    svc.view.cache.apply_pod(DELETED, victim)
+    replacement = share_pod(7500)
+    replacement["metadata"]["uid"] = "batch-c2"
+    assert filter_on(svc, replacement, ["l4-0"])["NodeNames"] == []
+    assert filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])["NodeNames"] == ["l4-0"]
+
+
+def test_offline_pods_and_pods_without_priority_never_preempt():
+    evictions = Evictions()
+    svc = leading_service(BUSY, evictions)
+    never = whole_gpu_pod(ONLINE)
+    never["spec"]["preemptionPolicy"] = "Never"
+    filter_on(svc, never, ["l4-0"])
+    filter_on(svc, whole_gpu_pod(0), ["l4-0"])
+    assert evictions.asked == []
+
+
+def test_nobody_is_evicted_where_evicting_everyone_evictable_would_not_make_room():
+    evictions = Evictions()
+    svc = leading_service([holder(f"serve-{i}", ONLINE, i, 20000) for i in range(4)], evictions)
+    filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
+    assert evictions.asked == [] and svc.view.cache.tentative("online") is None
+
+
+def test_a_follower_replica_evicts_nothing():
+    evictions = Evictions()
+    svc = leading_service(BUSY, evictions)
+    svc.is_leader = lambda: False
+    filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
+    assert evictions.asked == []

@@ -30,6 +30,7 @@ extenders:
   - urlPrefix: http://127.0.0.1:{{ .Values.scheduler.extender.port }}
     filterVerb: filter
     prioritizeVerb: prioritize
+    preemptVerb: preempt
     bindVerb: bind
     weight: 1
     nodeCacheCapable: true
@@ -60,6 +61,7 @@ staleAfterSeconds: {{ .Values.scheduler.extender.staleAfterSeconds }}
 resyncSeconds: {{ .Values.scheduler.extender.resyncSeconds }}
 bindWaitSeconds: {{ .Values.scheduler.extender.bindWaitSeconds }}
 tentativeReservationSeconds: {{ .Values.scheduler.extender.tentativeReservationSeconds }}
+preemptionHoldSeconds: {{ .Values.scheduler.extender.preemptionHoldSeconds }}
 leaderElection: true
 leaseNamespace: {{ .Release.Namespace }}
 leaseName: {{ include "infergrid.extender.lease" . }}

@@ -1,0 +1,103 @@
+"""Preemption that sees GPU shares, through the real kube-scheduler and the extender: an online
+pod that finds every GPU filled by offline shares evicts exactly the offline pods of one GPU,
+binds there, and the evicted work waits, Pending, without preempting back. kube-scheduler's
+own dry run counts no GPU memory, so here the extender leads (scheduler_extender/preemptor.py)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from e2e.cluster.processes import wait_until
+from e2e.extender_support import assigned_gpus, gpu_pod, idle_nodes, share_pod
+from infergrid import constants
+from infergrid.assignment_annotation import decode_assignment
+
+pytestmark = pytest.mark.e2e
+
+VALUES = Path(__file__).resolve().parents[1] / "deploy" / "helm" / "infergrid" / "values.yaml"
+CLASSES = yaml.safe_load(VALUES.read_text())["priorityClasses"]
+ONLINE, OFFLINE = CLASSES["online"]["name"], CLASSES["offline"]["name"]
+
+
+@pytest.fixture(scope="module")
+def priority_classes(cluster):
+    """The chart's two classes, as its template makes them (values.yaml holds both)."""
+    scheduling = client.SchedulingV1Api(cluster.api)
+    for role, policy in (("online", "PreemptLowerPriority"), ("offline", "Never")):
+        body = {"metadata": {"name": CLASSES[role]["name"]}, "value": CLASSES[role]["value"],
+                "preemptionPolicy": policy}  # fmt: skip
+        try:
+            scheduling.create_priority_class(body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+
+
+@pytest.fixture()
+def four_gpus(cluster):
+    """Two KWOK nodes with two idle 24 GiB GPUs each, that only this test's pods may use."""
+    gpus = {"model": "NVIDIA A10", "count": 2, "memoryMiB": 24576, "smCount": 72,
+            "computeCapability": "8.6"}  # fmt: skip
+    suffix = uuid.uuid4().hex[:6]
+    with idle_nodes(
+        cluster.api, [{"name": f"pre{i}-{suffix}", "gpus": gpus} for i in range(2)]
+    ) as names:
+        yield names
+
+
+def only_on(pod_spec: dict, nodes: list[str]) -> dict:
+    term = {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}
+    pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [term]}]}}}  # fmt: skip
+    return pod_spec
+
+
+def test_an_online_pod_evicts_the_offline_shares_of_one_gpu_and_they_wait(
+    cluster, namespace, extender, priority_classes, four_gpus
+):
+    core, apps = client.CoreV1Api(cluster.api), client.AppsV1Api(cluster.api)
+    offline = share_pod("batch", 12288)
+    spec = only_on(offline["spec"], four_gpus) | {"priorityClassName": OFFLINE}
+    labels = {"app": "batch"}
+    apps.create_namespaced_deployment(namespace, {
+        "metadata": {"name": "batch"},
+        "spec": {"replicas": 8, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": spec}}})  # fmt: skip
+
+    def batch_pods(bound: bool) -> list[client.V1Pod]:
+        pods = core.list_namespaced_pod(namespace, label_selector="app=batch").items
+        return [
+            p for p in pods if bool(p.spec.node_name) == bound and not p.metadata.deletion_timestamp
+        ]
+
+    wait_until(lambda: len(batch_pods(True)) == 8, 120, "8 offline shares bound, 2 per GPU")
+    before = {p.metadata.name: p for p in batch_pods(True)}
+
+    online = gpu_pod("online", {constants.RESOURCE_GPU: "1"})
+    online["spec"] = only_on(online["spec"], four_gpus) | {"priorityClassName": ONLINE}
+    core.create_namespaced_pod(namespace, online)
+    wait_until(lambda: core.read_namespaced_pod("online", namespace).spec.node_name,
+               120, "the online pod bound after preemption")  # fmt: skip
+
+    ((node, gpu),) = assigned_gpus(core, namespace, ["online"])
+    survivors = {p.metadata.name for p in batch_pods(True)}
+    evicted = set(before) - survivors
+    assert len(evicted) == 2, f"evicted {sorted(evicted)}"
+    for name in evicted:  # exactly the two shares of the GPU the online pod took
+        assert assigned_gpus_of(before[name]) == [(node, gpu)]
+    # Their Deployment made them again; they wait, and offline never preempts.
+    wait_until(lambda: len(batch_pods(False)) == 2, 60, "two offline replicas Pending")
+    assert len(batch_pods(True)) == 6
+    assert core.read_namespaced_pod("online", namespace).spec.node_name == node
+
+
+def assigned_gpus_of(pod: client.V1Pod) -> list[tuple[str, str]]:
+    text = pod.metadata.annotations[constants.ANNOTATION_GPU_ASSIGNMENT]
+    assignment = decode_assignment(text)
+    return [(assignment.node, g.uuid) for c in assignment.containers for g in c.gpus]

@@ -1,0 +1,199 @@
+"""Preemption the extender leads, for pods that contend for GPU memory and SM shares alone.
+
+kube-scheduler's own preemption acts on a node only when its dry run, which counts CPU,
+memory and device counts but never `infergrid.io/gpu-memory` or SM shares, finds victims
+there; it asks the preempt verb (`decisions.preempt_nodes`) about those nodes alone. Where
+pods contend for GPU memory only, the dry run finds none, so nothing would ever be evicted
+for an online pod that finds every GPU filled by offline shares.
+
+So when filter passes no node for a pod that may preempt (a priority above some holder's,
+and `preemptionPolicy` not `Never`), the extender chooses the node and victims itself
+(`cheapest_node` over the nodes that refused it), evicts them through the Eviction API, which
+honours PodDisruptionBudgets, and holds the freed GPUs for the pod with a tentative
+reservation, so the victims' replacements, of lower priority, cannot take them back. While
+its victims are still there (terminating), each new filter of the pod renews the hold and
+evicts no one else. The decision is `plan`, over the cache; `Preemptor.consider` applies it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from infergrid.errors import ContractError
+from infergrid.placement import Holder, cheapest_node, fit, resolve_policy, to_pod_assignment
+from infergrid.placement import without as without_victims
+from infergrid.pod_request import PodGpuRequest, parse_pod_request
+from infergrid.records import pod_priority
+from scheduler_extender import metrics
+from scheduler_extender.view import PlacementView
+
+log = logging.getLogger(__name__)
+
+Evict = Callable[[str, str, str], Awaitable[str | None]]
+"""Evicts the pod (namespace, name, uid); returns why not (a budget, a race), or None."""
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    uid: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Where the preemptor goes and whom that takes; `evict` is False when these victims were
+    chosen by an earlier filter and are still terminating."""
+
+    node: str
+    victims: tuple[Victim, ...]
+    evict: bool
+
+
+def evictor(core: client.CoreV1Api) -> Evict:
+    """Evictions through the API server's Eviction subresource, for this pod uid only (a pod
+    made again under the same name is not evicted in its place)."""
+
+    async def evict(namespace: str, name: str, uid: str) -> str | None:
+        body = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+            delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+        )
+        try:
+            await asyncio.to_thread(core.create_namespaced_pod_eviction, name, namespace, body)
+        except ApiException as err:
+            return f"{err.status} {err.reason}"
+        return None
+
+    return evict
+
+
+def may_preempt(pod: dict[str, Any]) -> bool:
+    """A pod with a priority above the default that does not refuse to preempt."""
+    spec = pod.get("spec") or {}
+    return pod_priority(pod) > 0 and spec.get("preemptionPolicy") != "Never"
+
+
+class Preemptor:
+    """Plans preemption for pods no node takes, holds their room, and evicts their victims."""
+
+    def __init__(
+        self,
+        view: PlacementView,
+        default_policy: str,
+        evict: Evict,
+        hold_s: float = 60.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.view = view
+        self.default_policy = default_policy
+        self.evict = evict
+        self.hold_s = hold_s
+        self.monotonic = monotonic
+        self._under_way: dict[str, Plan] = {}  # preemptor uid -> its plan, while victims remain
+
+    def plan(self, pod: dict[str, Any], refused: list[str], now: datetime) -> Plan | None:
+        """The preemption for `pod`, which every node in `refused` turned down; None where it
+        may not preempt, or no eviction anywhere makes room. Holds the room it plans."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if not uid or not may_preempt(pod):
+            return None
+        try:
+            request = parse_pod_request(pod, self.default_policy)
+        except ContractError:
+            return None
+        if not request.gpu_containers:
+            return None
+        self._settle()
+        earlier = self._under_way.pop(uid, None)
+        if earlier is not None:
+            plan = Plan(earlier.node, earlier.victims, evict=False)
+        else:
+            plan = self._choose(request, pod_priority(pod), refused, now)
+        if plan is None or not self._hold(pod, uid, request, plan, now):
+            return None
+        self._under_way[uid] = plan
+        return plan
+
+    def new_cycle(self, uid: str) -> None:
+        """Before a pod is filtered again: holds past their time go, and so does its own, so
+        it is not weighed against the room held for it."""
+        self.view.cache.expire_tentative(self.monotonic())
+        self.view.cache.release_tentative(uid)
+
+    def _settle(self) -> None:
+        """Forgets the plans whose victims are all gone: a pod refused again after that is
+        planned afresh."""
+        for uid, plan in list(self._under_way.items()):
+            if not any(self.view.cache.pod(v.uid) for v in plan.victims):
+                del self._under_way[uid]
+
+    async def evict_all(self, pod: dict[str, Any], plan: Plan) -> None:
+        """The evictions `plan` asks for, one after another (after filter has answered)."""
+        meta = pod.get("metadata") or {}
+        who = f"{meta.get('namespace')}/{meta.get('name')}"
+        log.info("preempting %d pod(s) on %s for %s: %s", len(plan.victims), plan.node, who,
+                 ", ".join(f"{v.namespace}/{v.name}" for v in plan.victims))  # fmt: skip
+        for victim in plan.victims:
+            refused_why = await self.evict(victim.namespace, victim.name, victim.uid)
+            outcome = "evicted" if refused_why is None else "refused"
+            metrics.PREEMPTION_EVICTIONS.labels(outcome).inc()
+            if refused_why is not None:
+                log.info("eviction of %s/%s refused: %s", victim.namespace, victim.name,
+                         refused_why)  # fmt: skip
+
+    def _choose(
+        self, request: PodGpuRequest, priority: int, refused: list[str], now: datetime
+    ) -> Plan | None:
+        nodes, names = [], {}
+        for name in refused:
+            state = self.view.node_state(name, now)
+            if isinstance(state, str):
+                continue
+            holders = []
+            for uid, holder_priority, assignment in self.view.cache.holders_on(name):
+                record = self.view.cache.pod(uid)
+                if holder_priority is None or record is None:
+                    continue  # a bind under way: never a victim
+                holders.append(Holder(uid, holder_priority, assignment.containers))
+                names[uid] = Victim(uid, record.namespace, record.name)
+            nodes.append((state, holders))
+        policy = resolve_policy(request.policy, self.view.workload())
+        chosen = cheapest_node(request, nodes, priority, policy)
+        if chosen is None:
+            return None
+        node, victims = chosen
+        return Plan(node, tuple(names[v.uid] for v in victims), evict=True)
+
+    def _hold(
+        self, pod: dict[str, Any], uid: str, request: PodGpuRequest, plan: Plan, now: datetime
+    ) -> bool:
+        """Holds the pod's placement on the plan's node as it will be once its victims go."""
+        state = self.view.node_state(plan.node, now)
+        if isinstance(state, str):
+            return False
+        gone = {v.uid for v in plan.victims}
+        victims = [Holder(u, 0, a.containers) for u, _, a in self.view.cache.holders_on(plan.node)
+                   if u in gone]  # fmt: skip
+        policy = resolve_policy(request.policy, self.view.workload())
+        result = fit(request, without_victims(state, victims), policy)
+        if not result.fits:
+            return False
+        meta = pod.get("metadata") or {}
+        return self.view.cache.hold(
+            uid,
+            str(meta.get("namespace") or ""),
+            str(meta.get("name") or ""),
+            to_pod_assignment(plan.node, result.placements, now),
+            request,
+            self.monotonic() + self.hold_s,
+        )
