@@ -9,12 +9,14 @@ tentative reservations where its revision has them (bind then confirms the
 hold). ``--baseline REV`` serves the same cache and pods from that revision's
 code too, row beside row, and prints each of this checkout's p99s over the
 baseline's under the same policy (or, for a policy the baseline lacks, over its
-binpack, its default, and its fgd). Throughput through the real kube-scheduler,
-with the wait for binds and with tentative reservations, is
-``bench/burst_placement.py``'s.
+binpack, its default, and its fgd). Then the preempt verb's p50 and p99 at each size (this
+checkout only), for pods above every seeded pod's priority but the online ones', over as
+many candidate nodes as kube-scheduler sends by default (10% of the nodes, at least 100).
+Throughput through the real kube-scheduler, with the wait for binds and with tentative
+reservations, is ``bench/burst_placement.py``'s.
 
     .venv/bin/python -m bench.extender_latency --nodes 100,1000,5000 [--pods 200]
-        [--policies binpack,fgd,fgd-cluster-aware] [--baseline b67179c] [--json]
+        [--policies binpack,fgd,fgd-cluster-aware] [--baseline b67179c] [--no-preempt] [--json]
 """
 
 from __future__ import annotations
@@ -105,6 +107,33 @@ def latency(tree: Path, label: str, nodes: int, pods: int, policy: str, seed: in
             "filter": pct(filters), "prioritize": pct(priorities)}  # fmt: skip
 
 
+def preempt_latency(tree: Path, label: str, nodes: int, pods: int, seed: int = 7) -> dict:
+    """The preempt verb: for each pod (above the seeded online work's priority), kube-scheduler's
+    candidate nodes, as many as its defaults send (10% of the nodes, at least 100), each with
+    no victims of its own, so that the extender chooses them all."""
+    sys.path.insert(0, str(HERE))
+    from extender_server import ONLINE_PRIORITY, pod_json
+
+    server = Server(tree, nodes, "binpack", seed)
+    rnd = random.Random(seed + 2)
+    candidates = max(100, nodes // 10)
+    took_all, kept = [], []
+    try:
+        for i in range(pods):
+            pod = pod_json(20_000_000 + i, rnd)
+            pod["spec"]["priority"] = ONLINE_PRIORITY + 1
+            names = rnd.sample(server.names, min(candidates, len(server.names)))
+            victims = {n: {"Pods": [], "NumPDBViolations": 0} for n in names}
+            took, result = server.post("/preempt", {"Pod": pod, "NodeNameToMetaVictims": victims})
+            took_all.append(took)
+            kept.append(len(result["NodeNameToMetaVictims"]))
+    finally:
+        server.stop()
+    return {"code": label, "verb": "preempt", "nodes": nodes, "candidates": candidates,
+            "pods": pods, "mean_kept_nodes": round(statistics.mean(kept)),
+            "preempt": pct(took_all)}  # fmt: skip
+
+
 @contextlib.contextmanager
 def checkout(rev: str) -> Iterator[Path]:
     """The revision's files in a temporary directory (``git archive``), for its code."""
@@ -162,9 +191,11 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=200)
     parser.add_argument("--policies", default="binpack,fgd,fgd-cluster-aware")
     parser.add_argument("--baseline", help="a git revision whose code to measure beside")
+    parser.add_argument("--no-preempt", action="store_true", help="skip the preempt verb's rows")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     policies = args.policies.split(",")
+    sizes = [int(x) for x in args.nodes.split(",")]
     if not args.json:
         print(f"{'code':>16} {'policy':>18} {'nodes':>6} {'feasible':>9} {'filter p50':>11}"
               f" {'filter p99':>11} {'prio p50':>9} {'prio p99':>9}   (ms)")  # fmt: skip
@@ -174,7 +205,7 @@ def main() -> None:
         if args.baseline:
             trees.insert(0, (args.baseline, stack.enter_context(checkout(args.baseline))))
         known = {label: policies_of(tree) for label, tree in trees}
-        for n in (int(x) for x in args.nodes.split(",")):
+        for n in sizes:
             for policy in policies:
                 for label, tree in trees:
                     if policy not in known[label]:
@@ -182,10 +213,16 @@ def main() -> None:
                     rows.append(latency(tree, label, n, args.pods, policy))
                     if not args.json:
                         print_row(rows[-1])
+    preempts = [preempt_latency(ROOT, CURRENT, n, args.pods) for n in sizes if not args.no_preempt]
     compared = ratios(rows) if args.baseline else []
     if args.json:
-        print(json.dumps({"latency": rows, "p99_over_baseline": compared}, indent=2))
+        print(json.dumps({"latency": rows, "preempt": preempts, "p99_over_baseline": compared},
+                         indent=2))  # fmt: skip
         return
+    for r in preempts:
+        print(f"{r['code']:>16} {'preempt verb':>18} {r['nodes']:>6} {r['candidates']:>9}"
+              f" {r['preempt']['p50_ms']:>11.2f} {r['preempt']['p99_ms']:>11.2f}"
+              f"   (candidates; p50/p99 ms; {r['mean_kept_nodes']} kept on average)")  # fmt: skip
     for c in compared:
         print(
             f"{c['nodes']:>6} nodes, {c['policy']} over {args.baseline}'s {c['against']}:"

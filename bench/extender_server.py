@@ -57,6 +57,12 @@ SHAPES = [  # (limits, annotations, weight): what inference fleets ask for
 ]
 
 
+# The seeded pods' priorities: offline work (0), and online work that a preemptor of
+# ONLINE_PRIORITY + 1 may not evict.
+ONLINE_PRIORITY = 1000
+SEED_PRIORITIES = (0, 0, ONLINE_PRIORITY)
+
+
 def pod_json(i: int, rnd: random.Random) -> dict:
     limits, annotations, _ = rnd.choices(SHAPES, weights=[s[2] for s in SHAPES])[0]
     return {
@@ -105,7 +111,8 @@ def mixed_cache(nodes: int, rnd: random.Random) -> ClusterCache:
                              "resourceVersion": "1",
                              "annotations": {
                                  ANNOTATION_GPU_ASSIGNMENT: encode_assignment(assignment)}},
-                "spec": {"nodeName": inv.node, "schedulerName": "infergrid-scheduler"},
+                "spec": {"nodeName": inv.node, "schedulerName": "infergrid-scheduler",
+                         "priority": rnd.choice(SEED_PRIORITIES)},
                 "status": {"phase": "Running"},
             })  # fmt: skip
         cache.apply_node(ADDED, {"metadata": {"name": inv.node, "annotations": {
