@@ -182,7 +182,8 @@ def test_rbac_matches_what_each_component_calls(default):
     extender = rules_of(default, "ClusterRole", "-extender")
     assert extender == {("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "get"),
                         ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
-                        ("", "pods/binding", "create")}  # fmt: skip
+                        ("", "pods/binding", "create"),
+                        ("", "pods/eviction", "create")}  # fmt: skip
     operator = rules_of(default, "ClusterRole", "-operator")
     assert ("infergrid.io", "inferenceservices/scale", "patch") in operator
     assert ("infergrid.io", "inferenceservices/status", "patch") in operator
@@ -316,12 +317,45 @@ def test_the_operator_reads_the_model_storage_values():
 
 
 def test_the_operator_allows_only_the_listed_priority_classes(default):
-    config = yaml.safe_load(one(default, "ConfigMap", "-operator")["data"]["operator.yaml"])
-    assert parse_settings(config, OPERATOR_SETTINGS)["allowed_priority_classes"] == ()
-    objects = render("--set", "operator.allowedPriorityClasses={batch-low,batch-high}")
-    config = yaml.safe_load(one(objects, "ConfigMap", "-operator")["data"]["operator.yaml"])
-    settings = parse_settings(config, OPERATOR_SETTINGS)
-    assert settings["allowed_priority_classes"] == ("batch-low", "batch-high")
+    """The chart's own two classes, and those listed; without the chart's, only those listed."""
+
+    def allowed(objects: list[dict]) -> tuple[str, ...]:
+        config = yaml.safe_load(one(objects, "ConfigMap", "-operator")["data"]["operator.yaml"])
+        return parse_settings(config, OPERATOR_SETTINGS)["allowed_priority_classes"]
+
+    assert allowed(default) == ("infergrid-online", "infergrid-offline")
+    listed = "operator.allowedPriorityClasses={batch-low,infergrid-online}"
+    assert allowed(render("--set", listed)) == (
+        "batch-low",
+        "infergrid-online",
+        "infergrid-offline",
+    )
+    assert allowed(render("--set", listed, "--set", "priorityClasses.create=false")) == (
+        "batch-low",
+        "infergrid-online",
+    )
+
+
+def test_the_chart_makes_an_online_class_that_preempts_and_an_offline_one_that_never_does(
+    default,
+):
+    classes = {c["metadata"]["name"]: c for c in by_kind(default, "PriorityClass")}
+    assert set(classes) == {"infergrid-online", "infergrid-offline"}
+    online, offline = classes["infergrid-online"], classes["infergrid-offline"]
+    assert online["value"] > offline["value"] > 0
+    assert online["preemptionPolicy"] == "PreemptLowerPriority"
+    assert offline["preemptionPolicy"] == "Never"
+    assert not online["globalDefault"] and not offline["globalDefault"]
+    assert not by_kind(render("--set", "priorityClasses.create=false"), "PriorityClass")
+
+
+def test_the_extender_may_evict_only_while_it_leads_preemption(default):
+    config = yaml.safe_load(
+        one(default, "ConfigMap", "-scheduler")["data"]["scheduler-config.yaml"]
+    )
+    assert config["extenders"][0]["preemptVerb"] == "preempt"
+    off = render("--set", "scheduler.extender.preemptionHoldSeconds=0")
+    assert ("", "pods/eviction", "create") not in rules_of(off, "ClusterRole", "-extender")
 
 
 def test_device_plugin_daemonset(default):
