@@ -29,11 +29,12 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from infergrid.errors import ContractError
-from infergrid.placement import Holder, cheapest_node, fit, resolve_policy, to_pod_assignment
+from infergrid.placement import Holder, cheapest_node, resolve_policy
 from infergrid.placement import without as without_victims
 from infergrid.pod_request import PodGpuRequest, parse_pod_request
 from infergrid.records import pod_priority
 from scheduler_extender import metrics
+from scheduler_extender.tentative import hold_fitted
 from scheduler_extender.view import PlacementView
 
 log = logging.getLogger(__name__)
@@ -184,16 +185,5 @@ class Preemptor:
         gone = {v.uid for v in plan.victims}
         victims = [Holder(u, 0, a.containers) for u, _, a in self.view.cache.holders_on(plan.node)
                    if u in gone]  # fmt: skip
-        policy = resolve_policy(request.policy, self.view.workload())
-        result = fit(request, without_victims(state, victims), policy)
-        if not result.fits:
-            return False
-        meta = pod.get("metadata") or {}
-        return self.view.cache.hold(
-            uid,
-            str(meta.get("namespace") or ""),
-            str(meta.get("name") or ""),
-            to_pod_assignment(plan.node, result.placements, now),
-            request,
-            self.monotonic() + self.hold_s,
-        )
+        after = without_victims(state, victims)
+        return hold_fitted(self.view, pod, uid, request, after, now, self.monotonic() + self.hold_s)

@@ -27,8 +27,8 @@ from itertools import compress, islice, repeat
 from typing import Any, Literal
 
 from infergrid.errors import ContractError
-from infergrid.placement import fit, resolve_policy, to_pod_assignment
-from infergrid.pod_request import parse_pod_request
+from infergrid.placement import NodeState, fit, resolve_policy, to_pod_assignment
+from infergrid.pod_request import PodGpuRequest, parse_pod_request
 from scheduler_extender import metrics
 from scheduler_extender.view import PlacementView
 
@@ -108,18 +108,34 @@ class Reserver:
         state = self.view.node_state(node, now)
         if isinstance(state, str):
             return False
-        result = fit(request, state, resolve_policy(request.policy, self.view.workload()))
-        if not result.fits:
-            return False
-        meta = pod.get("metadata") or {}
-        held = self.view.cache.hold(
-            uid,
-            str(meta.get("namespace") or ""),
-            str(meta.get("name") or ""),
-            to_pod_assignment(node, result.placements, now),
-            request,
-            deadline(self.monotonic(), self.timeout_s),
-        )
+        until = deadline(self.monotonic(), self.timeout_s)
+        held = hold_fitted(self.view, pod, uid, request, state, now, until)
         if held:
             metrics.TENTATIVE_RESERVATIONS.labels("made").inc()
         return held
+
+
+def hold_fitted(
+    view: PlacementView,
+    pod: dict[str, Any],
+    uid: str,
+    request: PodGpuRequest,
+    state: NodeState,
+    now: datetime,
+    until: float,
+) -> bool:
+    """Holds, in the view's cache until `until`, where `fit` places the pod on `state` (the
+    node as it is, or as it will be: preemption holds the room its victims leave); False
+    where it does not fit, or a bind already holds the pod."""
+    result = fit(request, state, resolve_policy(request.policy, view.workload()))
+    if not result.fits:
+        return False
+    meta = pod.get("metadata") or {}
+    return view.cache.hold(
+        uid,
+        str(meta.get("namespace") or ""),
+        str(meta.get("name") or ""),
+        to_pod_assignment(state.name, result.placements, now),
+        request,
+        until,
+    )
