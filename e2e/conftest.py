@@ -20,7 +20,7 @@ from kubernetes import client, config
 from e2e.cluster.local_cluster import LocalCluster
 from e2e.cluster.processes import wait_until
 from e2e.crds import install_crds
-from e2e.helm_release import cpu_node, helm_ready, namespaces, release  # noqa: F401 - fixtures
+from e2e.helm_release import cpu_node, helm_ready, make_priority_classes, namespaces, release  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.e2e
 
@@ -84,6 +84,12 @@ def extender(cluster: Cluster, tmp_path_factory):
     process.start()
     yield process
     process.stop()
+
+
+@pytest.fixture(scope="session")
+def priority_classes(cluster: Cluster) -> None:
+    """The chart's PriorityClasses, made once for the whole run (see make_priority_classes)."""
+    make_priority_classes(cluster.api)
 
 
 @pytest.fixture(scope="session")

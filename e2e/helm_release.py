@@ -34,9 +34,26 @@ E2E_LABEL = "infergrid.io/helm-e2e"
 SCOPE_KEY = E2E_LABEL.replace(".", "\\.")  # --set splits keys at unescaped dots
 CPU_NODE = "helm-e2e-cpu"
 INSTANCE = "app.kubernetes.io/instance"
+# The chart's two PriorityClasses, as its values.yaml names them.
+CHART_CLASSES = yaml.safe_load((CHART / "values.yaml").read_text())["priorityClasses"]
 
 
 # --- commands -------------------------------------------------------------------------
+
+
+def make_priority_classes(api: client.ApiClient) -> None:
+    """The chart's two PriorityClasses, made as its template makes them, unless they exist.
+    The suite's releases leave them to this (`priorityClasses.create: false` in its value
+    sets): they are cluster-wide, and several releases run at once."""
+    scheduling = client.SchedulingV1Api(api)
+    for role, policy in (("online", "PreemptLowerPriority"), ("offline", "Never")):
+        body = {"metadata": {"name": CHART_CLASSES[role]["name"]},
+                "value": CHART_CLASSES[role]["value"], "preemptionPolicy": policy}  # fmt: skip
+        try:
+            scheduling.create_priority_class(body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
 
 
 def run(

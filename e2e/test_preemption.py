@@ -6,37 +6,19 @@ own dry run counts no GPU memory, so here the extender leads (scheduler_extender
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from e2e.cluster.processes import wait_until
 from e2e.extender_support import assigned_gpus, gpu_pod, idle_nodes, share_pod
+from e2e.helm_release import CHART_CLASSES
 from infergrid import constants
 from infergrid.assignment_annotation import decode_assignment
 
 pytestmark = pytest.mark.e2e
 
-VALUES = Path(__file__).resolve().parents[1] / "deploy" / "helm" / "infergrid" / "values.yaml"
-CLASSES = yaml.safe_load(VALUES.read_text())["priorityClasses"]
-ONLINE, OFFLINE = CLASSES["online"]["name"], CLASSES["offline"]["name"]
-
-
-@pytest.fixture(scope="module")
-def priority_classes(cluster):
-    """The chart's two classes, as its template makes them (values.yaml holds both)."""
-    scheduling = client.SchedulingV1Api(cluster.api)
-    for role, policy in (("online", "PreemptLowerPriority"), ("offline", "Never")):
-        body = {"metadata": {"name": CLASSES[role]["name"]}, "value": CLASSES[role]["value"],
-                "preemptionPolicy": policy}  # fmt: skip
-        try:
-            scheduling.create_priority_class(body)
-        except ApiException as err:
-            if err.status != 409:
-                raise
+ONLINE, OFFLINE = CHART_CLASSES["online"]["name"], CHART_CLASSES["offline"]["name"]
 
 
 @pytest.fixture()
