@@ -139,8 +139,12 @@ class Preemptor:
                 del self._under_way[uid]
 
     async def evict_all(self, pod: dict[str, Any], plan: Plan) -> None:
-        """The evictions `plan` asks for, one after another (after filter has answered)."""
+        """The evictions `plan` asks for, one after another (after filter has answered). A
+        refused one (a PodDisruptionBudget, say) ends the plan and frees its room: a victim
+        that stays would otherwise keep the room held for good; the pod's next filter plans
+        afresh."""
         meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
         who = f"{meta.get('namespace')}/{meta.get('name')}"
         log.info("preempting %d pod(s) on %s for %s: %s", len(plan.victims), plan.node, who,
                  ", ".join(f"{v.namespace}/{v.name}" for v in plan.victims))  # fmt: skip
@@ -149,8 +153,11 @@ class Preemptor:
             outcome = "evicted" if refused_why is None else "refused"
             metrics.PREEMPTION_EVICTIONS.labels(outcome).inc()
             if refused_why is not None:
-                log.info("eviction of %s/%s refused: %s", victim.namespace, victim.name,
-                         refused_why)  # fmt: skip
+                log.info("eviction of %s/%s refused: %s; preemption for %s given up",
+                         victim.namespace, victim.name, refused_why, who)  # fmt: skip
+                self._under_way.pop(uid, None)
+                self.view.cache.release_tentative(uid)
+                return
 
     def _choose(
         self, request: PodGpuRequest, priority: int, refused: list[str], now: datetime

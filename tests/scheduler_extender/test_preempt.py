@@ -159,6 +159,16 @@ def test_a_refused_online_pod_evicts_the_fewest_offline_pods_and_its_room_is_hel
     assert filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])["NodeNames"] == ["l4-0"]
 
 
+def test_a_refused_eviction_frees_the_held_room_and_the_next_filter_plans_again():
+    evictions = Evictions(refuse="429 Too Many Requests")  # a PodDisruptionBudget
+    svc = leading_service(BUSY, evictions)
+    filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
+    assert evictions.asked == ["batch-c"]
+    assert svc.view.cache.tentative("online") is None
+    filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
+    assert evictions.asked == ["batch-c", "batch-c"]
+
+
 def test_offline_pods_and_pods_without_priority_never_preempt():
     evictions = Evictions()
     svc = leading_service(BUSY, evictions)
