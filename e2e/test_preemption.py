@@ -73,10 +73,17 @@ def test_an_online_pod_evicts_the_offline_shares_of_one_gpu_and_they_wait(
     assert len(evicted) == 2, f"evicted {sorted(evicted)}"
     for name in evicted:  # exactly the two shares of the GPU the online pod took
         assert assigned_gpus_of(before[name]) == [(node, gpu)]
+        assert "Preempted" in event_reasons(core, namespace, name)
+    assert "Preempting" in event_reasons(core, namespace, "online")
     # Their Deployment made them again; they wait, and offline never preempts.
     wait_until(lambda: len(batch_pods(False)) == 2, 60, "two offline replicas Pending")
     assert len(batch_pods(True)) == 6
     assert core.read_namespaced_pod("online", namespace).spec.node_name == node
+
+
+def event_reasons(core: client.CoreV1Api, namespace: str, name: str) -> set[str]:
+    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+    return {e.reason for e in events.items}
 
 
 def assigned_gpus_of(pod: client.V1Pod) -> list[tuple[str, str]]:

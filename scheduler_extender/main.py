@@ -27,7 +27,7 @@ from scheduler_extender.binder import Binder
 from scheduler_extender.config import SETTINGS, ExtenderConfig, check
 from scheduler_extender.leader import LeaseElector
 from scheduler_extender.pending_binds import BindBarrier
-from scheduler_extender.preemptor import Preemptor, evictor
+from scheduler_extender.preemptor import Preemptor, announcer, evictor
 from scheduler_extender.scheduler_token import SERVICE_ACCOUNT_DIR, SchedulerToken
 from scheduler_extender.tentative import Reserver
 from scheduler_extender.view import PlacementView
@@ -97,8 +97,10 @@ async def serve(
         reserver = Reserver(view, cfg.default_policy, cfg.tentative_reservation_s)
     preemptor = None
     if cfg.preemption_hold_s > 0:
-        evict = evictor(client.CoreV1Api(api))
-        preemptor = Preemptor(view, cfg.default_policy, evict, cfg.preemption_hold_s)
+        core = client.CoreV1Api(api)
+        preemptor = Preemptor(
+            view, cfg.default_policy, evictor(core), announcer(core), cfg.preemption_hold_s
+        )
     service = ExtenderService(
         view, binder, cfg.default_policy, is_leader, barrier=barrier, reserver=reserver,
         preemptor=preemptor,

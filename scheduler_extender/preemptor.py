@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
@@ -41,10 +41,13 @@ log = logging.getLogger(__name__)
 
 Evict = Callable[[str, str, str], Awaitable[str | None]]
 """Evicts the pod (namespace, name, uid); returns why not (a budget, a race), or None."""
+Announce = Callable[["PodRef", str, str], Awaitable[None]]
+"""Records an Event (reason, message) on the pod, as kube-scheduler does for its preemption."""
+EVENT_SOURCE = "infergrid-scheduler-extender"
 
 
 @dataclass(frozen=True, slots=True)
-class Victim:
+class PodRef:
     uid: str
     namespace: str
     name: str
@@ -56,7 +59,7 @@ class Plan:
     chosen by an earlier filter and are still terminating."""
 
     node: str
-    victims: tuple[Victim, ...]
+    victims: tuple[PodRef, ...]
     evict: bool
 
 
@@ -78,6 +81,29 @@ def evictor(core: client.CoreV1Api) -> Evict:
     return evict
 
 
+def announcer(core: client.CoreV1Api) -> Announce:
+    """Events through the API server; a failure is logged and never stops a preemption."""
+
+    async def announce(pod: PodRef, reason: str, message: str) -> None:
+        now = datetime.now(UTC)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{pod.name}.", namespace=pod.namespace),
+            involved_object=client.V1ObjectReference(
+                kind="Pod", api_version="v1", namespace=pod.namespace, name=pod.name, uid=pod.uid
+            ),
+            reason=reason, message=message, type="Normal", count=1,
+            first_timestamp=now, last_timestamp=now,
+            source=client.V1EventSource(component=EVENT_SOURCE),
+        )  # fmt: skip
+        try:
+            await asyncio.to_thread(core.create_namespaced_event, pod.namespace, body)
+        except ApiException as err:
+            log.warning("event %s on %s/%s not recorded: %s %s", reason, pod.namespace,
+                        pod.name, err.status, err.reason)  # fmt: skip
+
+    return announce
+
+
 def may_preempt(pod: dict[str, Any]) -> bool:
     """A pod with a priority above the default that does not refuse to preempt."""
     spec = pod.get("spec") or {}
@@ -92,12 +118,14 @@ class Preemptor:
         view: PlacementView,
         default_policy: str,
         evict: Evict,
+        announce: Announce,
         hold_s: float = 60.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.view = view
         self.default_policy = default_policy
         self.evict = evict
+        self.announce = announce
         self.hold_s = hold_s
         self.monotonic = monotonic
         self._under_way: dict[str, Plan] = {}  # preemptor uid -> its plan, while victims remain
@@ -145,11 +173,18 @@ class Preemptor:
         afresh."""
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid") or "")
-        who = f"{meta.get('namespace')}/{meta.get('name')}"
+        preemptor = PodRef(uid, str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        who = f"{preemptor.namespace}/{preemptor.name}"
+        listed = ", ".join(f"{v.namespace}/{v.name}" for v in plan.victims)
         log.info("preempting %d pod(s) on %s for %s: %s", len(plan.victims), plan.node, who,
-                 ", ".join(f"{v.namespace}/{v.name}" for v in plan.victims))  # fmt: skip
+                 listed)  # fmt: skip
+        await self.announce(preemptor, "Preempting",
+                            f"evicting {listed} on {plan.node} for GPU room")  # fmt: skip
         for victim in plan.victims:
             refused_why = await self.evict(victim.namespace, victim.name, victim.uid)
+            if refused_why is None:
+                why = f"by {who}, which needs its GPU room on {plan.node}"
+                await self.announce(victim, "Preempted", why)
             outcome = "evicted" if refused_why is None else "refused"
             metrics.PREEMPTION_EVICTIONS.labels(outcome).inc()
             if refused_why is not None:
@@ -173,7 +208,7 @@ class Preemptor:
                 if holder_priority is None or record is None:
                     continue  # a bind under way: never a victim
                 holders.append(Holder(uid, holder_priority, assignment.containers))
-                names[uid] = Victim(uid, record.namespace, record.name)
+                names[uid] = PodRef(uid, record.namespace, record.name)
             nodes.append((state, holders))
         policy = resolve_policy(request.policy, self.view.workload())
         chosen = cheapest_node(request, nodes, priority, policy)

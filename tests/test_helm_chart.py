@@ -183,7 +183,7 @@ def test_rbac_matches_what_each_component_calls(default):
     assert extender == {("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "get"),
                         ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
                         ("", "pods/binding", "create"),
-                        ("", "pods/eviction", "create")}  # fmt: skip
+                        ("", "pods/eviction", "create"), ("", "events", "create")}  # fmt: skip
     operator = rules_of(default, "ClusterRole", "-operator")
     assert ("infergrid.io", "inferenceservices/scale", "patch") in operator
     assert ("infergrid.io", "inferenceservices/status", "patch") in operator
@@ -355,7 +355,8 @@ def test_the_extender_may_evict_only_while_it_leads_preemption(default):
     )
     assert config["extenders"][0]["preemptVerb"] == "preempt"
     off = render("--set", "scheduler.extender.preemptionHoldSeconds=0")
-    assert ("", "pods/eviction", "create") not in rules_of(off, "ClusterRole", "-extender")
+    rules = rules_of(off, "ClusterRole", "-extender")
+    assert ("", "pods/eviction", "create") not in rules and ("", "events", "create") not in rules
 
 
 def test_device_plugin_daemonset(default):

@@ -116,20 +116,26 @@ def test_malformed_victims_are_refused_naming_the_field():
 
 
 class Evictions:
-    """The Eviction API across the seam: records each eviction asked for."""
+    """The Eviction and Event APIs across the seam: records each eviction asked for, and each
+    event as (pod uid, reason)."""
 
     def __init__(self, refuse: str | None = None):
         self.asked: list[str] = []
+        self.events: list[tuple[str, str]] = []
         self.refuse = refuse
 
     async def __call__(self, namespace: str, name: str, uid: str) -> str | None:
         self.asked.append(uid)
         return self.refuse
 
+    async def announce(self, pod, reason: str, message: str) -> None:
+        self.events.append((pod.uid, reason))
+
 
 def leading_service(pods: list[dict], evictions: Evictions):
     svc = filled_service(pods)
-    svc.preemptor = Preemptor(svc.view, "binpack", evictions, hold_s=60, monotonic=lambda: 0.0)
+    svc.preemptor = Preemptor(svc.view, "binpack", evictions, evictions.announce, hold_s=60,
+                              monotonic=lambda: 0.0)  # fmt: skip
     return svc
 
 
@@ -145,6 +151,7 @@ def test_a_refused_online_pod_evicts_the_fewest_offline_pods_and_its_room_is_hel
     result = filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
     assert result["NodeNames"] == [] and "l4-0" in result["FailedNodes"]
     assert evictions.asked == ["batch-c"]
+    assert evictions.events == [("online", "Preempting"), ("batch-c", "Preempted")]
     assert svc.view.cache.tentative("online").node == "l4-0"
     # The victim is still terminating: the pod is refused again, and nobody else is evicted.
     filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
@@ -164,6 +171,7 @@ def test_a_refused_eviction_frees_the_held_room_and_the_next_filter_plans_again(
     svc = leading_service(BUSY, evictions)
     filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
     assert evictions.asked == ["batch-c"]
+    assert evictions.events == [("online", "Preempting")]  # nobody was preempted
     assert svc.view.cache.tentative("online") is None
     filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
     assert evictions.asked == ["batch-c", "batch-c"]
