@@ -128,7 +128,8 @@ class Preemptor:
         self.announce = announce
         self.hold_s = hold_s
         self.monotonic = monotonic
-        self._under_way: dict[str, Plan] = {}  # preemptor uid -> its plan, while victims remain
+        # preemptor uid -> its plan, and when it was made: one plan a pod per hold window
+        self._under_way: dict[str, tuple[Plan, float]] = {}
 
     def plan(self, pod: dict[str, Any], refused: list[str], now: datetime) -> Plan | None:
         """The preemption for `pod`, which every node in `refused` turned down; None where it
@@ -143,14 +144,18 @@ class Preemptor:
         if not request.gpu_containers:
             return None
         self._settle()
-        earlier = self._under_way.pop(uid, None)
+        earlier, made = self._under_way.pop(uid, (None, self.monotonic()))
         if earlier is not None:
             plan = Plan(earlier.node, earlier.victims, evict=False)
         else:
             plan = self._choose(request, pod_priority(pod), refused, now)
-        if plan is None or not self._hold(pod, uid, request, plan, now):
+        if plan is None:
             return None
-        self._under_way[uid] = plan
+        if not self._hold(pod, uid, request, plan, now):
+            if earlier is not None:
+                self._under_way[uid] = (plan, made)  # keep waiting out the window
+            return None
+        self._under_way[uid] = (plan, made)
         return plan
 
     def new_cycle(self, uid: str) -> None:
@@ -160,10 +165,13 @@ class Preemptor:
         self.view.cache.release_tentative(uid)
 
     def _settle(self) -> None:
-        """Forgets the plans whose victims are all gone: a pod refused again after that is
-        planned afresh."""
-        for uid, plan in list(self._under_way.items()):
-            if not any(self.view.cache.pod(v.uid) for v in plan.victims):
+        """Forgets the plans older than the hold. Until then a pod refused again keeps its
+        plan, whose victims may already be gone (the room is then renewed, or, taken after
+        all, waited for), and evicts no one else: at most one preemption a pod per window,
+        whatever races between the evictions, the replacements and its own retries."""
+        now = self.monotonic()
+        for uid, (_, made) in list(self._under_way.items()):
+            if now - made >= self.hold_s:
                 del self._under_way[uid]
 
     async def evict_all(self, pod: dict[str, Any], plan: Plan) -> None:
