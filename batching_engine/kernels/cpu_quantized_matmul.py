@@ -106,7 +106,7 @@ def pack_int4(codes: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> 
     width = strip()
     strips = -(-n // width)
     padded = _pad_rows(codes, strips * width)
-    pairs = (padded[:, 0::2] << 4 | padded[:, 1::2]).to(torch.uint8)
+    pairs = nibble_pairs(padded)
     packed = pairs.view(strips, width, k // 2).transpose(1, 2).contiguous()
 
     def per_group(values: torch.Tensor) -> torch.Tensor:
@@ -114,6 +114,12 @@ def pack_int4(codes: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> 
         return padded_values.view(strips, width, -1).transpose(1, 2).contiguous()
 
     return PackedWeight(4, packed, per_group(scales), per_group(lows), n, k)
+
+
+def nibble_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """int4 codes [n, k] (0..15) two a byte, [n, k / 2]: code k in the high nibble, k + 1 in
+    the low, as this kernel and the dequantizing path both read them."""
+    return (codes[:, 0::2] << 4 | codes[:, 1::2]).to(torch.uint8).contiguous()
 
 
 def unpack_int8_rows(weight: PackedWeight, rows: torch.Tensor) -> torch.Tensor:

@@ -193,7 +193,7 @@ class QuantizedLinear(RowQuantized):
             return
         if self.mode != "int4":
             return
-        nibbles = (self.codes[:, ::2] << 4 | self.codes[:, 1::2]).contiguous()
+        nibbles = cpu_kernel.nibble_pairs(self.codes)
         if not self.codes.is_cuda:
             self.codes = nibbles
             return
