@@ -22,7 +22,6 @@ import numpy.typing as npt
 from infergrid.errors import ContractError
 from infergrid.placement import (
     LEARNING,
-    Holder,
     HostRequest,
     Policy,
     choose_victims,
@@ -33,6 +32,7 @@ from infergrid.placement.preemption import without
 from infergrid.pod_host import parse_host_request
 from infergrid.pod_request import PodGpuRequest, parse_pod_request
 from infergrid.records import pod_priority
+from scheduler_extender.preemptor import split_holders
 from scheduler_extender.protocol import Victims
 from scheduler_extender.view import PlacementView
 
@@ -118,11 +118,7 @@ def preempt_nodes(
         node = view.node_state(name, now)
         if isinstance(node, str):
             continue
-        held = view.cache.holders_on(name)
-        theirs = set(victims.uids)
-        gone = [Holder(uid, p or 0, a.containers) for uid, p, a in held if uid in theirs]
-        others = [Holder(uid, p, a.containers) for uid, p, a in held
-                  if uid not in theirs and p is not None]  # fmt: skip
+        gone, others = split_holders(view.cache, name, set(victims.uids))
         chosen = choose_victims(request, without(node, gone), others, priority, policy)
         if chosen is not None:
             kept[name] = Victims(victims.uids + chosen, victims.pdb_violations)

@@ -36,6 +36,7 @@ from infergrid.records import pod_priority
 from scheduler_extender import metrics
 from scheduler_extender.tentative import hold_fitted
 from scheduler_extender.view import PlacementView
+from scheduler_extender.watch_cache import ClusterCache
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,19 @@ def announcer(core: client.CoreV1Api) -> Announce:
                         pod.name, err.status, err.reason)  # fmt: skip
 
     return announce
+
+
+def split_holders(
+    cache: ClusterCache, node: str, leaving: set[str]
+) -> tuple[list[Holder], list[Holder]]:
+    """The node's GPU holders in `leaving` (evicted already, or proposed by kube-scheduler),
+    and the others that may still be chosen: a bind under way, whose pod event has not come
+    (no priority yet), never is."""
+    held = cache.holders_on(node)
+    gone = [Holder(uid, p or 0, a.containers) for uid, p, a in held if uid in leaving]
+    others = [Holder(uid, p, a.containers) for uid, p, a in held
+              if uid not in leaving and p is not None]  # fmt: skip
+    return gone, others
 
 
 def may_preempt(pod: dict[str, Any]) -> bool:
@@ -211,12 +225,11 @@ class Preemptor:
             if isinstance(state, str):
                 continue
             holders = []
-            for uid, holder_priority, assignment in self.view.cache.holders_on(name):
-                record = self.view.cache.pod(uid)
-                if holder_priority is None or record is None:
-                    continue  # a bind under way: never a victim
-                holders.append(Holder(uid, holder_priority, assignment.containers))
-                names[uid] = PodRef(uid, record.namespace, record.name)
+            for holder in split_holders(self.view.cache, name, set())[1]:
+                record = self.view.cache.pod(holder.uid)
+                if record is not None:  # not gone since
+                    holders.append(holder)
+                    names[holder.uid] = PodRef(holder.uid, record.namespace, record.name)
             nodes.append((state, holders))
         policy = resolve_policy(request.policy, self.view.workload())
         chosen = cheapest_node(request, nodes, priority, policy)
@@ -232,8 +245,6 @@ class Preemptor:
         state = self.view.node_state(plan.node, now)
         if isinstance(state, str):
             return False
-        gone = {v.uid for v in plan.victims}
-        victims = [Holder(u, 0, a.containers) for u, _, a in self.view.cache.holders_on(plan.node)
-                   if u in gone]  # fmt: skip
+        victims, _ = split_holders(self.view.cache, plan.node, {v.uid for v in plan.victims})
         after = without_victims(state, victims)
         return hold_fitted(self.view, pod, uid, request, after, now, self.monotonic() + self.hold_s)
