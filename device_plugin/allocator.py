@@ -12,6 +12,7 @@ so no annotation can make the plugin hand out more of a GPU than it has.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -55,6 +56,13 @@ def _devices(ids: Iterable[str], known: dict[str, Device]) -> list[Device]:
         raise AllocationError("one request mixes whole GPUs, shares and MIG devices")
     if devices[0].kind == "share" and len(devices) > 1:
         raise AllocationError(f"a container gets one share slot, not {len(devices)}")
+    gpus = Counter(d.target for d in devices)
+    twice = sorted(t for t, n in gpus.items() if n > 1)
+    if twice:
+        raise AllocationError(
+            f"a container gets one time slice of each GPU; the request names {', '.join(twice)} "
+            "more than once"
+        )
     return devices
 
 
@@ -106,17 +114,20 @@ def _no_match(
 
 
 def _check_fit(
-    devices: list[Device], candidates: list[Pending], ledger: Ledger, slots: int
+    devices: list[Device], candidates: list[Pending], ledger: Ledger, config: PluginConfig
 ) -> None:
     """Refuses what would over-commit a GPU, given what was already granted.
 
     The placement core judges, by the rules the extender placed with, so the
-    gate and the scheduler never disagree about what fits. With several
-    candidates the largest is judged.
+    gate and the scheduler never disagree about what fits: no more shares than
+    share slots, no more whole-GPU holders than time slices (one without
+    time-slicing), and never both on one GPU. With several candidates the
+    largest is judged.
     """
     gpus = {d.gpu.uuid: d.gpu for d in devices}.values()
     charge = widest([p.container for p in candidates])
-    shortfalls = recheck(ledger.holding(gpus, slots), charge)
+    holding = ledger.holding(gpus, config.vgpu_slots_per_gpu, config.gpu_replicas)
+    shortfalls = recheck(holding, charge)
     if shortfalls:
         reasons = "; ".join(s.message for s in shortfalls)
         who = " or ".join(p.pod.key for p in candidates)
@@ -156,7 +167,7 @@ def grant(
     pods, device_ids = list(pods), tuple(device_ids)
     devices = _devices(device_ids, known)
     candidates = match(devices, node, pods, ledger, config.scheduler_name)
-    _check_fit(devices, candidates, ledger, config.vgpu_slots_per_gpu)
+    _check_fit(devices, candidates, ledger, config)
     guess = ledger.guess(candidates)
     ledger.honour(device_ids, candidates)
     seen = visibility([d.target for d in devices], config.device_list_strategy)

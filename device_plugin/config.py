@@ -14,7 +14,11 @@ from typing import Final
 from device_plugin.kubelet import DEVICE_PLUGIN_DIR
 from device_plugin.kubelet.podresources import POD_RESOURCES_SOCKET
 from infergrid import settings
-from infergrid.constants import DEFAULT_VGPU_SLOTS_PER_GPU, SCHEDULER_NAME
+from infergrid.constants import (
+    DEFAULT_VGPU_SLOTS_PER_GPU,
+    MAX_TIME_SLICES_PER_GPU,
+    SCHEDULER_NAME,
+)
 from infergrid.errors import ContractError
 from infergrid.settings import (
     Setting,
@@ -66,7 +70,8 @@ SETTINGS: Final = (
               "only pods this scheduler bound get GPUs (the extender's)"),
     Setting("pluginDir", "plugin_dir", path, "the kubelet's device-plugin folder"),
     Setting("fakeFleet", "fake_fleet", path, "fleet file: run on fake NVML"),
-    Setting("gpuReplicas", "gpu_replicas", whole(1, 64), "time-sliced replicas per GPU"),
+    Setting("gpuReplicas", "gpu_replicas", whole(1, MAX_TIME_SLICES_PER_GPU),
+              "time slices per GPU: nvidia.com/gpu pods that may share one GPU"),
     Setting("vgpuSlotsPerGpu", "vgpu_slots_per_gpu", whole(1, 128), "share slots per GPU"),
     Setting("migStrategy", "mig_strategy", choice(MIG_STRATEGIES), "none, single or mixed"),
     Setting("mps", "mps", boolean, "return MPS limits for shares", boolean=True),
@@ -79,7 +84,8 @@ SETTINGS: Final = (
     Setting("usageIntervalSeconds", "usage_interval_s", number(0.1, 10),
               "seconds between usage heartbeats"),
     Setting("metricsPort", "metrics_port", whole(0, 65535), "0 turns /metrics off"),
-    Setting("publish", "publish", boolean, "write node annotations", boolean=True),
+    Setting("publish", "publish", boolean,
+              "write node annotations and pods' GPUHealthy conditions", boolean=True),
 )  # fmt: skip
 
 

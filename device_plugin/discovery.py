@@ -6,6 +6,7 @@ while people still see it. A GPU whose identity (``device_info``) cannot be read
 has no uuid to publish it under; it is left out and a warning is logged, and
 links from other GPUs to it are dropped so the inventory stays valid. Failures
 of the node-wide ``device_count`` are raised: without it nothing can be read.
+Each GPU's ECC record is published as read, and the health tracker judges it.
 """
 
 import logging
@@ -17,7 +18,7 @@ from typing import TypeVar
 from device_plugin.health import HealthTracker
 from device_plugin.nvml.backend import DeviceInfo, NvmlBackend, NvmlError
 from infergrid.constants import DEFAULT_VGPU_SLOTS_PER_GPU
-from infergrid.inventory import Gpu, GpuInventory, GpuLink, MigInstance
+from infergrid.inventory import EccState, Gpu, GpuInventory, GpuLink, MigInstance
 from infergrid.usage import GpuUsage, GpuUsageSample
 
 log = logging.getLogger(__name__)
@@ -30,15 +31,19 @@ def discover(
     node: str,
     health: HealthTracker | None,
     share_slots: int = DEFAULT_VGPU_SLOTS_PER_GPU,
+    time_slices: int = 1,
 ) -> GpuInventory:
     """The inventory of ``node``; ``health``, when given, decides and records each GPU's health.
 
+    ``share_slots`` and ``time_slices`` are the plugin's settings, published with the
+    GPUs so that the extender counts what the kubelet is offered.
     Raises NvmlError only when the GPUs cannot even be counted.
     """
     found = [_gpu(backend, index, health) for index in range(backend.device_count())]
     gpus = [gpu for gpu in found if gpu is not None]
     present = {gpu.index for gpu in gpus}
-    return GpuInventory(node, tuple(_links_within(gpu, present) for gpu in gpus), share_slots)
+    linked = tuple(_links_within(gpu, present) for gpu in gpus)
+    return GpuInventory(node, linked, share_slots, time_slices)
 
 
 def sample_usage(backend: NvmlBackend, node: str, heartbeat: datetime) -> GpuUsage:
@@ -58,12 +63,15 @@ def _gpu(backend: NvmlBackend, index: int, health: HealthTracker | None) -> Gpu 
     mig_instances = _read(backend.mig_instances, index, (), failures)
     links = _read(backend.links, index, (), failures)
     _read(backend.memory_used_mib, index, 0, failures)  # a GPU that cannot be read is not usable
+    ecc = _read(backend.ecc_state, index, None, failures)
     for error in failures:
         log.warning("GPU %d (%s) is unhealthy: %s", index, info.uuid, error)
         if health is not None:
             health.record_failure(info.uuid, str(error))
+    if health is not None and ecc is not None:
+        health.record_ecc(info.uuid, ecc)
     healthy = not failures and (health is None or health.is_healthy(info.uuid))
-    return _published(info, healthy, mig_instances, links)
+    return _published(info, healthy, mig_instances, links, ecc)
 
 
 def _read(read: Callable[[int], T], index: int, fallback: T, failures: list[NvmlError]) -> T:
@@ -80,6 +88,7 @@ def _published(
     healthy: bool,
     mig_instances: tuple[MigInstance, ...],
     links: tuple[GpuLink, ...],
+    ecc: EccState | None,
 ) -> Gpu:
     return Gpu(
         uuid=info.uuid,
@@ -93,6 +102,7 @@ def _published(
         mig_enabled=info.mig_enabled,
         mig_instances=mig_instances if info.mig_enabled else (),
         links=links,
+        ecc=ecc,
     )
 
 

@@ -1,17 +1,18 @@
 """GPU health: which GPUs may be offered now, and a way to wait until that changes.
 
-A critical XID or a failed NVML call makes a GPU unhealthy. Unlike NVIDIA's
-device plugin, where a GPU never comes back, ours is healthy again once
-``quiet_period_s`` has passed with no new bad event, so a transient fault does
-not take a GPU out until the node reboots. An XID that needs a GPU reset
-(``device_plugin.xid``: double-bit ECC, a GPU off the bus, ...) is not
-transient: the GPU stays unhealthy however quiet it stays, until the plugin
-restarts. The restart is how a reset is seen: NVML reports no reset to a
-process that keeps running, and a reset (``nvidia-smi -r``) is done with the
-GPU's clients stopped anyway, so the procedure is drain, reset, restart the
-plugin's pod. A plugin that restarts without a reset forgets the XID, as
-NVIDIA's does. ListAndWatch waits on
-``wait_for_change`` and re-sends the device list when the version moves.
+A critical XID, a failed NVML call or an ECC record that ``device_plugin.ecc``
+finds at fault makes a GPU unhealthy. Unlike NVIDIA's device plugin, where a GPU
+never comes back, ours is healthy again once ``quiet_period_s`` has passed with
+no new bad event, so a transient fault does not take a GPU out until the node
+reboots. An XID that needs a GPU reset (``device_plugin.xid``: double-bit ECC, a
+GPU off the bus, ...) is not transient, nor is an ECC record that needs one: the
+GPU stays unhealthy however quiet it stays, until the plugin restarts. The
+restart is how a reset is seen: NVML reports no reset to a process that keeps
+running, and a reset (``nvidia-smi -r``) is done with the GPU's clients stopped
+anyway, so the procedure is drain, reset, restart the plugin's pod. A plugin
+that restarts without a reset forgets the XID, as NVIDIA's does, but not a
+double-bit error: the volatile ECC count keeps it until the reset. ListAndWatch
+waits on ``wait_for_change`` and re-sends the device list when the version moves.
 """
 
 import logging
@@ -22,8 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from device_plugin import metrics
+from device_plugin.ecc import ecc_fault
 from device_plugin.nvml.backend import NvmlBackend, NvmlError
 from device_plugin.xid import XidKind, classify_xid, describe_xid
+from infergrid.inventory import EccState
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,7 @@ class HealthTracker:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._faults: dict[str, _Fault] = {}
+        self._first_ecc: dict[str, EccState] = {}
         self._version = 0
 
     @property
@@ -84,6 +89,26 @@ class HealthTracker:
     def record_failure(self, uuid: str, reason: str) -> None:
         """An NVML call on GPU ``uuid`` failed: a transient fault, renewed while it lasts."""
         self._mark(uuid, reason, self._clock() + self._quiet_period_s)
+
+    def record_ecc(self, uuid: str, ecc: EccState) -> None:
+        """GPU ``uuid``'s ECC record now, judged by ``ecc_fault`` against the first one seen.
+
+        A record that needs a reset holds the GPU as an XID that needs one does.
+        Growth of a kept count is a fault renewed at each reading while the count
+        stays above the first reading: until the plugin restarts, or someone
+        clears the counts (``nvidia-smi -p``), and then the quiet period.
+        """
+        with self._lock:
+            first = self._first_ecc.setdefault(uuid, ecc)
+        fault = ecc_fault(first, ecc)
+        if fault is None:
+            return
+        if fault.needs_reset:
+            new = self._mark(uuid, f"{fault.reason}: needs a GPU reset", math.inf)
+        else:
+            new = self._mark(uuid, fault.reason, self._clock() + self._quiet_period_s)
+        if new:
+            metrics.ECC_FAULTS.labels("needs-reset" if fault.needs_reset else "grew").inc()
 
     def is_healthy(self, uuid: str) -> bool:
         """Whether GPU ``uuid`` may be offered; a GPU never seen is healthy."""
@@ -112,12 +137,13 @@ class HealthTracker:
                     return self._version
                 self._changed.wait(min(left, self._until_next_recovery()))
 
-    def _mark(self, uuid: str, reason: str, until: float) -> None:
+    def _mark(self, uuid: str, reason: str, until: float) -> bool:
+        """Record a fault; True when it turned the GPU unhealthy or made it need a reset."""
         with self._lock:
             self._expire()
             known = self._faults.get(uuid)
             if known is not None and known.needs_reset:
-                return
+                return False
             if until == math.inf:
                 log.error(
                     "GPU %s is unhealthy until it is reset and this plugin restarted: %s",
@@ -129,6 +155,7 @@ class HealthTracker:
             if known is None:
                 self._bump()
             self._faults[uuid] = _Fault(reason, until)
+            return known is None or until == math.inf
 
     def _expire(self) -> None:
         """Bring back every GPU whose quiet period has passed; the lock is held."""

@@ -1,15 +1,20 @@
-"""The device plugin's Kubernetes I/O: its node's pods, node annotations, allocation marks.
+"""The device plugin's Kubernetes I/O: its node's pods, node annotations, allocation marks,
+and the GPUHealthy conditions and events of pods on unhealthy GPUs.
 
 Every call has a deadline: Allocate runs while the kubelet waits to start a
 container, so an API server that does not answer must become a refusal the
 kubelet reports, never a hang, and never a grant made without the pods to check.
+A condition or event the API server does not take is logged and counted, and the
+next round tries again: health reporting never stops the plugin.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Final
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Final
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -17,8 +22,15 @@ from urllib3.exceptions import HTTPError
 
 from device_plugin import metrics
 from device_plugin.allocator import AllocationError, Grant
+from device_plugin.pod_health import (
+    ConditionChange,
+    ObservedPod,
+    condition_patch,
+    gpu_condition,
+    warning_event,
+)
 from infergrid.assignment_annotation import decode_assignment, encode_assignment, mark_allocated
-from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT
+from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT, CONDITION_GPU_HEALTHY
 from infergrid.errors import ContractError
 from infergrid.records import PodRecord, is_live, pod_record
 
@@ -29,30 +41,90 @@ API_TIMEOUT_S: Final = (3.0, 10.0)
 """Seconds to connect to the API server and to read its answer, for each call."""
 UNANSWERED: Final = (ApiException, HTTPError, OSError)
 """What a call raises when the API server refuses, times out or cannot be reached."""
+UNREAD: Final = (*UNANSWERED, ValueError, KeyError, TypeError)
+"""What listing raises, also for an answer that is not a pod list."""
+STRATEGIC_MERGE: Final = "application/strategic-merge-patch+json"
 
 
 class KubePods:
     """Reads the pods bound to one node straight from the API server at each call."""
 
-    def __init__(self, core: client.CoreV1Api, node: str):
+    def __init__(
+        self,
+        core: client.CoreV1Api,
+        node: str,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ):
         self.core = core
         self.node = node
+        self.clock = clock
 
     def pods(self) -> list[PodRecord]:
         """The node's live pods; AllocationError naming the API server when it does not answer."""
         try:
-            raw = self.core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={self.node}",
-                _preload_content=False,
-                _request_timeout=API_TIMEOUT_S,
-            )
-            items = json.loads(raw.data)["items"]
-        except (*UNANSWERED, ValueError, KeyError, TypeError) as err:
+            items = self._node_pods()
+        except UNREAD as err:
             raise AllocationError(
                 f"the API server did not list the pods of node {self.node} "
                 f"({type(err).__name__}: {err}); no GPU is granted unchecked"
             ) from err
         return [r for r in map(pod_record, items) if is_live(r)]
+
+    def gpu_conditions(self) -> list[ObservedPod] | None:
+        """The node's live pods with their GPUHealthy condition; None, logged, unanswered."""
+        try:
+            items = self._node_pods()
+        except UNREAD as err:
+            log.warning("cannot list node %s's pods to mark those on unhealthy GPUs: %s: %s",
+                        self.node, type(err).__name__, err)  # fmt: skip
+            return None
+        observed = (ObservedPod(pod_record(item), gpu_condition(item)) for item in items)
+        return [o for o in observed if is_live(o.pod)]
+
+    def set_gpu_condition(self, change: ConditionChange) -> bool:
+        """Patch the pod's condition, then post its event when it warns.
+
+        False when the condition was not taken; a lost event is only logged, since
+        the condition, already set, is what the next round compares with.
+        """
+        pod, status, now = change.pod, change.condition.status, self.clock()
+        try:
+            self.core.patch_namespaced_pod_status(
+                pod.name,
+                pod.namespace,
+                condition_patch(change, now),
+                _request_timeout=API_TIMEOUT_S,
+                _content_type=STRATEGIC_MERGE,
+            )
+        except UNANSWERED as err:
+            metrics.PUBLISH_ERRORS.labels("pod-condition").inc()
+            log.warning(
+                "could not set %s=%s on %s: %s", CONDITION_GPU_HEALTHY, status, pod.key, err
+            )
+            return False
+        metrics.PODS_MARKED.labels(status).inc()
+        log.info(
+            "%s=%s on %s: %s", CONDITION_GPU_HEALTHY, status, pod.key, change.condition.message
+        )
+        if change.warns:
+            self._post(pod, warning_event(change, self.node, now))
+        return True
+
+    def _post(self, pod: PodRecord, event: dict[str, Any]) -> None:
+        try:
+            self.core.create_namespaced_event(pod.namespace, event, _request_timeout=API_TIMEOUT_S)
+        except UNANSWERED as err:
+            metrics.PUBLISH_ERRORS.labels("pod-event").inc()
+            log.warning("event %s on %s not recorded: %s", event["reason"], pod.key, err)
+
+    def _node_pods(self) -> list[dict[str, Any]]:
+        """Every pod bound to this node, as the API server's JSON."""
+        raw = self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self.node}",
+            _preload_content=False,
+            _request_timeout=API_TIMEOUT_S,
+        )
+        return json.loads(raw.data)["items"]
 
     def mark_allocated(self, grants: list[Grant]) -> None:
         """Marks each granted container allocated in its pod's assignment annotation."""

@@ -142,7 +142,7 @@ class Ledger:
         guesses = [widest([p.container for p in e.candidates]) for e in self.provisional.values()]
         return [*self.honoured.values(), *guesses]
 
-    def holding(self, gpus: Iterable[Gpu], share_slots: int) -> NodeState:
+    def holding(self, gpus: Iterable[Gpu], share_slots: int, time_slices: int = 1) -> NodeState:
         """``gpus`` as the granted containers hold them, for the placement core to judge.
 
         Only grants count: measured use and health are the extender's and the
@@ -150,9 +150,11 @@ class Ledger:
         The grants are read back as the extender reads recorded assignments: a
         part on a GPU outside ``gpus`` is left out, a MIG instance is found by
         its own uuid, and grants that clash are both counted, so a doubtful
-        ledger offers less, never more.
+        ledger offers less, never more. ``share_slots`` and ``time_slices`` are the
+        plugin's own, as it publishes them for the extender.
         """
-        inventory = GpuInventory(_NODE, tuple(replace(g, healthy=True) for g in gpus), share_slots)
+        healthy = tuple(replace(g, healthy=True) for g in gpus)
+        inventory = GpuInventory(_NODE, healthy, share_slots, time_slices)
         granted = PodAssignment(_NODE, _ANY_TIME, tuple(self.charged()))
         idle = idle_usage(inventory, _ANY_TIME)
         return build_node_state(inventory, idle, (granted,), _ANY_TIME, timedelta(0))

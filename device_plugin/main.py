@@ -49,7 +49,15 @@ def build(cfg: PluginConfig) -> DevicePluginRuntime:
     pods = KubePods(core, cfg.node_name)
     patch = (lambda a, lab: patch_node(core, cfg.node_name, a, lab)) if cfg.publish else None
     held = PodResourcesClient(cfg.pod_resources_socket) if cfg.pod_resources_socket else None
-    return DevicePluginRuntime(cfg, backend, pods, patch, on_grants=pods.mark_allocated, held=held)
+    return DevicePluginRuntime(
+        cfg,
+        backend,
+        pods,
+        patch,
+        on_grants=pods.mark_allocated,
+        held=held,
+        pod_conditions=pods if cfg.publish else None,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

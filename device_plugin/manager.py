@@ -19,7 +19,7 @@ from device_plugin.config import PluginConfig
 from device_plugin.devices import Device, by_id, resource_devices
 from device_plugin.holdings import Held, holding, ours
 from device_plugin.ledger import Ledger, Pending, holder_of, pending_on
-from device_plugin.preferred import best_for_assignment, best_whole_set
+from device_plugin.preferred import preferred_devices
 from infergrid.inventory import GpuInventory
 from infergrid.records import PodRecord
 
@@ -111,21 +111,31 @@ class DeviceManager:
     def preferred(
         self, resource: str, available: Sequence[str], must: Sequence[str], size: int
     ) -> list[str]:
+        """GetPreferredAllocation's answer: the devices a pending assignment names, for whole
+        GPUs too, so a time slice lands on the GPU the extender counted it on.
+
+        Without the node's pods it prefers by topology alone: a preference is no grant,
+        and Allocate, which refuses what it cannot check, still decides.
+        """
         known = by_id({resource: self.devices(resource)})
         missing = [i for i in [*available, *must] if i not in known]
         if missing:
             raise AllocationError(f"unknown device IDs: {', '.join(missing)}")
         offered = [known[i] for i in available]
-        if not offered or offered[0].kind == "whole":
-            chosen = best_whole_set(offered, [known[i] for i in must], size)
-        else:
-            with self._lock:
-                scheduled = [
-                    p for p in self._fresh_pods() if p.scheduler_name == self.config.scheduler_name
-                ]
-                pending = pending_on(self.config.node_name, scheduled, self.ledger)
-            chosen = best_for_assignment(offered, size, pending)
+        try:
+            pending = self._pending()
+        except AllocationError as err:
+            log.warning("preferring %s devices without the assignments: %s", resource, err)
+            pending = []
+        chosen = preferred_devices(offered, [known[i] for i in must], size, pending)
         return [d.id for d in chosen]
+
+    def _pending(self) -> list[Pending]:
+        """The assignments on this node, of pods our scheduler bound, that wait for Allocate."""
+        with self._lock:
+            pods = self._fresh_pods()
+            scheduled = [p for p in pods if p.scheduler_name == self.config.scheduler_name]
+            return pending_on(self.config.node_name, scheduled, self.ledger)
 
     def _held_now(self) -> list[Held] | None:
         """This plugin's devices as the kubelet shows them held; None when off or unanswered."""

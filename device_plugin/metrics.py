@@ -45,7 +45,7 @@ REGISTRATIONS = Counter(
 )
 PUBLISH_ERRORS = Counter(
     "infergrid_device_plugin_publish_errors_total",
-    "Failed writes of node annotations or pod allocation marks.",
+    "Failed writes of node annotations, pod allocation marks, pod conditions and events, by what.",
     ["what"],
 )
 POD_RESOURCES_ERRORS = Counter(
@@ -57,4 +57,17 @@ POD_RESOURCES_FALLBACKS = Counter(
     "Times the ledger fell back to allocation marks, or a mark to the plugin's guess, "
     "because PodResources did not answer; by what fell back (ledger or mark).",
     ["what"],
+)
+ECC_FAULTS = Counter(
+    "infergrid_device_plugin_ecc_faults_total",
+    "GPUs an ECC reading turned unhealthy, by kind: needs-reset (a volatile double-bit "
+    "count, a page or row waiting for a reset, a failed remap) or grew (a count kept "
+    "across reboots grew since the plugin started).",
+    ["kind"],
+)
+PODS_MARKED = Counter(
+    "infergrid_device_plugin_pods_marked_total",
+    "GPUHealthy conditions written on pods, by status: False (a GPU the pod holds is "
+    "unhealthy) or True (healthy again).",
+    ["status"],
 )

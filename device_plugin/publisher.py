@@ -49,9 +49,11 @@ class NodePublisher:
         self._published_inventory: str | None = None
 
     def publish_once(self) -> None:
-        node = self.manager.config.node_name
-        slots = self.manager.config.vgpu_slots_per_gpu
-        inventory = discover(self.backend, node, self.tracker, slots)
+        config = self.manager.config
+        node = config.node_name
+        inventory = discover(
+            self.backend, node, self.tracker, config.vgpu_slots_per_gpu, config.gpu_replicas
+        )
         self.manager.set_inventory(inventory)
         usage = sample_usage(self.backend, node, self.clock())
         self._export(usage)

@@ -1,7 +1,8 @@
 """One node's device plugin, assembled: backend, health, manager, endpoints, publisher.
 
 `DevicePluginRuntime.start()` discovers the GPUs, starts the health monitor,
-the publisher and the kubelet-facing endpoints in threads; `stop()` ends them
+the publisher, the pods' health reporter (when given a way to write pod
+conditions) and the kubelet-facing endpoints in threads; `stop()` ends them
 all and removes the sockets. Tests build it with a FakeNvml and their own pod
 source; the CLI builds it from the config.
 """
@@ -19,6 +20,7 @@ from device_plugin.health import HealthMonitor, HealthTracker
 from device_plugin.manager import DeviceManager, HeldSource, PodSource
 from device_plugin.nvml.backend import NvmlBackend
 from device_plugin.plugin import NodePlugins
+from device_plugin.pod_health import PodConditions, PodHealthReporter
 from device_plugin.publisher import NodePublisher, PatchNode
 from device_plugin.server import DevicePluginServicer
 
@@ -35,13 +37,23 @@ class DevicePluginRuntime:
         on_grants=None,
         tracker: HealthTracker | None = None,
         held: HeldSource | None = None,
+        pod_conditions: PodConditions | None = None,
     ):
-        """`held` is the kubelet's PodResources API; without it, grants are marked at once."""
+        """`held` is the kubelet's PodResources API; without it, grants are marked at once.
+
+        `pod_conditions` writes the GPUHealthy condition of pods; without it, none is written.
+        """
         self.config = config
         self.backend = backend
         self.stop_event = threading.Event()
         self.tracker = tracker or HealthTracker(config.health_quiet_period_s)
-        inventory = discover(backend, config.node_name, self.tracker, config.vgpu_slots_per_gpu)
+        inventory = discover(
+            backend,
+            config.node_name,
+            self.tracker,
+            config.vgpu_slots_per_gpu,
+            config.gpu_replicas,
+        )
         self.manager = DeviceManager(config, inventory, self.tracker.is_healthy, pods, held)
         on_grants = on_grants or (lambda grants: None)
         self.on_grants = Confirmer(self.manager, on_grants) if held is not None else on_grants
@@ -55,6 +67,17 @@ class DevicePluginRuntime:
             self.stop_event,
         )
         self.plugins = NodePlugins(self._endpoints, config.plugin_dir, self.stop_event)
+        self.reporter = (
+            None
+            if pod_conditions is None
+            else PodHealthReporter(
+                self.tracker,
+                pod_conditions,
+                lambda: self.manager.inventory,
+                config.usage_interval_s,
+                self.stop_event,
+            )
+        )
         self._threads: list[threading.Thread] = []
 
     def _endpoints(self) -> list[PluginEndpoint]:
@@ -76,11 +99,14 @@ class DevicePluginRuntime:
         ]
 
     def start(self) -> None:
-        for name, target in (
+        loops = [
             ("health", self.monitor.run),
             ("publisher", self.publisher.run),
             ("kubelet", self.plugins.run),
-        ):
+        ]
+        if self.reporter is not None:
+            loops.append(("pod-health", self.reporter.run))
+        for name, target in loops:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)

@@ -17,10 +17,13 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
+from e2e.cluster import model_store
 from e2e.cluster.local_cluster import LocalCluster
 from e2e.cluster.processes import wait_until
 from e2e.crds import install_crds
 from e2e.helm_release import cpu_node, helm_ready, make_priority_classes, namespaces, release  # noqa: F401 - fixtures
+from e2e.operator_support import OperatorProcess, delete_service
+from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
 
 pytestmark = pytest.mark.e2e
 
@@ -96,3 +99,45 @@ def priority_classes(cluster: Cluster) -> None:
 def infsvc_crd(cluster: Cluster) -> None:
     """Every CRD in `crds/` installed (created or replaced) and Established."""
     install_crds(cluster.api)
+
+
+# No engine listens in KWOK pods; a closed local port fails their scrapes at once.
+NO_METRICS = ("--metrics-url-template", "http://127.0.0.1:1/{pod_name}")
+
+
+@pytest.fixture()
+def start_operator(cluster, namespace, infsvc_crd, extender, tmp_path):
+    """Starts operators on the test's namespace; at the end deletes its services first.
+
+    A service with autoscaling carries kopf's finalizer, which only a running
+    operator removes; left behind, it would hold the namespace in Terminating.
+    The namespace has the model store's claim, which the pvc:// samples name (their
+    pods, on KWOK, never mount it, but the scheduler binds it).
+    """
+    started: list[OperatorProcess] = []
+    model_store.provide(cluster.api, namespace, None)
+
+    def start(*args: str) -> OperatorProcess:
+        log = tmp_path / f"operator-{len(started)}.log"
+        process = OperatorProcess(cluster.kubeconfig, [namespace], log, *(args or NO_METRICS))
+        process.start()
+        started.append(process)
+        return process
+
+    yield start
+    api = client.CustomObjectsApi(cluster.api)
+    listed = api.list_namespaced_custom_object(CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL)
+    for item in listed["items"]:
+        delete_service(cluster.api, namespace, item["metadata"]["name"])
+    wait_until(
+        lambda: (
+            not api.list_namespaced_custom_object(CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL)[
+                "items"
+            ]
+        ),
+        60,
+        "the InferenceServices deleted",
+    )
+    for process in started:
+        process.stop()
+    model_store.withdraw(cluster.api, namespace)

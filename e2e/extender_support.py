@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse
@@ -18,7 +19,7 @@ from e2e.cluster.processes import wait_until
 from e2e.part_process import PartProcess
 from infergrid import constants
 from infergrid.assignment_annotation import decode_assignment
-from infergrid.fleet import parse_fleet
+from infergrid.fleet import FleetNode, parse_fleet
 from infergrid.inventory import decode_inventory, encode_inventory
 from infergrid.usage import GpuUsage, GpuUsageSample, encode_usage
 
@@ -40,11 +41,25 @@ class ExtenderProcess(PartProcess):
 
 
 @contextmanager
-def idle_nodes(api: client.ApiClient, entries: list[dict]) -> Iterator[list[str]]:
-    """KWOK nodes for fleet ``entries``, their idle GPUs published, Ready; deleted afterwards."""
+def idle_nodes(
+    api: client.ApiClient,
+    entries: list[dict],
+    labels: dict[str, str] | None = None,
+    gpu_changes: Mapping[int, dict] | None = None,
+) -> Iterator[list[str]]:
+    """KWOK nodes for fleet ``entries``, their idle GPUs published, Ready; deleted afterwards.
+
+    ``labels`` go on every node; ``gpu_changes`` (GPU index to Gpu fields) make every node's
+    GPUs differ from the fleet's one model, e.g. a node with a T4 beside its A100s.
+    """
     core = client.CoreV1Api(api)
     fleet = parse_fleet({"version": "v1", "nodes": entries}, "test")
+    if gpu_changes:
+        fleet = replace(fleet, nodes=tuple(_changed(n, gpu_changes) for n in fleet.nodes))
     fake_nodes.create(api, fleet)
+    if labels:
+        for node in fleet.nodes:
+            core.patch_node(node.name, {"metadata": {"labels": labels}})
     for node in fleet.nodes:
         samples = tuple(GpuUsageSample(g.uuid, 0, 0) for g in node.inventory.gpus)
         annotations = {
@@ -60,6 +75,11 @@ def idle_nodes(api: client.ApiClient, entries: list[dict]) -> Iterator[list[str]
     finally:
         for n in names:
             core.delete_node(n)
+
+
+def _changed(node: FleetNode, gpu_changes: Mapping[int, dict]) -> FleetNode:
+    gpus = tuple(replace(g, **gpu_changes.get(g.index, {})) for g in node.inventory.gpus)
+    return replace(node, inventory=replace(node.inventory, gpus=gpus))
 
 
 def share_pod(name: str, mib: int, **extra) -> dict:
@@ -109,15 +129,18 @@ def scheduling_failures(core: client.CoreV1Api, namespace: str, name: str) -> li
 def audit(core: client.CoreV1Api) -> dict[str, int]:
     """Checks every assignment in the cluster against its node's GPUs; returns pods per node.
 
-    No GPU holds more memory or SMs than it has, none is both held whole and
-    shared, a pod bound to a node was assigned on that node, and no MIG
+    No GPU holds more memory or SMs in shares than it has, or more whole-GPU holders
+    than its node's time slices (one without time-slicing), none is both held whole
+    and shared, a pod bound to a node was assigned on that node, and no MIG
     instance is given twice.
     """
-    gpus, nodes = {}, set()
+    gpus, slices, nodes = {}, {}, set()
     for node in core.list_node().items:
         text = (node.metadata.annotations or {}).get(constants.ANNOTATION_GPU_INVENTORY)
         if text:
-            gpus.update({g.uuid: g for g in decode_inventory(text).gpus})
+            inventory = decode_inventory(text)
+            gpus.update({g.uuid: g for g in inventory.gpus})
+            slices.update({g.uuid: inventory.time_slices for g in inventory.gpus})
             nodes.add(node.metadata.name)
     memory, cores, holders = defaultdict(int), defaultdict(int), defaultdict(list)
     migs: list[str] = []
@@ -136,14 +159,15 @@ def audit(core: client.CoreV1Api) -> dict[str, int]:
             if c.mig:
                 migs.append(c.mig.uuid)
             for g in c.gpus:
-                memory[g.uuid] += g.memory_mib
-                cores[g.uuid] += g.cores
+                memory[g.uuid] += g.memory_mib if c.shared else 0
+                cores[g.uuid] += g.cores if c.shared else 0
                 holders[g.uuid].append(c.kind)
-    for uuid, used in memory.items():
-        assert used <= gpus[uuid].memory_mib, f"{uuid}: {used} MiB assigned"
-        assert cores[uuid] <= 100, f"{uuid}: {cores[uuid]}% of SMs assigned"
-        kinds = holders[uuid]
-        assert "whole" not in kinds or kinds == ["whole"], f"{uuid} shared and whole: {kinds}"
+    for uuid, kinds in holders.items():
+        assert memory[uuid] <= gpus[uuid].memory_mib, f"{uuid}: {memory[uuid]} MiB in shares"
+        assert cores[uuid] <= 100, f"{uuid}: {cores[uuid]}% of SMs in shares"
+        wholes = kinds.count("whole")
+        assert wholes in (0, len(kinds)), f"{uuid} shared and whole: {kinds}"
+        assert wholes <= slices[uuid], f"{uuid}: {wholes} holders, {slices[uuid]} time slices"
     assert len(migs) == len(set(migs)), "a MIG instance given twice"
     return dict(per_node)
 

@@ -51,6 +51,17 @@ def on_kwok(body: dict) -> dict:
     return body
 
 
+# A label on the KWOK nodes one test makes, so that its services' pods go only there.
+POOL_LABEL = "infergrid.io/e2e-pool"
+
+
+def in_pool(body: dict, pool: str) -> dict:
+    """The InferenceService on KWOK, and only on the nodes labelled with ``pool``."""
+    body = on_kwok(body)
+    body["spec"]["scheduling"]["nodeSelector"][POOL_LABEL] = pool
+    return body
+
+
 def custom(api: client.ApiClient) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api)
 

@@ -162,6 +162,18 @@ INVALID = [
         "should match",
     ),
     (
+        "minComputeCapability-number",
+        {"spec.resources.minComputeCapability": 8.0},
+        "spec.resources.minComputeCapability",
+        "string",
+    ),
+    (
+        "gpuModels-empty",
+        {"spec.resources.gpuModels": []},
+        "spec.resources.gpuModels",
+        "at least 1",
+    ),
+    (
         "topology-with-gpus-1",
         {"spec.resources": {"gpus": 1, "topology": "nvlink"}},
         "spec.resources.topology",

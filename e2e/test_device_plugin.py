@@ -4,7 +4,6 @@ API server."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from device_plugin.kubelet import HEALTHY, api_pb2
 from device_plugin.xid import XidKind, classify_xid, describe_xid
 from e2e.cluster.local_cluster import DEFAULT_FLEET
 from e2e.cluster.processes import wait_until
+from e2e.plugin_process import plugin_process, stop_plugin
 from infergrid import constants
 from infergrid.assignment_annotation import (
     AssignedGpu,
@@ -66,15 +66,6 @@ def plugin(cluster):
         yield kubelet, proc
     finally:
         stop_plugin(proc, kubelet, plugin_dir)
-
-
-def stop_plugin(proc: subprocess.Popen, kubelet, plugin_dir: Path) -> None:
-    """SIGTERM to a plugin still running, then its kubelet stand-in and folder go."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-    kubelet.stop()
-    shutil.rmtree(plugin_dir, ignore_errors=True)
 
 
 def test_publishes_inventory_usage_and_labels(cluster, plugin):
@@ -237,26 +228,12 @@ def faulty_plugin(cluster, tmp_path):
     fleet.write_text(yaml.safe_dump({"version": "v1", "nodes": [
         {"name": node, "gpus": gpus, "xidEvents": xids}]}))  # fmt: skip
     core.create_node({"metadata": {"name": node}, "spec": {"taints": [E2E_ONLY_TAINT]}})
-    plugin_dir = Path(tempfile.mkdtemp(prefix="dp-xid-", dir="/tmp"))  # short socket paths
-    kubelet = FakeKubelet(plugin_dir)
-    kubelet.start()
     log = tmp_path / "plugin.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "device_plugin.main",
-                "--fake-fleet", str(fleet), "--node", node, "--plugin-dir", str(plugin_dir),
-                "--metrics-port", "0", "--usage-interval", "0.5",
-                "--health-quiet-period", str(QUIET_S),
-            ],
-            stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
-        )  # fmt: skip
+    args = ("--usage-interval", "0.5", "--health-quiet-period", str(QUIET_S))
     try:
-        assert kubelet.wait_registered({constants.RESOURCE_GPU}, timeout=30), log.read_text()
-        yield kubelet, load_fleet(fleet).nodes[0], log
+        with plugin_process(cluster.kubeconfig, fleet, node, log, *args) as (kubelet, _):
+            yield kubelet, load_fleet(fleet).nodes[0], log
     finally:
-        stop_plugin(proc, kubelet, plugin_dir)
         core.delete_node(node)
 
 

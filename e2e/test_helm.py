@@ -78,6 +78,7 @@ from infergrid.assignment_annotation import (
 )
 from infergrid.constants import (
     ANNOTATION_GPU_ASSIGNMENT,
+    CONDITION_GPU_HEALTHY,
     CRD_GROUP,
     CRD_PLURAL,
     CRD_VERSION,
@@ -341,6 +342,7 @@ def permissions(rel: Release) -> dict[str, list[tuple[bool, ...]]]:
             (True, "watch", "nodes"),
             (True, "watch", "pods", "--all-namespaces"),
             (True, "patch", "pods", "-n", s),
+            (True, "delete", "pods", "-n", s),  # preemption, past a disruption budget
             (True, "create", "pods", "--subresource=binding", "-n", s),
             (True, "update", f"leases.coordination.k8s.io/{rel.sa('extender')}", "-n", r),
             # kube-scheduler's token, and no other account's.
@@ -362,7 +364,7 @@ def permissions(rel: Release) -> dict[str, list[tuple[bool, ...]]]:
             ),
             (False, "update", f"leases.coordination.k8s.io/{rel.sa('scheduler')}", "-n", r),
             (False, "create", "leases.coordination.k8s.io", "-n", other),
-            (False, "delete", "pods", "-n", s),
+            (True, "delete", "pods", "-n", s),  # on an unhealthy GPU
             (False, "patch", "nodes"),
             (False, "create", "pods", "-n", s),
             *never,
@@ -386,6 +388,11 @@ def permissions(rel: Release) -> dict[str, list[tuple[bool, ...]]]:
             (True, "list", "pods", "--all-namespaces"),
             (True, "get", "pods", "-n", s),
             (True, "patch", "pods", "-n", s),
+            # The GPUHealthy condition of a pod on an unhealthy GPU, and its Warning event.
+            (True, "patch", "pods", "--subresource=status", "-n", s),
+            (True, "create", "events", "-n", s),
+            (False, "patch", "events", "-n", s),
+            (False, "update", "pods", "--subresource=status", "-n", s),
             (False, "get", "nodes"),
             (False, "delete", "pods", "-n", s),
             (False, "create", "pods", "-n", s),
@@ -479,6 +486,41 @@ def test_only_the_extender_may_write_gpu_assignments(cluster, release, namespace
     free = namespaces()
     core.create_namespaced_pod(free, {"metadata": {"name": pod}, "spec": spec})
     annotate(admin, free, pod, text)
+
+
+def test_the_device_plugin_may_only_set_the_gpu_healthy_condition_of_its_nodes_pods(
+    cluster, release
+):
+    ns, core = release.served, client.CoreV1Api(cluster.api)
+    node, elsewhere = sorted(gpu_nodes(cluster))[:2]
+    mine, theirs = (f"gpu-status-{uuid.uuid4().hex[:5]}" for _ in range(2))
+    for name, on in ((mine, node), (theirs, elsewhere)):
+        spec = {"nodeName": on, "containers": [{"name": "engine", "image": "infergrid/engine"}]}
+        core.create_namespaced_pod(ns, {"metadata": {"name": name}, "spec": spec})
+    plugin_token = token(
+        cluster,
+        release.namespace,
+        release.sa("device-plugin"),
+        device_plugin_pod(cluster, release, node),
+    )
+    plugin = client.CoreV1Api(as_token(cluster, plugin_token))
+
+    def condition(kind: str, status: str) -> dict:
+        told = {"type": kind, "status": status, "reason": "GPUUnhealthy", "message": "helm e2e"}
+        return {"status": {"conditions": [told]}}
+
+    mark = condition(CONDITION_GPU_HEALTHY, "False")
+    patched = plugin.patch_namespaced_pod_status(mine, ns, mark)
+    assert any(c.type == CONDITION_GPU_HEALTHY and c.status == "False"
+               for c in patched.status.conditions)  # fmt: skip
+    assert "own node" in forbidden(lambda: plugin.patch_namespaced_pod_status(theirs, ns, mark))
+    only = "only change the infergrid.io/GPUHealthy condition"
+    for body in (
+        condition("Ready", "True"),  # a pod made to look ready to its Service
+        {"status": {"message": "hijacked"}},
+        {"metadata": {"labels": {"hijack": "yes"}}},
+    ):
+        assert only in forbidden(lambda b=body: plugin.patch_namespaced_pod_status(mine, ns, b))
 
 
 # --- the components under their ServiceAccounts ---------------------------------------

@@ -23,11 +23,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from e2e.cluster import model_store
 from e2e.cluster.processes import wait_until
 from e2e.operator_support import (
     SAMPLES,
-    OperatorProcess,
     condition,
     create_service,
     delete_service,
@@ -45,48 +43,8 @@ from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION, METRIC_ENGIN
 
 pytestmark = pytest.mark.e2e
 
-# No engine listens in KWOK pods; a closed local port fails their scrapes at once.
-NO_METRICS = ("--metrics-url-template", "http://127.0.0.1:1/{pod_name}")
 SELECTOR = "infergrid.io/inferenceservice="
 CHILD_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget")
-
-
-@pytest.fixture()
-def start_operator(cluster, namespace, infsvc_crd, extender, tmp_path):
-    """Starts operators on the test's namespace; at the end deletes its services first.
-
-    A service with autoscaling carries kopf's finalizer, which only a running
-    operator removes; left behind, it would hold the namespace in Terminating.
-    The namespace has the model store's claim, which the pvc:// samples name (their
-    pods, on KWOK, never mount it, but the scheduler binds it).
-    """
-    started: list[OperatorProcess] = []
-    model_store.provide(cluster.api, namespace, None)
-
-    def start(*args: str) -> OperatorProcess:
-        log = tmp_path / f"operator-{len(started)}.log"
-        process = OperatorProcess(cluster.kubeconfig, [namespace], log, *(args or NO_METRICS))
-        process.start()
-        started.append(process)
-        return process
-
-    yield start
-    api = client.CustomObjectsApi(cluster.api)
-    listed = api.list_namespaced_custom_object(CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL)
-    for item in listed["items"]:
-        delete_service(cluster.api, namespace, item["metadata"]["name"])
-    wait_until(
-        lambda: (
-            not api.list_namespaced_custom_object(CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL)[
-                "items"
-            ]
-        ),
-        60,
-        "the InferenceServices deleted",
-    )
-    for process in started:
-        process.stop()
-    model_store.withdraw(cluster.api, namespace)
 
 
 def manifest(name: str, **spec) -> dict:

@@ -8,11 +8,13 @@ from __future__ import annotations
 import uuid
 
 import pytest
+import yaml
 from kubernetes import client
 
 from e2e.cluster.processes import wait_until
 from e2e.extender_support import assigned_gpus, gpu_pod, idle_nodes, share_pod
 from e2e.helm_release import CHART_CLASSES
+from e2e.operator_support import POOL_LABEL, SAMPLES, create_service, in_pool, owned
 from infergrid import constants
 from infergrid.assignment_annotation import decode_assignment
 
@@ -21,15 +23,18 @@ pytestmark = pytest.mark.e2e
 ONLINE, OFFLINE = CHART_CLASSES["online"]["name"], CHART_CLASSES["offline"]["name"]
 
 
+SAMPLE = SAMPLES / "scheduling" / "online-offline.yaml"
+
+
 @pytest.fixture()
 def four_gpus(cluster):
-    """Two KWOK nodes with two idle 24 GiB GPUs each, that only this test's pods may use."""
+    """Two KWOK nodes with two idle 24 GiB GPUs each, that only this test's pods may use
+    (by name, or by the pool label they carry: the node names' suffix)."""
     gpus = {"model": "NVIDIA A10", "count": 2, "memoryMiB": 24576, "smCount": 72,
             "computeCapability": "8.6"}  # fmt: skip
     suffix = uuid.uuid4().hex[:6]
-    with idle_nodes(
-        cluster.api, [{"name": f"pre{i}-{suffix}", "gpus": gpus} for i in range(2)]
-    ) as names:
+    entries = [{"name": f"pre{i}-{suffix}", "gpus": gpus} for i in range(2)]
+    with idle_nodes(cluster.api, entries, {POOL_LABEL: suffix}) as names:
         yield names
 
 
@@ -90,3 +95,35 @@ def assigned_gpus_of(pod: client.V1Pod) -> list[tuple[str, str]]:
     text = pod.metadata.annotations[constants.ANNOTATION_GPU_ASSIGNMENT]
     assignment = decode_assignment(text)
     return [(assignment.node, g.uuid) for c in assignment.containers for g in c.gpus]
+
+
+def test_the_online_service_of_the_sample_evicts_two_offline_replicas_past_their_budget(
+    cluster, namespace, extender, priority_classes, start_operator, four_gpus
+):
+    """deploy/samples/scheduling/online-offline.yaml through the operator. The offline
+    service's own PodDisruptionBudget allows one pod away at a time, so the second eviction
+    is refused and the extender deletes that pod, as kube-scheduler's preemption would."""
+    start_operator()
+    core = client.CoreV1Api(cluster.api)
+    pool = four_gpus[0].rsplit("-", 1)[1]
+    offline, online = (in_pool(doc, pool) for doc in yaml.safe_load_all(SAMPLE.read_text()))
+    batch, chat = offline["metadata"]["name"], online["metadata"]["name"]
+    create_service(cluster.api, namespace, offline)
+
+    def pods(name: str, bound: bool) -> list[client.V1Pod]:
+        return [p for p in owned(cluster.api, namespace, name)["Pod"]
+                if bool(p.spec.node_name) == bound]  # fmt: skip
+
+    replicas = offline["spec"]["replicas"]
+    wait_until(lambda: len(pods(batch, True)) == replicas, 180, f"{replicas} offline shares bound")
+    before = {p.metadata.name: p for p in pods(batch, True)}
+    create_service(cluster.api, namespace, online)
+    wait_until(lambda: pods(chat, True), 180, "the online replica bound after preemption")
+
+    ((chat_pod,),) = [pods(chat, True)]
+    ((node, gpu),) = assigned_gpus(core, namespace, [chat_pod.metadata.name])
+    evicted = set(before) - {p.metadata.name for p in pods(batch, True)}
+    assert len(evicted) == 2, f"evicted {sorted(evicted)}"
+    assert all(assigned_gpus_of(before[name]) == [(node, gpu)] for name in evicted)
+    wait_until(lambda: len(pods(batch, False)) == 2, 60, "two offline replicas Pending")
+    assert len(pods(batch, True)) == replicas - 2

@@ -26,12 +26,23 @@ ANNOTATION_GPU_USAGE: Final = "infergrid.io/gpu-usage"
 ANNOTATION_GPU_ASSIGNMENT: Final = "infergrid.io/gpu-assignment"
 ANNOTATION_PLACEMENT_POLICY: Final = "infergrid.io/placement-policy"
 ANNOTATION_TOPOLOGY: Final = "infergrid.io/topology"
+ANNOTATION_GPU_MODELS: Final = "infergrid.io/gpu-models"
+ANNOTATION_MIN_COMPUTE_CAPABILITY: Final = "infergrid.io/min-compute-capability"
+
+# A pod condition the device plugin sets: "False" while a GPU the pod holds is unhealthy,
+# "True" once it is healthy again. The operator moves pods that keep it "False".
+CONDITION_GPU_HEALTHY: Final = "infergrid.io/GPUHealthy"
 
 # Node labels, for nodeSelector and affinity.
 LABEL_GPU_PRODUCT: Final = "infergrid.io/gpu.product"
 LABEL_GPU_COUNT: Final = "infergrid.io/gpu.count"
 LABEL_GPU_MEMORY: Final = "infergrid.io/gpu.memory"
 LABEL_MIG_CAPABLE: Final = "infergrid.io/mig.capable"
+LABEL_GPU_MODEL: Final = "infergrid.io/gpu.model"  # short name, e.g. a100-80gb
+LABEL_GPU_COMPUTE_CAPABILITY: Final = "infergrid.io/gpu.compute-capability"  # e.g. 8.9
+# The node's highest compute capability as major*10+minor (89): affinity's Gt needs an integer.
+LABEL_GPU_COMPUTE_LEVEL: Final = "infergrid.io/gpu.compute-level"
+LABEL_GPU_MIXED: Final = "infergrid.io/gpu.mixed"  # "true" on a node with several GPU models
 
 SCHEDULER_NAME: Final = "infergrid-scheduler"
 
@@ -91,3 +102,6 @@ SCHEMA_VERSION: Final = "v1"
 # A vGPU slot is one share a GPU can be split into, as advertised to the kubelet.
 DEFAULT_VGPU_SLOTS_PER_GPU: Final = 10
 MAX_VGPU_SLOTS_PER_GPU: Final = 128
+
+# Time slices: pods asking nvidia.com/gpu that may hold one GPU at once, each seeing all of it.
+MAX_TIME_SLICES_PER_GPU: Final = 64

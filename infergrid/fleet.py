@@ -3,8 +3,9 @@
 One file feeds both the local cluster's KWOK nodes and the device plugin's fake
 NVML, so both see the same GPUs. Everything not written in the file is derived
 deterministically (UUIDs, links, NUMA nodes), and a typo in a key is an error,
-never silently ignored. A node's ``xidEvents`` schedule GPU faults that its
-fake NVML reports, so the device plugin's health handling runs end to end.
+never silently ignored. A node's ``xidEvents`` and ``eccEvents`` schedule GPU
+faults that its fake NVML reports, so the device plugin's health handling runs
+end to end. Fake GPUs have ECC on, with every count at 0.
 """
 
 import math
@@ -30,10 +31,20 @@ from infergrid.constants import (
     LINK_NVLINK,
     LINK_PCIE_SWITCH,
     LINK_SYSTEM,
+    MAX_TIME_SLICES_PER_GPU,
     MAX_VGPU_SLOTS_PER_GPU,
 )
 from infergrid.errors import ContractError
-from infergrid.inventory import Gpu, GpuInventory, GpuLink, MigInstance, compute_capability
+from infergrid.inventory import (
+    ECC_FIELDS,
+    EccState,
+    Gpu,
+    GpuInventory,
+    GpuLink,
+    MigInstance,
+    compute_capability,
+    decode_ecc,
+)
 from infergrid.mig import MIG_SLICES, MigProfile, mig_profile
 from infergrid.yamlfile import read_yaml
 
@@ -43,14 +54,17 @@ _NODE_KEYS: Final = (
     "cpu",
     "memory",
     "vgpuSlotsPerGpu",
+    "timeSlices",
     "gpus",
     "topology",
     "mig",
     "unhealthy",
     "kubelet",
     "xidEvents",
+    "eccEvents",
 )
 _XID_EVENT_KEYS: Final = ("gpu", "xid", "afterSeconds")
+_ECC_EVENT_KEYS: Final = ("gpu", "afterSeconds", *(key for key, _, _ in ECC_FIELDS))
 _GPU_KEYS: Final = ("model", "count", "memoryMiB", "smCount", "computeCapability")
 _TOPOLOGY_KEYS: Final = ("nvlink", "nvlinkCount", "gpusPerSwitch", "numaNodes")
 _NVLINK_MODES: Final = ("all", "pairs", "none")
@@ -61,6 +75,8 @@ _NODE_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0
 _QUANTITY: Final = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _GPU_INDEX: Final = re.compile(r"[0-9]+")
 _UUID_NAMESPACE: Final = uuid.uuid5(uuid.NAMESPACE_DNS, "infergrid.io")
+FAKE_ECC: Final = EccState(0, 0, 0, False, 0, False, False)
+"""The ECC record every fake GPU starts with: ECC on, nothing wrong, every value supported."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +89,18 @@ class ScheduledXid:
     gpu: int
     xid: int
     after_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledEcc:
+    """ECC values the fake NVML reports on GPU ``gpu`` from ``after_s`` seconds after it starts.
+
+    ``values`` holds what the event sets; a None field keeps what the GPU had.
+    """
+
+    gpu: int
+    after_s: float
+    values: EccState
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +117,16 @@ class FleetNode:
     inventory: GpuInventory
     real: bool = False
     xid_events: tuple[ScheduledXid, ...] = ()
+    ecc_events: tuple[ScheduledEcc, ...] = ()
 
     @property
     def vgpu_slots_per_gpu(self) -> int:
         return self.inventory.share_slots
+
+    @property
+    def time_slices(self) -> int:
+        """The device plugin's ``gpuReplicas`` on this node: pods that may share one GPU."""
+        return self.inventory.time_slices
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +205,7 @@ def _nodes(obj: dict[str, Any], path: str) -> list[FleetNode]:
     slots = integer(
         obj, "vgpuSlotsPerGpu", path, 1, MAX_VGPU_SLOTS_PER_GPU, default=DEFAULT_VGPU_SLOTS_PER_GPU
     )
+    time_slices = integer(obj, "timeSlices", path, 1, MAX_TIME_SLICES_PER_GPU, default=1)
     gpus = _gpu_model(field(obj, "gpus", dict, path), join(path, "gpus"))
     topology = _topology(field(obj, "topology", dict, path, default={}), join(path, "topology"))
     mig = _mig(field(obj, "mig", dict, path, default={}), join(path, "mig"), gpus)
@@ -178,9 +213,18 @@ def _nodes(obj: dict[str, Any], path: str) -> list[FleetNode]:
         _gpu_index(i, p, gpus) for i, p in each(obj, "unhealthy", object, path, default=[])
     }
     xids = tuple(_xid_event(e, p, gpus) for e, p in each(obj, "xidEvents", dict, path, default=[]))
+    eccs = tuple(_ecc_event(e, p, gpus) for e, p in each(obj, "eccEvents", dict, path, default=[]))
     names = [name] if count == 1 else [f"{name}-{i}" for i in range(count)]
     return [
-        FleetNode(n, cpu, memory, _inventory(n, gpus, topology, mig, unhealthy, slots), real, xids)
+        FleetNode(
+            n,
+            cpu,
+            memory,
+            _inventory(n, gpus, topology, mig, unhealthy, slots, time_slices),
+            real,
+            xids,
+            eccs,
+        )
         for n in names
     ]
 
@@ -250,10 +294,26 @@ def _xid_event(obj: dict[str, Any], path: str, gpus: _GpuModel) -> ScheduledXid:
     """One ``xidEvents`` entry: ``{gpu: 0, xid: 48, afterSeconds: 5}``."""
     reject_unknown(obj, _XID_EVENT_KEYS, path)
     return ScheduledXid(
-        gpu=_gpu_index(field(obj, "gpu", int, path), join(path, "gpu"), gpus),
+        gpu=_event_gpu(obj, path, gpus),
         xid=integer(obj, "xid", path, low=1),
         after_s=_seconds(obj, "afterSeconds", path),
     )
+
+
+def _ecc_event(obj: dict[str, Any], path: str, gpus: _GpuModel) -> ScheduledEcc:
+    """One ``eccEvents`` entry: ``{gpu: 0, afterSeconds: 5, volatileDoubleBit: 1}``."""
+    reject_unknown(obj, _ECC_EVENT_KEYS, path)
+    gpu, after_s = _event_gpu(obj, path, gpus), _seconds(obj, "afterSeconds", path)
+    values = decode_ecc(obj, path)
+    if values == EccState():
+        keys = ", ".join(key for key, _, _ in ECC_FIELDS)
+        raise ContractError(path, f"sets no ECC value; give at least one of {keys}")
+    return ScheduledEcc(gpu, after_s, values)
+
+
+def _event_gpu(obj: dict[str, Any], path: str, gpus: _GpuModel) -> int:
+    """The ``gpu`` of a scheduled event: the index of one of the node's GPUs."""
+    return _gpu_index(field(obj, "gpu", int, path), join(path, "gpu"), gpus)
 
 
 def _seconds(obj: dict[str, Any], key: str, path: str) -> float:
@@ -299,6 +359,7 @@ def _inventory(
     mig: dict[int, tuple[MigProfile, ...]],
     unhealthy: set[int],
     share_slots: int,
+    time_slices: int,
 ) -> GpuInventory:
     return GpuInventory(
         node,
@@ -306,6 +367,7 @@ def _inventory(
             _gpu(node, i, gpus, topology, mig.get(i), i not in unhealthy) for i in range(gpus.count)
         ),
         share_slots,
+        time_slices,
     )
 
 
@@ -335,6 +397,7 @@ def _gpu(
         links=tuple(
             topology.link(index, peer, gpus.count) for peer in range(gpus.count) if peer != index
         ),
+        ecc=FAKE_ECC,
     )
 
 

@@ -27,7 +27,7 @@ class Holder:
     """One pod container's part of one GPU."""
 
     pod: str  # namespace/name
-    kind: str  # whole, share or mig:<profile>
+    kind: str  # whole, time-slice, share or mig:<profile>
     memory_mib: int
     cores: int
 
@@ -60,7 +60,7 @@ def gpu_rows(
         state = build_node_state(inv, usages.get(inv.node), [a for _, a in held], now, stale_after)
         mig_mib = {m.uuid: m.memory_mib for g in inv.gpus for m in g.mig_instances}
         for gpu in state.gpus:
-            holders = tuple(_holders(gpu.uuid, held, mig_mib))
+            holders = tuple(_holders(gpu, held, mig_mib))
             free = _free_mib(gpu) if gpu.available else 0
             note = "" if gpu.available else "unhealthy" if not gpu.healthy else "no fresh usage"
             rows.append(GpuRow(inv.node, gpu.index, gpu.model, gpu.memory_mib, free, holders, note))
@@ -75,16 +75,19 @@ def _free_mib(gpu: GpuState) -> int:
 
 
 def _holders(
-    uuid: str, held: list[tuple[str, PodAssignment]], mig_mib: Mapping[str, int]
+    state: GpuState, held: list[tuple[str, PodAssignment]], mig_mib: Mapping[str, int]
 ) -> Iterator[Holder]:
+    """The pods on the GPU; a whole-GPU holder of a time-sliced GPU shows as a time slice."""
+    whole = "time-slice" if state.time_sliced else "whole"
     for pod, assignment in sorted(held, key=lambda h: h[0]):
         for container in assignment.containers:
             mig = container.mig
-            if mig is not None and mig.gpu_uuid == uuid:
+            if mig is not None and mig.gpu_uuid == state.uuid:
                 yield Holder(pod, f"mig:{mig.profile}", mig_mib.get(mig.uuid, 0), 0)
+            kind = whole if container.kind == "whole" else container.kind
             for gpu in container.gpus:
-                if gpu.uuid == uuid:
-                    yield Holder(pod, container.kind, gpu.memory_mib, gpu.cores)
+                if gpu.uuid == state.uuid:
+                    yield Holder(pod, kind, gpu.memory_mib, gpu.cores)
 
 
 def render(rows: list[GpuRow]) -> str:

@@ -23,6 +23,7 @@ from infergrid.constants import (
     TOPOLOGIES,
 )
 from infergrid.errors import ContractError
+from infergrid.gpu_models import GpuConstraint, read_constraint
 from infergrid.mig import MIG_PROFILE_NAME
 from infergrid.quantity import parse_whole_quantity
 
@@ -59,6 +60,7 @@ class PodGpuRequest:
     containers: tuple[ContainerGpuRequest, ...]
     policy: str = DEFAULT_POLICY
     topology: str | None = None
+    gpu_constraint: GpuConstraint = GpuConstraint()
 
     @property
     def gpu_containers(self) -> tuple[ContainerGpuRequest, ...]:
@@ -105,16 +107,20 @@ def parse_pod_request(pod: object, default_policy: str = DEFAULT_POLICY) -> PodG
         containers=tuple(containers),
         policy=_annotation(pod, ANNOTATION_PLACEMENT_POLICY, PLACEMENT_POLICIES, default_policy),
         topology=_annotation(pod, ANNOTATION_TOPOLOGY, TOPOLOGIES, None),
+        gpu_constraint=read_constraint(_annotations(pod)),
+    )
+
+
+def _annotations(pod: dict[str, Any]) -> dict[str, Any]:
+    return field(
+        field(pod, "metadata", dict, default={}), "annotations", dict, "metadata", default={}
     )
 
 
 def _annotation(
     pod: dict[str, Any], key: str, allowed: tuple[str, ...], default: str | None
 ) -> str | None:
-    annotations = field(
-        field(pod, "metadata", dict, default={}), "annotations", dict, "metadata", default={}
-    )
-    value = field(annotations, key, str, "metadata.annotations", default=default)
+    value = field(_annotations(pod), key, str, "metadata.annotations", default=default)
     if value is not None and value not in allowed:
         where = join("metadata.annotations", key)
         raise ContractError(where, f"{value!r} is not one of {', '.join(allowed)}")

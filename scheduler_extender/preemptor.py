@@ -64,17 +64,37 @@ class Plan:
     evict: bool
 
 
+BUDGET_REFUSAL = 429
+"""What the Eviction API answers when a PodDisruptionBudget allows no disruption now."""
+
+
 def evictor(core: client.CoreV1Api) -> Evict:
     """Evictions through the API server's Eviction subresource, for this pod uid only (a pod
-    made again under the same name is not evicted in its place)."""
+    made again under the same name is not evicted in its place).
+
+    A PodDisruptionBudget is honoured as kube-scheduler's own preemption honours it: on a
+    best-effort basis. An eviction it refuses becomes a deletion (with the pod's grace
+    period). Otherwise an InferenceService's own budget (one pod at a time, for rollouts)
+    would keep an online pod waiting for good behind two offline shares of one service:
+    the first eviction's replacement stays Pending, so the budget never allows the second.
+    """
 
     async def evict(namespace: str, name: str, uid: str) -> str | None:
+        preconditions = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
         body = client.V1Eviction(
             metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-            delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+            delete_options=preconditions,
         )
         try:
             await asyncio.to_thread(core.create_namespaced_pod_eviction, name, namespace, body)
+            return None
+        except ApiException as err:
+            if err.status != BUDGET_REFUSAL:
+                return f"{err.status} {err.reason}"
+        log.info("a disruption budget refused evicting %s/%s; deleting it, as kube-scheduler's "
+                 "preemption does", namespace, name)  # fmt: skip
+        try:
+            await asyncio.to_thread(core.delete_namespaced_pod, name, namespace, body=preconditions)
         except ApiException as err:
             return f"{err.status} {err.reason}"
         return None

@@ -197,6 +197,14 @@ def violations(value, node: dict, path: str) -> list[str]:
             else:
                 errors += violations(child, properties[key], f"{path}.{key}")
         return errors
+    if kind == "array":
+        if not isinstance(value, list):
+            return [f"{path}: not an array"]
+        if not node.get("minItems", 0) <= len(value) <= node.get("maxItems", len(value)):
+            errors.append(f"{path}: {len(value)} items, out of bounds")
+        for i, item in enumerate(value):
+            errors += violations(item, node["items"], f"{path}[{i}]")
+        return errors
     expected = {"integer": int, "string": str, "boolean": bool, "number": (int, float)}[kind]
     if not isinstance(value, expected) or (kind == "integer" and isinstance(value, bool)):
         return [f"{path}: not {kind}"]
@@ -208,6 +216,8 @@ def violations(value, node: dict, path: str) -> list[str]:
         errors.append(f"{path}: {value} > {node['maximum']}")
     if "maxLength" in node and len(value) > node["maxLength"]:
         errors.append(f"{path}: longer than {node['maxLength']}")
+    if "minLength" in node and len(value) < node["minLength"]:
+        errors.append(f"{path}: shorter than {node['minLength']}")
     if "pattern" in node and not re.search(node["pattern"], value):
         errors.append(f"{path}: {value!r} does not match {node['pattern']}")
     return errors
@@ -233,6 +243,18 @@ def test_sample_is_an_inference_service_the_schema_accepts(path, schema):
     assert violations(body, schema, "") == []
     gpu_requests = {"gpus", "gpuMemoryMiB", "migProfile"} & body["spec"]["resources"].keys()
     assert len(gpu_requests) == 1, gpu_requests
+
+
+SCHEDULING_SAMPLES = sorted((ROOT / "deploy" / "samples" / "scheduling").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SCHEDULING_SAMPLES, ids=[p.name for p in SCHEDULING_SAMPLES])
+def test_every_inference_service_of_a_scheduling_sample_is_one_the_schema_accepts(path, schema):
+    text = path.read_text()
+    assert text.startswith("#"), f"{path.name} has no comment header"
+    for body in yaml.safe_load_all(text):
+        if body["kind"] == "InferenceService":
+            assert violations(body, schema, "") == []
 
 
 def test_shared_sample_matches_its_description():

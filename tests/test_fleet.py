@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from infergrid.errors import ContractError
-from infergrid.fleet import ScheduledXid, load_fleet, parse_fleet
-from infergrid.inventory import node_capacity
+from infergrid.fleet import FAKE_ECC, ScheduledEcc, ScheduledXid, load_fleet, parse_fleet
+from infergrid.inventory import EccState, node_capacity
 
 SAMPLE = Path(__file__).parent.parent / "e2e" / "fleets" / "sample.yaml"
 
@@ -79,6 +79,15 @@ def test_a_count_expands_to_numbered_nodes():
     assert [n.inventory.node for n in fleet.nodes] == ["a100-0", "a100-1", "a100-2"]
 
 
+def test_time_slices_default_to_one_and_reach_the_inventory_and_capacity():
+    (plain,) = parse_fleet(fleet_of(a100_node()), "test").nodes
+    (sliced,) = parse_fleet(fleet_of(a100_node(timeSlices=4)), "test").nodes
+    assert (plain.time_slices, sliced.time_slices, sliced.inventory.time_slices) == (1, 4, 4)
+    assert node_capacity(sliced.inventory)["nvidia.com/gpu"] == "32"
+    with pytest.raises(ContractError, match=r"nodes\[0\]\.timeSlices: must be from 1 to 64"):
+        parse_fleet(fleet_of(a100_node(timeSlices=65)), "test")
+
+
 def test_uuids_are_stable_and_distinct():
     first = parse_fleet(fleet_of(a100_node(count=2, mig={"0": ["1g.10gb"]})), "test")
     again = parse_fleet(fleet_of(a100_node(count=2, mig={"0": ["1g.10gb"]})), "test")
@@ -146,6 +155,26 @@ def test_a_node_without_xid_events_has_none():
     assert node.xid_events == ()
 
 
+def test_ecc_events_set_only_the_values_they_name_and_are_copied_to_every_node_of_a_group():
+    events = [
+        {"gpu": 1, "afterSeconds": 5, "volatileDoubleBit": 1, "aggregateDoubleBit": 1},
+        {"gpu": 0, "afterSeconds": 0, "remapPending": True, "remappedRowsUncorrectable": 2},
+    ]
+    nodes = parse_fleet(fleet_of(a100_node(count=2, eccEvents=events)), "test").nodes
+    expected = (
+        ScheduledEcc(1, 5.0, EccState(volatile_double_bit=1, aggregate_double_bit=1)),
+        ScheduledEcc(0, 0.0, EccState(remap_pending=True, remapped_rows_uncorrectable=2)),
+    )
+    assert [n.ecc_events for n in nodes] == [expected, expected]
+
+
+def test_fake_gpus_start_with_ecc_on_and_nothing_wrong():
+    (node,) = parse_fleet(fleet_of(a100_node()), "test").nodes
+    assert node.ecc_events == ()
+    assert {gpu.ecc for gpu in node.inventory.gpus} == {FAKE_ECC}
+    assert FAKE_ECC == EccState(0, 0, 0, False, 0, False, False)
+
+
 def set_in(path: tuple, value):
     """A change to the valid fleet at ``path``; a value of DELETE removes the key."""
 
@@ -178,6 +207,15 @@ XID_NO_XID = {"gpu": 0, "afterSeconds": 1}
 XID_NO_TIME = {"gpu": 0, "xid": 48}
 XID_AT = "nodes[0].xidEvents[0]"
 XID_TIME = XID_AT + ".afterSeconds"
+
+
+def ecc_event(**changes):
+    """The valid fleet with one ``eccEvents`` entry, a valid one with ``changes``."""
+    event = {"gpu": 0, "afterSeconds": 1, "volatileDoubleBit": 1} | changes
+    return set_in((*NODE, "eccEvents"), [{k: v for k, v in event.items() if v is not DELETE}])
+
+
+ECC_AT = "nodes[0].eccEvents[0]"
 
 BAD_FLEETS = [
     ("missing version", set_in(("version",), DELETE), "version"),
@@ -257,6 +295,17 @@ BAD_FLEETS = [
     ("xid event time infinite", xid_event(XID | {"afterSeconds": float("inf")}), XID_TIME),
     ("xid event time as boolean", xid_event(XID | {"afterSeconds": True}), XID_TIME),
     ("kubelet as boolean", set_in((*NODE, "kubelet"), True), "nodes[0].kubelet"),
+    ("ecc events not a list", set_in((*NODE, "eccEvents"), {"gpu": 0}), "nodes[0].eccEvents"),
+    ("ecc event not a map", set_in((*NODE, "eccEvents"), [1]), ECC_AT),
+    ("unknown ecc event key", ecc_event(doubleBit=1), ECC_AT + ".doubleBit"),
+    ("ecc event without gpu", ecc_event(gpu=DELETE), ECC_AT + ".gpu"),
+    ("ecc event gpu out of range", ecc_event(gpu=8), ECC_AT + ".gpu"),
+    ("ecc event without time", ecc_event(afterSeconds=DELETE), ECC_AT + ".afterSeconds"),
+    ("ecc event in the past", ecc_event(afterSeconds=-1), ECC_AT + ".afterSeconds"),
+    ("ecc event setting nothing", ecc_event(volatileDoubleBit=DELETE), ECC_AT),
+    ("ecc count negative", ecc_event(volatileDoubleBit=-1), ECC_AT + ".volatileDoubleBit"),
+    ("ecc count as boolean", ecc_event(aggregateDoubleBit=True), ECC_AT + ".aggregateDoubleBit"),
+    ("ecc flag as integer", ecc_event(remapPending=1), ECC_AT + ".remapPending"),
 ]
 
 

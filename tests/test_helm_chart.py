@@ -178,12 +178,14 @@ def rules_of(objects: list[dict], kind: str, name: str) -> set[tuple[str, str, s
 def test_rbac_matches_what_each_component_calls(default):
     plugin = rules_of(default, "ClusterRole", "-device-plugin")
     assert plugin == {("", "nodes", "patch"), ("", "pods", "get"), ("", "pods", "list"),
-                      ("", "pods", "patch")}  # fmt: skip
+                      ("", "pods", "patch"), ("", "pods/status", "patch"),
+                      ("", "events", "create")}  # fmt: skip
     extender = rules_of(default, "ClusterRole", "-extender")
     assert extender == {("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "get"),
                         ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
                         ("", "pods/binding", "create"),
-                        ("", "pods/eviction", "create"), ("", "events", "create")}  # fmt: skip
+                        ("", "pods/eviction", "create"), ("", "pods", "delete"),
+                        ("", "events", "create")}  # fmt: skip
     operator = rules_of(default, "ClusterRole", "-operator")
     assert ("infergrid.io", "inferenceservices/scale", "patch") in operator
     assert ("infergrid.io", "inferenceservices/status", "patch") in operator
@@ -456,6 +458,19 @@ def test_admission_policy_names_the_extender(default):
     binding = one(default, "ValidatingAdmissionPolicyBinding", "-gpu-assignment")
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+
+
+def test_the_device_plugin_may_change_only_its_condition_in_a_pods_status(default):
+    policy = one(default, "ValidatingAdmissionPolicy", "-device-plugin-status")
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["resources"], rule["operations"]) == (["pods/status"], ["UPDATE"])
+    (match,) = policy["spec"]["matchConditions"]
+    assert f"system:serviceaccount:{NAMESPACE}:ig-infergrid-device-plugin'" in match["expression"]
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["gpuHealthy"] == repr(constants.CONDITION_GPU_HEALTHY)
+    binding = one(default, "ValidatingAdmissionPolicyBinding", "-device-plugin-status")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
 
 
 def test_monitoring_parts():

@@ -9,14 +9,15 @@ from hypothesis import strategies as st
 
 from infergrid.constants import LINK_NVLINK, LINK_TYPES
 from infergrid.errors import ContractError
+from infergrid.gpu_models import label_value
 from infergrid.inventory import (
+    EccState,
     Gpu,
     GpuInventory,
     GpuLink,
     MigInstance,
     decode_inventory,
     encode_inventory,
-    label_value,
     node_capacity,
     node_labels,
 )
@@ -25,6 +26,8 @@ names = st.text(min_size=1, max_size=12)
 sizes = st.integers(0, 2**40)
 mig_instances = st.builds(MigInstance, profile=names, uuid=names, memory_mib=sizes, sm_count=sizes)
 capabilities = st.tuples(st.integers(0, 20), st.integers(0, 9)).map(lambda t: f"{t[0]}.{t[1]}")
+counts, flags = st.none() | st.integers(0, 2**40), st.none() | st.booleans()
+eccs = st.builds(EccState, counts, counts, counts, flags, counts, flags, flags)
 
 
 def links_to(peer: int) -> st.SearchStrategy[GpuLink]:
@@ -56,9 +59,11 @@ def inventories(draw: st.DrawFn) -> GpuInventory:
                 if mig_enabled
                 else (),
                 links=tuple(draw(links_to(p)) for p in peers if p != index),
+                ecc=draw(st.none() | eccs),
             )
         )
-    return GpuInventory(node=draw(names), gpus=tuple(gpus))
+    time_slices = draw(st.sampled_from((1, 1, 2, 64)))
+    return GpuInventory(node=draw(names), gpus=tuple(gpus), time_slices=time_slices)
 
 
 @given(inventories())
@@ -99,13 +104,29 @@ def a100(index: int, **changes) -> Gpu:
     return Gpu(**(fields | changes))
 
 
+A100_ECC = EccState(0, 0, None, None, 0, False, False)
+"""An A100's ECC record with nothing wrong: it remaps rows and retires no pages."""
+
+
 def valid_doc() -> dict:
     mig = (MigInstance("3g.40gb", "MIG-0", 40192, 46),)
     gpus = (
         a100(0, mig_enabled=True, mig_instances=mig, links=(GpuLink(1, "nvlink", 12),)),
         a100(1, links=(GpuLink(0, "nvlink", 12),)),
     )
+    gpus = (replace(gpus[0], ecc=A100_ECC), gpus[1])
     return json.loads(encode_inventory(GpuInventory("node-a", gpus)))
+
+
+ECC = "gpus[0].ecc"
+
+
+def ecc_of(doc: dict) -> dict:
+    return doc["gpus"][0]["ecc"]
+
+
+def ecc_set(key: str, value: object):
+    return lambda doc: ecc_of(doc).update({key: value})
 
 
 BAD_DOCS = [
@@ -163,6 +184,15 @@ BAD_DOCS = [
         lambda d: d["gpus"][0]["links"].append(d["gpus"][0]["links"][0]),
         "gpus[0].links[1].peer",
     ),
+    ("ecc not an object", lambda d: d["gpus"][0].update(ecc=[]), "gpus[0].ecc"),
+    ("ecc count negative", ecc_set("volatileDoubleBit", -1), ECC + ".volatileDoubleBit"),
+    ("ecc count as boolean", ecc_set("aggregateDoubleBit", True), ECC + ".aggregateDoubleBit"),
+    ("ecc count as string", ecc_set("retiredPagesDoubleBit", "2"), ECC + ".retiredPagesDoubleBit"),
+    ("ecc flag as integer", ecc_set("remapPending", 1), ECC + ".remapPending"),
+    ("ecc flag as string", ecc_set("remapFailed", "no"), ECC + ".remapFailed"),
+    ("no time slices", lambda d: d.update(timeSlices=0), "timeSlices"),
+    ("too many time slices", lambda d: d.update(timeSlices=65), "timeSlices"),
+    ("time slices as string", lambda d: d.update(timeSlices="2"), "timeSlices"),
 ]
 
 
@@ -188,6 +218,27 @@ def test_the_valid_document_decodes():
     assert decode_inventory(json.dumps(valid_doc())).node == "node-a"
 
 
+def test_ecc_values_nvml_does_not_support_are_left_out_and_read_back_as_none():
+    doc = valid_doc()
+    assert ecc_of(doc) == {
+        "volatileDoubleBit": 0,
+        "aggregateDoubleBit": 0,
+        "remappedRowsUncorrectable": 0,
+        "remapPending": False,
+        "remapFailed": False,
+    }
+    ecc_of(doc).update(retiredPagesDoubleBit=None, remapFailed=None)
+    assert decode_inventory(json.dumps(doc)).gpus[0].ecc == replace(A100_ECC, remap_failed=None)
+    assert "ecc" not in doc["gpus"][1]
+    assert decode_inventory(json.dumps(doc)).gpus[1].ecc is None
+
+
+def test_an_inventory_written_before_ecc_was_published_still_decodes():
+    doc = valid_doc()
+    del doc["gpus"][0]["ecc"]
+    assert [gpu.ecc for gpu in decode_inventory(json.dumps(doc)).gpus] == [None, None]
+
+
 def test_capacity_counts_healthy_whole_gpus_slots_and_mig_instances():
     migs = tuple(MigInstance("3g.40gb", f"MIG-{n}", 40192, 46) for n in range(2))
     inventory = GpuInventory(
@@ -207,6 +258,23 @@ def test_capacity_counts_healthy_whole_gpus_slots_and_mig_instances():
     }
 
 
+def test_time_slices_are_published_only_above_one_so_older_inventories_still_decode():
+    doc = valid_doc()
+    assert "timeSlices" not in doc and decode_inventory(json.dumps(doc)).time_slices == 1
+    sliced = replace(decode_inventory(json.dumps(doc)), time_slices=4)
+    assert json.loads(encode_inventory(sliced))["timeSlices"] == 4
+
+
+def test_capacity_offers_each_whole_gpu_once_per_time_slice():
+    migs = (MigInstance("3g.40gb", "MIG-0", 40192, 46),)
+    gpus = (a100(0, mig_enabled=True, mig_instances=migs), a100(1), a100(2, healthy=False))
+    assert node_capacity(GpuInventory("n", gpus, share_slots=4, time_slices=3)) == {
+        "nvidia.com/gpu": "3",
+        "infergrid.io/vgpu": "4",
+        "nvidia.com/mig-3g.40gb": "1",
+    }
+
+
 def test_capacity_uses_the_default_slots_and_advertises_zero_gpus():
     assert node_capacity(GpuInventory("n", ())) == {"nvidia.com/gpu": "0", "infergrid.io/vgpu": "0"}
     assert node_capacity(GpuInventory("n", (a100(0),)))["infergrid.io/vgpu"] == "10"
@@ -216,10 +284,24 @@ def test_labels_describe_the_gpus():
     inventory = GpuInventory("n", (a100(1), a100(0, memory_mib=1000)))
     assert node_labels(inventory) == {
         "infergrid.io/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "infergrid.io/gpu.model": "a100-80gb",
         "infergrid.io/gpu.count": "2",
         "infergrid.io/gpu.memory": "1000",
+        "infergrid.io/gpu.compute-capability": "8.0",
+        "infergrid.io/gpu.compute-level": "80",
+        "infergrid.io/gpu.mixed": "false",
         "infergrid.io/mig.capable": "true",
     }
+
+
+def test_a_node_with_several_models_is_labelled_mixed_with_its_highest_compute_level():
+    t4 = a100(0, model="Tesla T4", memory_mib=15360, compute_capability="7.5")
+    h100 = a100(1, model="NVIDIA H100 80GB HBM3", memory_mib=81559, compute_capability="9.0")
+    labels = node_labels(GpuInventory("n", (h100, t4)))
+    assert labels["infergrid.io/gpu.model"] == "t4-16gb"  # the lowest index names the node
+    assert labels["infergrid.io/gpu.compute-capability"] == "7.5"
+    assert labels["infergrid.io/gpu.compute-level"] == "90"
+    assert labels["infergrid.io/gpu.mixed"] == "true"
 
 
 def test_gpus_outside_the_mig_table_are_not_mig_capable_unless_in_mig_mode():
@@ -232,8 +314,12 @@ def test_gpus_outside_the_mig_table_are_not_mig_capable_unless_in_mig_mode():
 def test_labels_of_a_node_without_gpus():
     assert node_labels(GpuInventory("n", ())) == {
         "infergrid.io/gpu.product": "",
+        "infergrid.io/gpu.model": "",
         "infergrid.io/gpu.count": "0",
         "infergrid.io/gpu.memory": "0",
+        "infergrid.io/gpu.compute-capability": "",
+        "infergrid.io/gpu.compute-level": "0",
+        "infergrid.io/gpu.mixed": "false",
         "infergrid.io/mig.capable": "false",
     }
 

@@ -3,6 +3,7 @@
 import pytest
 
 from infergrid.errors import ContractError
+from infergrid.gpu_models import GpuConstraint
 from infergrid.pod_request import ContainerGpuRequest, PodGpuRequest, parse_pod_request
 
 GPU = "nvidia.com/gpu"
@@ -87,6 +88,14 @@ def test_policy_and_topology_come_from_annotations():
     annotations = {"infergrid.io/placement-policy": "fgd", "infergrid.io/topology": "nvlink"}
     request = parse_pod_request(pod(container(limits={GPU: 4}), annotations=annotations))
     assert (request.policy, request.topology) == ("fgd", "nvlink")
+
+
+def test_gpu_models_and_a_least_compute_capability_come_from_annotations():
+    annotations = {"infergrid.io/gpu-models": "a100-80gb,NVIDIA L4",
+                   "infergrid.io/min-compute-capability": "8.0"}  # fmt: skip
+    request = parse_pod_request(pod(container(limits={GPU: 1}), annotations=annotations))
+    assert request.gpu_constraint == GpuConstraint(("a100-80gb", "NVIDIA L4"), (8, 0))
+    assert parse_pod_request(pod(container(limits={GPU: 1}))).gpu_constraint.empty
 
 
 def test_without_annotations_the_policy_is_the_default():
@@ -223,6 +232,10 @@ def test_errors_name_the_right_container():
         ),
         ({"infergrid.io/topology": "pcie"}, "metadata.annotations[infergrid.io/topology]"),
         ({"infergrid.io/topology": 1}, "metadata.annotations[infergrid.io/topology]"),
+        (
+            {"infergrid.io/min-compute-capability": "8"},
+            "metadata.annotations[infergrid.io/min-compute-capability]",
+        ),
     ],
 )
 def test_bad_annotations_are_refused(annotations, field):

@@ -8,7 +8,7 @@ file, so everything above this seam runs the same with or without a GPU.
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from infergrid.inventory import GpuLink, MigInstance
+from infergrid.inventory import EccState, GpuLink, MigInstance
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +74,10 @@ class NvmlBackend(Protocol):
 
     def utilization_percent(self, index: int) -> int:
         """Percent of recent time GPU ``index`` ran a kernel, 0 to 100."""
+        ...
+
+    def ecc_state(self, index: int) -> EccState:
+        """GPU ``index``'s double-bit ECC record; None for each value NVML does not support."""
         ...
 
     def wait_for_events(self, timeout_s: float) -> tuple[XidEvent, ...]:

@@ -2,11 +2,12 @@
 
 The local cluster's KWOK nodes and the device plugin read the same fleet file,
 so the plugin discovers exactly the GPUs the scheduler sees. Tests and e2e then
-steer it: memory and utilisation, memory that drifts over time, XID events
-(injected, or scheduled by the fleet's ``xidEvents``) and failing NVML calls. A
-GPU the fleet lists as ``unhealthy`` fails its live readings (memory,
-utilisation) the way a GPU that fell off the bus does, so discovery and health
-checks find it through the same path as on real hardware.
+steer it: memory and utilisation, memory that drifts over time, XID events and
+ECC records (injected, or scheduled by the fleet's ``xidEvents`` and
+``eccEvents``) and failing NVML calls. A GPU the fleet lists as ``unhealthy``
+fails its live readings (memory, utilisation) the way a GPU that fell off the
+bus does, so discovery and health checks find it through the same path as on
+real hardware.
 """
 
 import math
@@ -14,13 +15,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
-from typing import Final
+from typing import Final, TypeVar
 
 from device_plugin.nvml.backend import DeviceInfo, NvmlError, XidEvent
-from infergrid.fleet import FleetNode, ScheduledXid
-from infergrid.inventory import Gpu, GpuLink, MigInstance
+from infergrid.fleet import FAKE_ECC, FleetNode, ScheduledEcc, ScheduledXid
+from infergrid.inventory import ECC_FIELDS, EccState, Gpu, GpuLink, MigInstance
 
 CALLS: Final = frozenset(
     {
@@ -30,6 +31,7 @@ CALLS: Final = frozenset(
         "links",
         "memory_used_mib",
         "utilization_percent",
+        "ecc_state",
         "wait_for_events",
     }
 )
@@ -43,6 +45,8 @@ LIVE_READINGS: Final = ("memory_used_mib", "utilization_percent")
 
 _LOST: Final = "GPU is lost (listed unhealthy in the fleet)"
 _INJECTED: Final = "injected failure"
+
+Scheduled = TypeVar("Scheduled", ScheduledXid, ScheduledEcc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +74,9 @@ class FakeNvml:
     """An ``NvmlBackend`` over one fleet node; thread-safe, one lock guards all state.
 
     Time comes from ``clock`` (seconds), so a test with a fake clock sees
-    drifting memory move and scheduled XIDs come due; the fleet's ``xidEvents``
-    count from the moment the fake is made. Waiting for events uses real time, as
-    NVML does.
+    drifting memory move and scheduled XIDs and ECC records come due; the fleet's
+    ``xidEvents`` and ``eccEvents`` count from the moment the fake is made. Waiting
+    for events uses real time, as NVML does.
     """
 
     def __init__(self, node: FleetNode, clock: Callable[[], float] = time.monotonic) -> None:
@@ -83,6 +87,8 @@ class FakeNvml:
         self._event_queued = threading.Condition(self._lock)
         self._events: deque[XidEvent] = deque()
         self._scheduled = _schedule(node.xid_events, self._gpus, clock())
+        self._ecc = {gpu.index: gpu.ecc or FAKE_ECC for gpu in node.inventory.gpus}
+        self._scheduled_ecc = _in_due_order(node.ecc_events, clock())
         self._used: dict[int, int] = {}
         self._drifts: dict[int, _Drift] = {}
         self._utilization: dict[int, int] = {}
@@ -133,6 +139,12 @@ class FakeNvml:
         with self._lock:
             self._read("utilization_percent", index)
             return self._utilization.get(index, 0)
+
+    def ecc_state(self, index: int) -> EccState:
+        with self._lock:
+            self._read("ecc_state", index)
+            self._apply_due_ecc()
+            return self._ecc[index]
 
     def wait_for_events(self, timeout_s: float) -> tuple[XidEvent, ...]:
         deadline = time.monotonic() + timeout_s
@@ -188,6 +200,15 @@ class FakeNvml:
             self._events.append(XidEvent(self._gpu(index).uuid, xid))
             self._event_queued.notify_all()
 
+    def inject_ecc(self, index: int, **values: int | bool) -> None:
+        """Set ECC values of GPU ``index`` by field: ``inject_ecc(0, remap_pending=True)``.
+
+        Values not named keep what the GPU had; an unknown name is a TypeError (a test's bug).
+        """
+        with self._lock:
+            self._gpu(index)
+            self._ecc[index] = _with(self._ecc[index], EccState(**values))
+
     def fail(self, call: str, index: int | None = None) -> None:
         """Make ``call`` raise NvmlError, for GPU ``index`` or, when None, for every GPU."""
         with self._lock:
@@ -236,6 +257,13 @@ class FakeNvml:
         while self._scheduled and self._scheduled[0][0] <= now:
             self._events.append(self._scheduled.popleft()[1])
 
+    def _apply_due_ecc(self) -> None:
+        """Apply every scheduled ECC record whose time has come, in time order."""
+        now = self._clock()
+        while self._scheduled_ecc and self._scheduled_ecc[0][0] <= now:
+            event = self._scheduled_ecc.popleft()[1]
+            self._ecc[event.gpu] = _with(self._ecc[event.gpu], event.values)
+
     def _until_next_due(self) -> float:
         """Seconds on the clock until the next scheduled XID; infinite with none left."""
         return self._scheduled[0][0] - self._clock() if self._scheduled else math.inf
@@ -257,6 +285,17 @@ class FakeNvml:
 def _schedule(
     xids: Sequence[ScheduledXid], gpus: dict[int, Gpu], start: float
 ) -> deque[tuple[float, XidEvent]]:
-    """(clock time due, event) per scheduled XID, earliest first; equal times keep file order."""
-    timed = sorted(((start + x.after_s, n), x) for n, x in enumerate(xids))
-    return deque((due, XidEvent(gpus[x.gpu].uuid, x.xid)) for (due, _), x in timed)
+    """(clock time due, event) per scheduled XID, earliest first."""
+    return deque((due, XidEvent(gpus[x.gpu].uuid, x.xid)) for due, x in _in_due_order(xids, start))
+
+
+def _in_due_order(events: Sequence[Scheduled], start: float) -> deque[tuple[float, Scheduled]]:
+    """(clock time due, event) per event, earliest first; equal times keep file order."""
+    timed = sorted(((start + e.after_s, n), e) for n, e in enumerate(events))
+    return deque((due, e) for (due, _), e in timed)
+
+
+def _with(ecc: EccState, values: EccState) -> EccState:
+    """``ecc`` with each value that ``values`` sets (is not None)."""
+    changed = {name: getattr(values, name) for _, name, _ in ECC_FIELDS}
+    return replace(ecc, **{name: value for name, value in changed.items() if value is not None})

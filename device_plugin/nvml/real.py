@@ -19,6 +19,9 @@ What NVML refuses is not taken for a fault where another call answers:
 - Topology is optional: an NVLink whose far end cannot be read carries nothing,
   and two GPUs whose common ancestor NVML cannot name (VMs, containers that
   see part of the machine) are a ``system`` apart, the farthest level.
+- An ECC value the GPU or driver does not have is None: all of them with ECC
+  off or on a GPU without ECC, retired pages from Ampere on (rows are remapped
+  instead), remapped rows before Ampere.
 """
 
 import logging
@@ -39,7 +42,7 @@ from infergrid.constants import (
     LINK_PCIE_SWITCH,
     LINK_SYSTEM,
 )
-from infergrid.inventory import GpuLink, MigInstance
+from infergrid.inventory import EccState, GpuLink, MigInstance
 from infergrid.mig import MIG_FAMILIES
 
 log = logging.getLogger(__name__)
@@ -253,6 +256,31 @@ class RealNvml:
         rates = _optional(pynvml.nvmlDeviceGetUtilizationRates, index, _handle(index))
         return rates.gpu if rates is not None else 0
 
+    def ecc_state(self, index: int) -> EccState:
+        """Nothing with ECC off; retired pages before Ampere, remapped rows from Ampere on."""
+        handle = _handle(index)
+        modes = _optional(pynvml.nvmlDeviceGetEccMode, index, handle)
+        if modes is None or modes[0] != pynvml.NVML_FEATURE_ENABLED:
+            return EccState()
+        retired = _optional(
+            pynvml.nvmlDeviceGetRetiredPages,
+            index,
+            handle,
+            pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+        )
+        pending = _optional(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, index, handle)
+        rows = _optional(pynvml.nvmlDeviceGetRemappedRows, index, handle)
+        _, uncorrectable, remap_pending, remap_failed = rows or (None, None, None, None)
+        return EccState(
+            volatile_double_bit=_double_bit_errors(handle, index, pynvml.NVML_VOLATILE_ECC),
+            aggregate_double_bit=_double_bit_errors(handle, index, pynvml.NVML_AGGREGATE_ECC),
+            retired_pages_double_bit=None if retired is None else len(retired),
+            retired_pages_pending=_flag(pending),
+            remapped_rows_uncorrectable=uncorrectable,
+            remap_pending=_flag(remap_pending),
+            remap_failed=_flag(remap_failed),
+        )
+
     def wait_for_events(self, timeout_s: float) -> tuple[XidEvent, ...]:
         if self._closed.is_set():
             raise NvmlError("nvmlEventSetWait_v2", None, "NVML is shut down")
@@ -366,6 +394,22 @@ def _numa_node(handle: Any, index: int) -> int:
     if node is not None:
         return max(node, 0)
     return sysfs_numa_node(_bus_id(handle, index))
+
+
+def _double_bit_errors(handle: Any, index: int, counter: int) -> int | None:
+    """Uncorrected (double-bit) ECC errors on one counter, volatile or aggregate."""
+    return _optional(
+        pynvml.nvmlDeviceGetTotalEccErrors,
+        index,
+        handle,
+        pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        counter,
+    )
+
+
+def _flag(value: int | None) -> bool | None:
+    """An NVML yes-or-no (an enable state, or 0 or 1) as a bool; None where unsupported."""
+    return None if value is None else bool(value)
 
 
 def _bus_id(handle: Any, index: int) -> str:

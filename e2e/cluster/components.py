@@ -175,6 +175,7 @@ def device_plugin_command(fleet_file: Path, node: FleetNode, state: Path) -> lis
         f"--node={node.name}",
         f"--plugin-dir={plugin_dir}",
         f"--vgpu-slots-per-gpu={node.vgpu_slots_per_gpu}",
+        f"--gpu-replicas={node.time_slices}",
         "--metrics-port=0",
         "--usage-interval=2",
         *pod_resources,

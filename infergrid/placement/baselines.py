@@ -103,7 +103,7 @@ def _classes(node: NodeState) -> set[str]:
     for gpu in node.gpus:
         if gpu.shares:
             found.add(_SHARE_CLASS)
-        if gpu.exclusive:
+        if gpu.held_whole:
             found.add(_WHOLE_CLASS)
     return found
 

@@ -37,8 +37,7 @@ def build_node_state(
     offers = heartbeat is not None and now - heartbeat <= stale_after
     used = {s.uuid: s.used_mib for s in usage.gpus} if usage is not None else {}
     gpus = tuple(
-        _gpu_state(g, used, inventory.share_slots)
-        for g in sorted(inventory.gpus, key=lambda g: g.index)
+        _gpu_state(g, used, inventory) for g in sorted(inventory.gpus, key=lambda g: g.index)
     )
     node = NodeState(inventory.node, gpus, offers, heartbeat)
     issues: list[AssignmentIssue] = []
@@ -58,7 +57,7 @@ def _collect(issues: list[AssignmentIssue], assignment: PodAssignment) -> Report
     return report
 
 
-def _gpu_state(gpu: Gpu, used: dict[str, int], share_slots: int) -> GpuState:
+def _gpu_state(gpu: Gpu, used: dict[str, int], inventory: GpuInventory) -> GpuState:
     return GpuState(
         uuid=gpu.uuid,
         index=gpu.index,
@@ -68,9 +67,11 @@ def _gpu_state(gpu: Gpu, used: dict[str, int], share_slots: int) -> GpuState:
         numa_node=gpu.numa_node,
         healthy=gpu.healthy,
         measured=gpu.uuid in used,
+        compute_capability=gpu.compute_capability,
         links=MappingProxyType({k.peer_index: (k.type, k.count) for k in gpu.links}),
         used_mib=used.get(gpu.uuid, 0),
-        share_slots=share_slots,
+        share_slots=inventory.share_slots,
+        time_slices=inventory.time_slices,
         mig_enabled=gpu.mig_enabled,
         mig=tuple(MigSlot(m.uuid, m.profile, m.memory_mib, m.sm_count) for m in gpu.mig_instances),
     )

@@ -12,7 +12,8 @@ capacity, and only for the rare pod whose init container asks for a GPU.
 from dataclasses import dataclass, replace
 
 from infergrid.assignment_annotation import ContainerAssignment
-from infergrid.constants import ANNOTATION_GPU_USAGE
+from infergrid.constants import ANNOTATION_GPU_MODELS, ANNOTATION_GPU_USAGE
+from infergrid.gpu_models import GpuConstraint
 from infergrid.placement.host import HostRequest, host_shortfalls, reserve_host
 from infergrid.placement.placers import PLACERS
 from infergrid.placement.policy import Policy
@@ -74,7 +75,9 @@ def fit(
         return FitResult(shortfalls=outside) if outside else FitResult(before=node, host=host)
     if not node.offers:
         return FitResult(shortfalls=(*outside, _stale(node)))
-    working = node
+    working, refused = suitable(node, request.gpu_constraint)
+    if refused and not working.gpus:
+        return FitResult(shortfalls=(*outside, *refused))
     placements: list[ContainerAssignment] = []
     shortfalls: list[Shortfall] = []
     last = len(containers) - 1
@@ -87,8 +90,25 @@ def fit(
         else:
             shortfalls += (_named(s, container.name) for s in placed)
     if shortfalls or outside:
-        return FitResult(shortfalls=(*outside, *shortfalls))
+        return FitResult(shortfalls=(*outside, *shortfalls, *refused))
     return FitResult(placements=tuple(placements), before=node, host=host)
+
+
+def suitable(node: NodeState, constraint: GpuConstraint) -> tuple[NodeState, tuple[Shortfall, ...]]:
+    """The node with only the GPUs whose model the pod accepts, and why each other GPU is not.
+
+    Placement then works on the GPUs kept; the result is still reserved on the whole node.
+    """
+    if constraint.empty:
+        return node, ()
+    kept, refused = [], []
+    for gpu in node.gpus:
+        why = constraint.why_not(gpu.model, gpu.memory_mib, gpu.compute_capability)
+        if why is None:
+            kept.append(gpu)
+        else:
+            refused.append(Shortfall(gpu.uuid, ANNOTATION_GPU_MODELS, 0, 1, f"{gpu.label}: {why}"))
+    return replace(node, gpus=tuple(kept)), tuple(refused)
 
 
 def surely_unfit(request: PodGpuRequest, node: NodeState, host: HostRequest | None) -> bool:
@@ -100,6 +120,7 @@ def surely_unfit(request: PodGpuRequest, node: NodeState, host: HostRequest | No
         return True
     if containers and not node.offers:
         return True
+    node, _ = suitable(node, request.gpu_constraint)
     for container in containers:
         if container.kind == "whole":
             if sum(1 for g in node.gpus if g.takes_whole()) < container.gpus:

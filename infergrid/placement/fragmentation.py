@@ -273,7 +273,10 @@ class _GpuView:
 
 def _view(gpu: GpuState) -> _GpuView:
     shares = (
-        gpu.available and not gpu.mig_enabled and not gpu.exclusive and gpu.shares < gpu.share_slots
+        gpu.available
+        and not gpu.mig_enabled
+        and not gpu.held_whole
+        and gpu.shares < gpu.share_slots
     )
     room = (gpu.free_mib, gpu.free_cores) if shares else None
     return _GpuView(free_capacity(gpu), gpu.takes_whole(), room)

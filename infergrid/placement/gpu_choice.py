@@ -1,4 +1,5 @@
-"""Which GPU of a node gets a share, and which MIG instance a MIG request gets, per policy.
+"""Which GPU of a node gets a share, which MIG instance a MIG request gets, and which GPUs
+time slices go to, per policy.
 
 Every candidate already fits; the policy only orders them. Each chooser is one
 ``min`` with a key whose last part is the GPU index, so equal candidates always
@@ -26,6 +27,7 @@ from infergrid.constants import (
 from infergrid.placement.fragmentation import FragmentationTally, Workload
 from infergrid.placement.reserve import reserved_share
 from infergrid.placement.state import GpuState, MigSlot, NodeState
+from infergrid.placement.topology import choose_gpu_set
 
 ShareChooser = Callable[[NodeState, Sequence[GpuState], int, int, Workload, int], GpuState]
 """(node, fitting GPUs, share memory MiB, share cores, workload, salt) → the GPU to use.
@@ -40,10 +42,11 @@ from summing in a different order cannot break a tie that is really a tie."""
 
 @dataclass(frozen=True, slots=True)
 class GpuChoice:
-    """How a policy picks within a node: a share chooser, and whether MIG requests pack."""
+    """How a policy picks within a node: a share chooser, and whether MIG instances and time
+    slices pack onto the GPUs already most used."""
 
     share: ShareChooser
-    packs_mig: bool
+    packs: bool
 
 
 def fullest_gpu(
@@ -102,6 +105,24 @@ def random_gpu(
     return fits[random.Random(salt).randrange(len(fits))]
 
 
+def choose_whole(
+    free: Sequence[GpuState], count: int, nvlink_required: bool, packs: bool
+) -> tuple[GpuState, ...] | None:
+    """``count`` GPUs for a whole-GPU request: ``choose_gpu_set`` among the GPUs with the
+    most time-slice holders (``packs``) or the fewest, widening until a set is found.
+
+    Packing time slices leaves the other GPUs untouched for shares and for pods asking
+    for several GPUs; spreading them gives each holder more of a GPU. Without time
+    slices every free GPU has no holder, so this is ``choose_gpu_set`` itself.
+    """
+    for level in sorted({g.holders for g in free}, reverse=packs):
+        within = [g for g in free if (g.holders >= level if packs else g.holders <= level)]
+        chosen = choose_gpu_set(within, count, nvlink_required)
+        if chosen is not None:
+            return chosen
+    return None
+
+
 def choose_mig(free: Sequence[tuple[GpuState, MigSlot]], packs: bool) -> tuple[GpuState, MigSlot]:
     """The instance on the GPU with most (packs) or fewest taken instances; then by index."""
     sign = -1 if packs else 1
@@ -115,23 +136,23 @@ def choose_mig(free: Sequence[tuple[GpuState, MigSlot]], packs: bool) -> tuple[G
 
 GPU_CHOICES: Final[Mapping[str, GpuChoice]] = MappingProxyType(
     {
-        POLICY_BINPACK: GpuChoice(share=fullest_gpu, packs_mig=True),
-        POLICY_SPREAD: GpuChoice(share=emptiest_gpu, packs_mig=False),
-        POLICY_FGD: GpuChoice(share=least_fragmenting_gpu, packs_mig=True),
-        POLICY_FGD_CLUSTER_AWARE: GpuChoice(share=least_fragmenting_gpu, packs_mig=True),
+        POLICY_BINPACK: GpuChoice(share=fullest_gpu, packs=True),
+        POLICY_SPREAD: GpuChoice(share=emptiest_gpu, packs=False),
+        POLICY_FGD: GpuChoice(share=least_fragmenting_gpu, packs=True),
+        POLICY_FGD_CLUSTER_AWARE: GpuChoice(share=least_fragmenting_gpu, packs=True),
     }
 )
 """The GPU choice of each policy a pod may ask for."""
 
 SIMULATION_GPU_CHOICES: Final[Mapping[str, GpuChoice]] = MappingProxyType(
     {
-        POLICY_FGD_PAPER: GpuChoice(share=least_fragmenting_gpu, packs_mig=True),
+        POLICY_FGD_PAPER: GpuChoice(share=least_fragmenting_gpu, packs=True),
         # The paper's "best" GPU selection: the fitting GPU with least left, as binpack.
-        POLICY_BEST_FIT: GpuChoice(share=fullest_gpu, packs_mig=True),
-        POLICY_DOT_PRODUCT: GpuChoice(share=fullest_gpu, packs_mig=True),
-        POLICY_GPU_PACKING: GpuChoice(share=fullest_gpu, packs_mig=True),
-        POLICY_GPU_CLUSTERING: GpuChoice(share=fullest_gpu, packs_mig=True),
-        POLICY_RANDOM_FIT: GpuChoice(share=random_gpu, packs_mig=True),
+        POLICY_BEST_FIT: GpuChoice(share=fullest_gpu, packs=True),
+        POLICY_DOT_PRODUCT: GpuChoice(share=fullest_gpu, packs=True),
+        POLICY_GPU_PACKING: GpuChoice(share=fullest_gpu, packs=True),
+        POLICY_GPU_CLUSTERING: GpuChoice(share=fullest_gpu, packs=True),
+        POLICY_RANDOM_FIT: GpuChoice(share=random_gpu, packs=True),
     }
 )
 """The GPU choice of each policy only the trace simulator runs (see ``SIMULATION_SCORERS``)."""

@@ -18,7 +18,8 @@ here too. The whole-GPU sets come from ``choose_gpu_set`` itself, worked out
 when a row is written and memoised per NVLink layout and free set. What the
 index does not answer it says so with None, and the caller runs ``fit``: MIG
 requests, pods with several GPU containers or none, nodes whose GPUs are out
-of index order or too many for a bitmask, and the scores of the
+of index order or too many for a bitmask, nodes that time-slice their GPUs
+(whose whole-GPU sets the policy picks by holders), and the scores of the
 simulation-only policies.
 
 Rejection reasons are one line per node. Stale nodes and whole-GPU requests
@@ -191,8 +192,10 @@ class OfferIndex:
     def update(self, node: NodeState) -> bool:
         """Writes the node's row; False (and no row) when the node cannot be indexed."""
         gpus = node.gpus
-        if len(gpus) > MAX_GPUS or any(
-            a.index > b.index for a, b in zip(gpus, gpus[1:], strict=False)
+        if (
+            len(gpus) > MAX_GPUS
+            or any(a.index > b.index for a, b in zip(gpus, gpus[1:], strict=False))
+            or any(g.time_sliced for g in gpus)
         ):
             self.discard(node.name)
             return False
@@ -637,7 +640,7 @@ def _block(gpu: GpuState) -> int:
         return _UNAVAILABLE
     if gpu.mig_enabled:
         return _MIG
-    if gpu.exclusive:
+    if gpu.held_whole:
         return _HELD_WHOLE
     return _TAKES_SHARES
 

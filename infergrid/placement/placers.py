@@ -16,11 +16,11 @@ from infergrid.constants import (
     TOPOLOGY_NVLINK,
     mig_resource,
 )
-from infergrid.placement.gpu_choice import choose_mig
+from infergrid.placement.gpu_choice import choose_mig, choose_whole
 from infergrid.placement.policy import Policy
 from infergrid.placement.shortfall import Shortfall, why_not_share, why_not_whole
 from infergrid.placement.state import ALL_CORES, NodeState
-from infergrid.placement.topology import choose_gpu_set, largest_nvlink_set
+from infergrid.placement.topology import largest_nvlink_set
 from infergrid.pod_request import ContainerGpuRequest
 
 Placed = ContainerAssignment | tuple[Shortfall, ...]
@@ -30,13 +30,15 @@ Placer = Callable[[ContainerGpuRequest, NodeState, str | None, Policy], Placed]
 def place_whole(
     request: ContainerGpuRequest, node: NodeState, topology: str | None, policy: Policy
 ) -> Placed:
-    """N idle GPUs, all pairs NVLinked when the pod's topology is ``nvlink``.
+    """N idle GPUs, all pairs NVLinked when the pod's topology is ``nvlink``; where the node
+    time-slices its GPUs, N GPUs with a time slice left and no share, chosen by the policy.
 
-    A whole GPU is assigned its full memory and 100% of its SMs.
+    A whole GPU (or a time slice, which sees all of it) is assigned its full memory and
+    100% of its SMs.
     """
     free = [g for g in node.gpus if g.takes_whole()]
     nvlink = topology == TOPOLOGY_NVLINK and request.gpus > 1
-    chosen = choose_gpu_set(free, request.gpus, nvlink)
+    chosen = choose_whole(free, request.gpus, nvlink, policy.choice.packs)
     if chosen is not None:
         gpus = tuple(AssignedGpu(g.uuid, g.memory_mib, ALL_CORES) for g in chosen)
         return ContainerAssignment(request.name, gpus=gpus)
@@ -47,12 +49,13 @@ def place_whole(
             f"(largest has {largest} of {len(free)} free)"
         )
         return (Shortfall(None, ANNOTATION_TOPOLOGY, largest, request.gpus, reason),)
+    free_as = "have a time slice free" if any(g.time_sliced for g in node.gpus) else "free"
     summary = Shortfall(
         None,
         RESOURCE_GPU,
         len(free),
         request.gpus,
-        f"{len(free)} of {len(node.gpus)} GPUs free, needs {request.gpus}",
+        f"{len(free)} of {len(node.gpus)} GPUs {free_as}, needs {request.gpus}",
     )
     busy = (s for g in node.gpus if (s := why_not_whole(g)) is not None)
     return (summary, *busy)
@@ -82,7 +85,7 @@ def place_mig(
     slots = [(g, s) for g in node.gpus if g.mig_enabled for s in g.mig if s.profile == profile]
     free = [(g, s) for g, s in slots if g.available and not s.taken]
     if free:
-        gpu, slot = choose_mig(free, policy.choice.packs_mig)
+        gpu, slot = choose_mig(free, policy.choice.packs)
         mig = AssignedMig(uuid=slot.uuid, profile=slot.profile, gpu_uuid=gpu.uuid)
         return ContainerAssignment(request.name, mig=mig)
     taken = sum(1 for g, s in slots if g.available and s.taken)

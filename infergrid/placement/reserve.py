@@ -5,7 +5,8 @@ pod after pod. Both need the new state cheaply, so only the touched GPUs are
 rebuilt. The records are the contract's own ``ContainerAssignment``s, so what is
 reserved is exactly what the annotation says. Capacity is not re-checked here
 (``fit`` does that); structural misuse is: a GPU the node lacks, a MIG instance
-taken twice, a GPU both shared and held whole. That is a caller's bug and raises.
+taken twice, a GPU both shared and held whole, more holders of a GPU than its time
+slices. That is a caller's bug and raises.
 """
 
 from collections.abc import Callable, Iterable
@@ -93,39 +94,50 @@ def _steps(
 
 
 def _reserve_gpu(gpu: GpuState, assigned: AssignedGpu, shared: bool) -> _Result:
+    """One more share or whole-GPU holder; a time slice beside others assigns nothing more."""
     problem = None
     if gpu.mig_enabled:
         problem = f"{gpu.label} is in MIG mode and offers only MIG instances"
-    elif gpu.exclusive:
-        problem = f"{gpu.label} is already held whole"
+    elif (shared and gpu.held_whole) or gpu.holders >= gpu.time_slices:
+        problem = f"{gpu.label} is {_held(gpu)}"
     elif not shared and gpu.shares:
         problem = f"{gpu.label} holds {gpu.shares} shares and cannot be held whole"
+    counted = shared or not gpu.held_whole
     changed = replace(
         gpu,
-        assigned_mib=gpu.assigned_mib + assigned.memory_mib,
-        assigned_cores=gpu.assigned_cores + assigned.cores,
+        assigned_mib=gpu.assigned_mib + assigned.memory_mib * counted,
+        assigned_cores=gpu.assigned_cores + assigned.cores * counted,
         shares=gpu.shares + shared,
-        exclusive=gpu.exclusive or not shared,
+        holders=gpu.holders + (not shared),
     )
     return changed, problem
 
 
 def _release_gpu(gpu: GpuState, assigned: AssignedGpu, shared: bool) -> _Result:
+    """One share or whole-GPU holder fewer; the last holder of a GPU gives back all of it."""
     problem = None
+    counted = shared or gpu.holders == 1
     if shared and gpu.shares == 0:
         problem = f"{gpu.label} holds no share to give back"
-    elif not shared and not gpu.exclusive:
+    elif not shared and not gpu.held_whole:
         problem = f"{gpu.label} is not held whole"
-    elif gpu.assigned_mib < assigned.memory_mib or gpu.assigned_cores < assigned.cores:
+    elif counted and (
+        gpu.assigned_mib < assigned.memory_mib or gpu.assigned_cores < assigned.cores
+    ):
         problem = f"{gpu.label} has less assigned than is given back"
     changed = replace(
         gpu,
-        assigned_mib=max(0, gpu.assigned_mib - assigned.memory_mib),
-        assigned_cores=max(0, gpu.assigned_cores - assigned.cores),
+        assigned_mib=max(0, gpu.assigned_mib - assigned.memory_mib * counted),
+        assigned_cores=max(0, gpu.assigned_cores - assigned.cores * counted),
         shares=max(0, gpu.shares - shared),
-        exclusive=gpu.exclusive and shared,
+        holders=max(0, gpu.holders - (not shared)),
     )
     return changed, problem
+
+
+def _held(gpu: GpuState) -> str:
+    """How a GPU held whole is held, for a clash's reason: alone, or in time slices."""
+    return gpu.held_as if gpu.time_sliced else "already held whole"
 
 
 def _set_mig(gpu: GpuState, mig: AssignedMig, taken: bool) -> _Result:

@@ -54,13 +54,14 @@ def why_not_whole(gpu: GpuState) -> Shortfall | None:
 
 
 def _why_busy(gpu: GpuState) -> str | None:
+    """``takes_whole``'s conditions, each as a reason; measured use does not stop a time slice."""
     if gpu.mig_enabled:
         return f"{gpu.label}: in MIG mode, offers only MIG instances"
-    if gpu.exclusive:
-        return f"{gpu.label}: held whole by another pod"
+    if gpu.holders >= gpu.time_slices:
+        return f"{gpu.label}: {gpu.held_as}"
     if gpu.shares:
         return f"{gpu.label}: holds {gpu.shares} share(s)"
-    if gpu.used_mib >= IDLE_USED_MIB:
+    if not gpu.time_sliced and gpu.used_mib >= IDLE_USED_MIB:
         return f"{gpu.label}: {gpu.used_mib} MiB in use, idle is under {IDLE_USED_MIB}"
     return None
 
@@ -70,8 +71,8 @@ def why_not_share(gpu: GpuState, memory_mib: int, cores: int) -> list[Shortfall]
     reason = why_unavailable(gpu)
     if reason is None and gpu.mig_enabled:
         reason = f"{gpu.label}: in MIG mode, offers only MIG instances"
-    if reason is None and gpu.exclusive:
-        reason = f"{gpu.label}: held whole by another pod"
+    if reason is None and gpu.held_whole:
+        reason = f"{gpu.label}: {gpu.held_as}"
     if reason is not None:
         return [Shortfall(gpu.uuid, RESOURCE_VGPU, 0, 1, reason)]
     found = []

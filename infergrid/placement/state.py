@@ -45,6 +45,10 @@ class GpuState:
     ``measured`` says the node's usage carries a sample for this GPU; without one
     its free memory is unknown, so it offers nothing. ``assigned_cores`` counts a
     whole-GPU holder as 100. ``links`` maps a peer's index to (link type, NVLinks).
+    ``holders`` counts the ``nvidia.com/gpu`` containers holding the GPU: at most one,
+    or up to ``time_slices`` where the node time-slices its GPUs (each then sees all
+    of it); the whole GPU's memory and SMs are assigned with the first holder and
+    given back with the last, so ``assigned_mib`` never exceeds the GPU.
     """
 
     uuid: str
@@ -61,9 +65,11 @@ class GpuState:
     assigned_cores: int = 0
     shares: int = 0
     share_slots: int = DEFAULT_VGPU_SLOTS_PER_GPU
-    exclusive: bool = False
+    holders: int = 0
+    time_slices: int = 1
     mig_enabled: bool = False
     mig: tuple[MigSlot, ...] = ()
+    compute_capability: str = ""
 
     @property
     def label(self) -> str:
@@ -90,7 +96,7 @@ class GpuState:
         """Nothing assigned, nothing measured beyond ``IDLE_USED_MIB``, not carved into MIG."""
         return (
             not self.mig_enabled
-            and not self.exclusive
+            and not self.held_whole
             and self.shares == 0
             and self.assigned_mib == 0
             and self.assigned_cores == 0
@@ -107,18 +113,47 @@ class GpuState:
     @property
     def busy(self) -> bool:
         """Whether anything at all holds part of the GPU."""
-        return self.held_mib > 0 or self.shares > 0 or self.exclusive
+        return self.held_mib > 0 or self.shares > 0 or self.held_whole
+
+    @property
+    def held_whole(self) -> bool:
+        """Held by ``nvidia.com/gpu`` pods, alone or in time slices: it then takes no share."""
+        return self.holders > 0
+
+    @property
+    def time_sliced(self) -> bool:
+        """Whether ``nvidia.com/gpu`` pods share this GPU by time (``time_slices`` above 1)."""
+        return self.time_slices > 1
+
+    @property
+    def held_as(self) -> str:
+        """How the GPU is held whole, for reasons: by one pod, or by some of its time slices."""
+        if not self.time_sliced:
+            return "held whole by another pod"
+        return f"time-sliced: {self.holders} of {self.time_slices} time slices taken"
 
     def takes_whole(self) -> bool:
-        """Whether a pod may take this GPU whole right now."""
-        return self.available and self.idle
+        """Whether a pod asking for whole GPUs may take this one right now.
+
+        Exclusively (``time_slices`` 1) the GPU must be idle. As a time slice it needs
+        a slice left and no share; measured use does not count, since time slices
+        share the GPU by time and their holders' own use is what is measured.
+        """
+        if not self.time_sliced:
+            return self.available and self.idle
+        return (
+            self.available
+            and not self.mig_enabled
+            and self.shares == 0
+            and self.holders < self.time_slices
+        )
 
     def takes_share(self, memory_mib: int, cores: int) -> bool:
         """Whether a share of ``memory_mib`` and ``cores`` percent fits on this GPU right now."""
         return (
             self.available
             and not self.mig_enabled
-            and not self.exclusive
+            and not self.held_whole
             and self.shares < self.share_slots
             and self.free_mib >= memory_mib
             and self.free_cores >= cores

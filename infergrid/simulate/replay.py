@@ -255,7 +255,7 @@ class _Run:
     def _signature(self, position: int) -> Signature:
         node = self.nodes[position]
         host = node.host
-        held = sorted((g.assigned_mib, g.assigned_cores, g.shares, g.exclusive) for g in node.gpus)
+        held = sorted((g.assigned_mib, g.assigned_cores, g.shares, g.holders) for g in node.gpus)
         requested = (host.requested_cpu_milli, host.requested_memory_mib) if host else (0, 0)
         return (self.shapes[position], *requested, tuple(held))
 

@@ -29,6 +29,7 @@ class OperatorConfig:
     hf_cache_claim: str = ""  # none: hf:// is served only where downloads are allowed
     allow_model_download: bool = False
     allowed_priority_classes: tuple[str, ...] = ()  # none: services may name no class
+    gpu_fault_grace_s: float = 60.0  # before a pod on an unhealthy GPU is replaced
 
 
 def names(doc: dict[str, Any], key: str) -> tuple[str, ...]:
@@ -94,4 +95,6 @@ SETTINGS: Final = (
     Setting("allowedPriorityClasses", "allowed_priority_classes", priority_classes,
             "priority classes services may give their engines, comma-separated (default: "
             "none); system-* is always refused"),
+    Setting("gpuFaultGraceSeconds", "gpu_fault_grace_s", number(0, 86400),
+            "seconds a pod's GPU stays unhealthy before the pod is replaced (default 60)"),
 )  # fmt: skip

@@ -49,6 +49,7 @@ from .conditions import (
 )
 from .config import OperatorConfig
 from .configmap_gc import collectable, configmaps_in_use, rollout_settled
+from .gpu_faults import pod_to_replace
 from .kube import Kube
 from .metrics_scrape import Buckets, ServiceMetrics, aggregate, scrapable, scrape, scrape_url
 from .ownership import conflict_message, conflicts, controlled_by
@@ -67,6 +68,7 @@ from .spec import ServiceSpec, parse_spec
 log = logging.getLogger("infergrid.operator")
 RESOURCE = (CRD_GROUP, CRD_VERSION, CRD_PLURAL)
 RETRY_DELAY_S = 5
+FAULT_CHECK_INTERVAL_S = 5  # how often each service's pods are checked for unhealthy GPUs
 
 
 @kopf.on.startup()
@@ -132,6 +134,25 @@ def pod_event(
     if type == "DELETED":
         collect_configmaps(memo, namespace, labels[LABEL_SERVICE])
     refresh_status(memo, namespace, labels[LABEL_SERVICE])
+
+
+@kopf.timer(*RESOURCE, interval=FAULT_CHECK_INTERVAL_S)
+def replace_faulted_pod(
+    body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, **_: Any
+) -> None:
+    """Deletes one pod whose GPU has been unhealthy past the grace period (gpu_faults.py);
+    its Deployment makes a new one, which the extender places on a healthy GPU."""
+    pods = memo.kube.pods(namespace, f"{LABEL_SERVICE}={name}")
+    chosen = pod_to_replace(pods, datetime.now(UTC), memo.config.gpu_fault_grace_s)
+    if chosen is None:
+        return
+    try:
+        deleted = memo.kube.delete("Pod", namespace, chosen.name, chosen.uid)
+    except ApiException as err:
+        raise kopf.TemporaryError(f"API: {err.status} {err.reason}", delay=RETRY_DELAY_S) from err
+    if deleted:
+        log.warning("%s/%s: replacing %s", namespace, name, chosen.message)
+        kopf.warn(body, reason="GPUFaultReplaced", message=f"replacing {chosen.message}")
 
 
 class OwnershipConflict(Exception):

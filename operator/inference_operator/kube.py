@@ -127,6 +127,7 @@ class Kube:
         return {
             "ConfigMap": self.core.delete_namespaced_config_map,
             "Deployment": self.apps.delete_namespaced_deployment,
+            "Pod": self.core.delete_namespaced_pod,
         }
 
     @staticmethod

@@ -24,6 +24,7 @@ from infergrid.constants import (
     mig_resource,
 )
 from infergrid.errors import ContractError
+from infergrid.gpu_models import constraint_annotations, node_affinity
 from infergrid.serving_config import CONFIG_ENV, DEFAULT_PORT, ModelRef, encode
 from infergrid.storage_uri import (
     ALLOW_DOWNLOAD_ENV,
@@ -333,6 +334,9 @@ def _pod_spec(spec: ServiceSpec, name: str, track: str, storage: TrackStorage) -
         pod["tolerations"] = [dict(t) for t in spec.scheduling.tolerations]
     if spec.scheduling.node_selector:
         pod["nodeSelector"] = dict(spec.scheduling.node_selector)
+    affinity = node_affinity(spec.resources.gpu_constraint)
+    if affinity is not None:
+        pod["affinity"] = {"nodeAffinity": affinity}
     return pod
 
 
@@ -399,7 +403,7 @@ def _pod_annotations(spec: ServiceSpec) -> dict[str, str]:
     annotations = {ANNOTATION_PLACEMENT_POLICY: spec.scheduling.policy}
     if spec.resources.topology:
         annotations[ANNOTATION_TOPOLOGY] = spec.resources.topology
-    return annotations
+    return annotations | constraint_annotations(spec.resources.gpu_constraint)
 
 
 def _labels(name: str) -> dict[str, str]:

@@ -17,6 +17,7 @@ from typing import Any
 from infergrid.codec import expect, field, integer, join, one_of
 from infergrid.constants import DEFAULT_POLICY, PLACEMENT_POLICIES, TOPOLOGIES
 from infergrid.errors import ContractError
+from infergrid.gpu_models import GpuConstraint, check_models, parse_capability
 from infergrid.serving_config import FORMATS, TASKS, read_crd_engine
 from infergrid.storage_uri import parse_storage_uri
 
@@ -47,6 +48,7 @@ class Resources:
     topology: str | None = None
     cpu: str | None = None
     memory: str | None = None
+    gpu_constraint: GpuConstraint = GpuConstraint()
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +146,7 @@ def _resources(doc: dict[str, Any]) -> Resources:
         topology=one_of(doc, "topology", TOPOLOGIES, path, None),
         cpu=field(doc, "cpu", str, path, None),
         memory=field(doc, "memory", str, path, None),
+        gpu_constraint=_gpu_constraint(doc, path),
     )
     if resources.gpu_cores is not None and resources.gpu_memory_mib is None:
         raise ContractError(join(path, "gpuCores"), "is only allowed with gpuMemoryMiB")
@@ -153,6 +156,17 @@ def _resources(doc: dict[str, Any]) -> Resources:
             "is only allowed with gpus >= 2",
         )
     return resources
+
+
+def _gpu_constraint(doc: dict[str, Any], path: str) -> GpuConstraint:
+    models = field(doc, "gpuModels", list, path, None)
+    least = field(doc, "minComputeCapability", str, path, None)
+    return GpuConstraint(
+        models=() if models is None else check_models(models, join(path, "gpuModels")),
+        min_capability=None
+        if least is None
+        else parse_capability(least, join(path, "minComputeCapability")),
+    )
 
 
 def _mig_profile(doc: dict[str, Any], path: str) -> str | None:

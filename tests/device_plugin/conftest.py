@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from device_plugin.fake_kubelet import FakeKubelet
     from device_plugin.manager import HeldSource, PodSource
     from device_plugin.nvml.fake import FakeNvml
+    from device_plugin.pod_health import PodConditions
     from device_plugin.runtime import DevicePluginRuntime
 
 SAMPLE = Path(__file__).resolve().parents[2] / "e2e" / "fleets" / "sample.yaml"
@@ -104,10 +105,12 @@ def start_plugin(short_dir):
         fleet: Path = SAMPLE,
         pods: PodSource | None = None,
         held: HeldSource | None = None,
+        pod_conditions: PodConditions | None = None,
         **settings,
     ) -> Running:
         """A plugin on ``node``; ``pods`` (StaticPods by default) is where it reads the pods,
-        ``held`` where it reads what the kubelet shows held (none: grants are marked at once)."""
+        ``held`` where it reads what the kubelet shows held (none: grants are marked at once),
+        ``pod_conditions`` where it writes pods' GPUHealthy conditions (none: nowhere)."""
         fleet_node = next(n for n in load_fleet(fleet).nodes if n.name == node)
         nvml = FakeNvml(fleet_node)
         kubelet = FakeKubelet(short_dir)
@@ -121,6 +124,7 @@ def start_plugin(short_dir):
             on_grants=granted.extend,
             tracker=HealthTracker(config.health_quiet_period_s),
             held=held,
+            pod_conditions=pod_conditions,
         )
         runtime.start()
         running = Running(kubelet, runtime, nvml, pods, granted)

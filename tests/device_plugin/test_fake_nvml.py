@@ -7,7 +7,8 @@ import pytest
 
 from device_plugin.nvml.backend import NvmlBackend, NvmlError, XidEvent
 from device_plugin.nvml.fake import FakeNvml, interpolate
-from infergrid.fleet import FleetNode, load_fleet, parse_fleet
+from infergrid.fleet import FAKE_ECC, FleetNode, load_fleet, parse_fleet
+from infergrid.inventory import EccState
 
 SAMPLE = Path(__file__).parents[2] / "e2e" / "fleets" / "sample.yaml"
 NODES = {node.name: node for node in load_fleet(SAMPLE).nodes}
@@ -259,3 +260,46 @@ def test_a_gpu_listed_unhealthy_has_an_identity_but_no_readings():
         assert read(1) == 0
     fake.heal(index=2)
     assert fake.memory_used_mib(2) == 0
+
+
+def test_every_gpu_starts_with_ecc_on_and_nothing_wrong():
+    fake = FakeNvml(NODES["h100"])
+    assert [fake.ecc_state(i) for i in range(2)] == [FAKE_ECC, FAKE_ECC]
+
+
+def test_injected_ecc_values_change_only_what_they_name():
+    fake = FakeNvml(NODES["h100"])
+    fake.inject_ecc(1, volatile_double_bit=2, remap_pending=True)
+    fake.inject_ecc(1, aggregate_double_bit=5)
+    assert fake.ecc_state(1) == EccState(2, 5, 0, False, 0, True, False)
+    assert fake.ecc_state(0) == FAKE_ECC
+    with pytest.raises(ValueError, match="index: h100 has no GPU 2"):
+        fake.inject_ecc(2, volatile_double_bit=1)
+    with pytest.raises(TypeError):
+        fake.inject_ecc(0, double_bit=1)
+
+
+def test_the_fleets_ecc_events_come_due_on_the_clock_in_time_order():
+    clock = FakeClock()
+    events = [
+        {"gpu": 1, "afterSeconds": 2, "aggregateDoubleBit": 3},
+        {"gpu": 1, "afterSeconds": 1, "aggregateDoubleBit": 2, "retiredPagesPending": True},
+        {"gpu": 0, "afterSeconds": 1, "remapFailed": True},
+    ]
+    fake = FakeNvml(four_gpu_node(eccEvents=events), clock=clock)
+    clock.now += 0.5
+    assert [fake.ecc_state(i) for i in range(4)] == [FAKE_ECC] * 4
+    clock.now += 0.5
+    assert fake.ecc_state(0) == EccState(0, 0, 0, False, 0, False, True)
+    assert fake.ecc_state(1) == EccState(0, 2, 0, True, 0, False, False)
+    clock.now += 60
+    assert fake.ecc_state(1) == EccState(0, 3, 0, True, 0, False, False)
+    assert fake.ecc_state(2) == FAKE_ECC
+
+
+def test_an_ecc_read_can_be_made_to_fail():
+    fake = FakeNvml(NODES["h100"])
+    fake.fail("ecc_state", 0)
+    with pytest.raises(NvmlError, match="ecc_state on GPU 0: injected failure"):
+        fake.ecc_state(0)
+    assert fake.ecc_state(1) == FAKE_ECC

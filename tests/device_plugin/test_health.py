@@ -4,12 +4,15 @@ import threading
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
+from device_plugin.discovery import discover
 from device_plugin.health import HealthMonitor, HealthTracker
 from device_plugin.nvml.backend import XidEvent
 from device_plugin.nvml.fake import FakeNvml
 from device_plugin.xid import APPLICATION_XIDS, RESET_XIDS
-from infergrid.fleet import load_fleet
+from infergrid.fleet import FAKE_ECC, load_fleet
+from infergrid.inventory import EccState
 
 SAMPLE = Path(__file__).parents[2] / "e2e" / "fleets" / "sample.yaml"
 NODES = {node.name: node for node in load_fleet(SAMPLE).nodes}
@@ -248,3 +251,82 @@ def test_the_monitor_logs_unexpected_errors_and_keeps_going(tracker, caplog):
     HealthMonitor(backend, tracker, stop, interval_s=0.01).run()
     assert backend.calls == 3
     assert caplog.text.count("GPU health round failed") == 3
+
+
+# ECC records.
+
+HISTORY = EccState(0, 4, 2, False, 1, False, False)
+"""A GPU that had faults before the plugin started, was reset, and is fine now."""
+VOLATILE = "ECC volatileDoubleBit is 1 (double-bit errors since the driver loaded)"
+GREW = "ECC aggregateDoubleBit grew from 0 to 1 since the plugin started (double-bit errors "
+DOUBLE_BIT = f"{VOLATILE}; {GREW}over the GPU's life): needs a GPU reset"
+
+
+def ecc_faults(kind: str) -> float:
+    name = "infergrid_device_plugin_ecc_faults_total"
+    return REGISTRY.get_sample_value(name, {"kind": kind}) or 0
+
+
+def test_counts_from_before_the_plugin_started_leave_the_gpu_healthy(tracker):
+    tracker.record_ecc(GPU, HISTORY)
+    tracker.record_ecc(GPU, HISTORY)
+    assert tracker.is_healthy(GPU) and tracker.version == 0
+
+
+def test_a_double_bit_error_holds_the_gpu_until_the_plugin_restarts(tracker, clock):
+    before = ecc_faults("needs-reset")
+    tracker.record_ecc(GPU, FAKE_ECC)
+    tracker.record_ecc(GPU, EccState(1, 1, 0, False, 0, False, False))
+    tracker.record_ecc(GPU, EccState(1, 1, 0, False, 0, False, False))
+    clock.now += 86400
+    assert tracker.unhealthy() == {GPU: DOUBLE_BIT}
+    assert tracker.version == 1
+    assert ecc_faults("needs-reset") == before + 1
+
+
+def test_a_restart_without_a_reset_still_sees_the_double_bit_error(clock):
+    restarted = HealthTracker(quiet_period_s=30, clock=clock)
+    restarted.record_ecc(GPU, EccState(1, 1, 0, False, 0, False, False))
+    assert restarted.unhealthy() == {GPU: f"{VOLATILE}: needs a GPU reset"}
+
+
+def test_a_count_that_grew_keeps_the_gpu_unhealthy_while_it_stays_above_the_first(tracker, clock):
+    before = ecc_faults("grew")
+    tracker.record_ecc(GPU, HISTORY)
+    grown = EccState(0, 5, 2, False, 1, False, False)  # the GPU was reset since: volatile 0
+    tracker.record_ecc(GPU, grown)
+    reason = (
+        "ECC aggregateDoubleBit grew from 4 to 5 since the plugin started "
+        "(double-bit errors over the GPU's life)"
+    )
+    assert tracker.unhealthy() == {GPU: reason}
+    for _ in range(3):
+        clock.now += 20
+        tracker.record_ecc(GPU, grown)
+    assert not tracker.is_healthy(GPU)
+    tracker.record_ecc(GPU, FAKE_ECC)  # counts cleared (nvidia-smi -p): a quiet period to go
+    clock.now += 30
+    assert tracker.is_healthy(GPU) and tracker.version == 2
+    assert ecc_faults("grew") == before + 1
+
+
+def test_a_transient_fault_that_turns_into_an_ecc_reset_is_counted(tracker, clock):
+    before = ecc_faults("needs-reset")
+    tracker.record_ecc(GPU, FAKE_ECC)
+    tracker.record_xid(GPU, PASSING)
+    tracker.record_ecc(GPU, EccState(0, 0, 0, False, 0, True, False))
+    clock.now += 3600
+    remap = "ECC remapPending is true (a row waits to be remapped at the next reset)"
+    assert tracker.unhealthy() == {GPU: f"{remap}: needs a GPU reset"}
+    assert tracker.version == 1
+    assert ecc_faults("needs-reset") == before + 1
+
+
+def test_an_ecc_fault_on_the_fake_nvml_is_found_by_discovery_and_published(tracker):
+    fake = FakeNvml(NODES["h100"])
+    assert [gpu.healthy for gpu in discover(fake, "h100", tracker).gpus] == [True, True]
+    fake.inject_ecc(1, volatile_double_bit=1, aggregate_double_bit=1)
+    inventory = discover(fake, "h100", tracker)
+    assert [gpu.healthy for gpu in inventory.gpus] == [True, False]
+    assert inventory.gpus[1].ecc == EccState(1, 1, 0, False, 0, False, False)
+    assert tracker.unhealthy() == {H100[1]: DOUBLE_BIT}

@@ -15,6 +15,7 @@ from device_plugin.visibility import MOUNT_DIR
 from infergrid.constants import RESOURCE_GPU, RESOURCE_VGPU, SCHEDULER_NAME
 from tests.device_plugin.conftest import mig, pod, share, whole
 from tests.device_plugin.test_kube import FakeCore, timed_out
+from tests.device_plugin.test_pod_health import FakeConditions
 
 
 def allocate(stub, *device_lists):
@@ -102,6 +103,26 @@ def test_a_gpu_that_needs_a_reset_stays_unhealthy_past_the_quiet_period(start_pl
     time.sleep(1.0)
     assert not p.runtime.tracker.is_healthy(p.gpu(2).uuid)
     stream.cancel()
+
+
+def test_an_ecc_fault_is_streamed_and_the_pods_on_the_gpu_are_told(start_plugin):
+    conditions = FakeConditions()
+    p = start_plugin("l4-0", usage_interval_s=0.1, pod_conditions=conditions)
+    conditions.add(pod("on-2", "l4-0", share("c", p.gpu(2).uuid, 4096)))
+    conditions.add(pod("on-1", "l4-0", whole("c", p.gpu(1).uuid)))
+    p.kubelet.wait_registered({RESOURCE_GPU})
+    stream = p.kubelet.plugin(RESOURCE_GPU).ListAndWatch(api_pb2.Empty(), timeout=20)
+    next(stream)
+    p.nvml.inject_ecc(2, remap_pending=True)
+    assert [d.ID for d in next(stream).devices if d.health == UNHEALTHY] == [p.gpu(2).uuid]
+    stream.cancel()
+    assert conditions.changed.wait(10)
+    (told,) = conditions.written
+    assert (told.pod.name, told.condition.status, told.warns) == ("on-2", "False", True)
+    reason = "ECC remapPending is true (a row waits to be remapped at the next reset)"
+    assert told.condition.message == (
+        f"GPU {p.gpu(2).uuid} (index 2) is unhealthy: {reason}: needs a GPU reset"
+    )
 
 
 def test_nvml_errors_mark_the_gpu_unhealthy_without_crashing(start_plugin):

@@ -22,7 +22,13 @@ from device_plugin.nvml.real import (
     sm_count_from_cores,
     sysfs_numa_node,
 )
-from infergrid.inventory import GpuLink, MigInstance, decode_inventory, encode_inventory
+from infergrid.inventory import (
+    EccState,
+    GpuLink,
+    MigInstance,
+    decode_inventory,
+    encode_inventory,
+)
 from infergrid.mig import MIG_FAMILIES, MigProfile
 
 
@@ -167,6 +173,12 @@ class Driver:
     switch on the refusals of partly visible machines: ``remote_pci_errors``
     (GPU → error code of its NVLinks' remote PCI info) and
     ``common_ancestor_error`` (error code of every topology query).
+
+    ECC is on, with nothing wrong; as on an A100, rows are remapped and pages
+    never retired (NOT_SUPPORTED). Tests set ``ecc_mode`` (GPU → enable state, or
+    an error code), ``double_bit`` ((GPU, counter type) → count), ``remapped``
+    (GPU → NVML's four row values), and ``retired`` (GPU → its retired pages; such
+    a GPU retires pages, as before Ampere, and has no row remapping).
     """
 
     BUS = ("00000000:07:00.0", "00000000:0F:00.0", "00000000:87:00.0")
@@ -182,6 +194,11 @@ class Driver:
         self.privileged = False
         self.remote_pci_errors: dict[int, int] = {}
         self.common_ancestor_error: int | None = None
+        self.ecc_mode: dict[int, int] = {}
+        self.double_bit: dict[tuple[int, int], int] = {}
+        self.remapped: dict[int, tuple[int, int, int, int]] = {}
+        self.retired: dict[int, list[int]] = {}
+        self.retirement_pending: set[int] = set()
         for name in dir(self):
             if name.startswith("nvml"):
                 monkeypatch.setattr(pynvml, name, getattr(self, name))
@@ -285,6 +302,33 @@ class Driver:
         if handle == 2:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return pynvml.c_nvmlUtilization_t(gpu=30, memory=0)
+
+    def nvmlDeviceGetEccMode(self, handle):
+        mode = self.ecc_mode.get(handle, pynvml.NVML_FEATURE_ENABLED)
+        if mode not in (pynvml.NVML_FEATURE_ENABLED, pynvml.NVML_FEATURE_DISABLED):
+            raise nvml_error(mode)
+        return [mode, mode]
+
+    def nvmlDeviceGetTotalEccErrors(self, handle, error_type, counter):
+        assert error_type == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        return self.double_bit.get((handle, counter), 0)
+
+    def nvmlDeviceGetRetiredPages(self, handle, cause):
+        assert cause == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+        if handle not in self.retired:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.retired[handle]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle):
+        if handle not in self.retired:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        pending = handle in self.retirement_pending
+        return pynvml.NVML_FEATURE_ENABLED if pending else pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetRemappedRows(self, handle):
+        if handle in self.retired:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.remapped.get(handle, (0, 0, 0, 0))
 
     def nvmlEventSetCreate(self):
         return "event-set"
@@ -474,3 +518,68 @@ def test_a_mig_gpus_memory_comes_from_its_family_when_nvml_withholds_it(family):
 def test_an_unknown_mig_gpus_memory_is_its_full_profiles():
     assert mig_gpu_memory_mib("NVIDIA B200", 183000) == 183000
     assert mig_gpu_memory_mib("NVIDIA A100-SXM4-80GB", 60000) == 60000
+
+
+# ECC: what each generation reports, and what it does not.
+
+CLEAN_REMAPPING = EccState(0, 0, None, None, 0, False, False)
+"""An A100's record with nothing wrong: no page retirement, rows remapped instead."""
+
+
+def test_a_simulated_driver_reads_double_bit_counts_and_remapped_rows(driver):
+    driver.double_bit[(0, pynvml.NVML_VOLATILE_ECC)] = 1
+    driver.double_bit[(0, pynvml.NVML_AGGREGATE_ECC)] = 3
+    driver.remapped[1] = (5, 2, 1, 1)  # correctable, uncorrectable, pending, failure
+    nvml = RealNvml()
+    assert nvml.ecc_state(0) == EccState(1, 3, None, None, 0, False, False)
+    assert nvml.ecc_state(1) == EccState(0, 0, None, None, 2, True, True)
+    assert nvml.ecc_state(2) == CLEAN_REMAPPING  # MIG-enabled: the parent GPU's record
+    nvml.close()
+
+
+def test_a_gpu_that_retires_pages_reports_them_and_no_remapped_rows(driver):
+    driver.retired[0] = [0x1000, 0x2000]
+    driver.retirement_pending.add(0)
+    driver.retired[1] = []
+    nvml = RealNvml()
+    assert nvml.ecc_state(0) == EccState(0, 0, 2, True, None, None, None)
+    assert nvml.ecc_state(1) == EccState(0, 0, 0, False, None, None, None)
+    nvml.close()
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [pynvml.NVML_FEATURE_DISABLED, pynvml.NVML_ERROR_NOT_SUPPORTED],
+    ids=["ecc-off", "no-ecc"],
+)
+def test_a_gpu_without_ecc_reports_nothing_and_stays_healthy(driver, mode):
+    driver.ecc_mode[1] = mode
+    driver.double_bit[(1, pynvml.NVML_VOLATILE_ECC)] = 7  # counted, but ECC does not apply
+    nvml = RealNvml()
+    assert nvml.ecc_state(1) == EccState()
+    inventory = discover(nvml, "node", HealthTracker(60))
+    assert inventory.gpus[1].ecc == EccState() and inventory.gpus[1].healthy
+    assert decode_inventory(encode_inventory(inventory)) == inventory
+    nvml.close()
+
+
+def test_an_ecc_read_that_fails_names_the_call_and_the_gpu(driver):
+    driver.ecc_mode[0] = pynvml.NVML_ERROR_GPU_IS_LOST
+    nvml = RealNvml()
+    with pytest.raises(NvmlError) as caught:
+        nvml.ecc_state(0)
+    assert str(caught.value) == "nvmlDeviceGetEccMode on GPU 0: GPU is lost"
+    nvml.close()
+
+
+def test_a_simulated_double_bit_error_is_published_and_holds_the_gpu(driver):
+    nvml = RealNvml()
+    health = HealthTracker(60)
+    assert [gpu.ecc for gpu in discover(nvml, "node", health).gpus] == [CLEAN_REMAPPING] * 3
+    driver.double_bit[(2, pynvml.NVML_VOLATILE_ECC)] = 1
+    inventory = discover(nvml, "node", health)
+    assert [gpu.healthy for gpu in inventory.gpus] == [True, True, False]
+    assert inventory.gpus[2].ecc.volatile_double_bit == 1
+    reason = "ECC volatileDoubleBit is 1 (double-bit errors since the driver loaded)"
+    assert health.unhealthy() == {"GPU-2": f"{reason}: needs a GPU reset"}
+    nvml.close()

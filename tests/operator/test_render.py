@@ -251,3 +251,23 @@ def test_tolerations_are_passed_to_the_pods():
 def test_a_node_selector_is_passed_to_the_pods():
     rendered = render_deployment(spec(scheduling={"nodeSelector": {"type": "kwok"}}), "m", "ns")
     assert rendered["spec"]["template"]["spec"]["nodeSelector"] == {"type": "kwok"}
+
+
+def test_gpu_models_become_node_affinity_and_the_annotations_the_extender_checks():
+    rendered = render_deployment(
+        spec(resources={"gpus": 1, "gpuModels": ["a100-80gb"], "minComputeCapability": "8.0"}),
+        "m",
+        "ns",
+    )
+    template = rendered["spec"]["template"]
+    annotations = template["metadata"]["annotations"]
+    assert annotations["infergrid.io/gpu-models"] == "a100-80gb"
+    assert annotations["infergrid.io/min-compute-capability"] == "8.0"
+    terms = template["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert [t["matchExpressions"][0]["key"] for t in terms] == [
+        "infergrid.io/gpu.product", "infergrid.io/gpu.model", "infergrid.io/gpu.mixed"]  # fmt: skip
+    unconstrained = render_deployment(spec(), "m", "ns")["spec"]["template"]
+    assert "affinity" not in unconstrained["spec"]
+    assert "infergrid.io/gpu-models" not in unconstrained["metadata"]["annotations"]

@@ -37,6 +37,21 @@ def test_every_sample_parses(path):
     parse(yaml.safe_load(path.read_text())["spec"])
 
 
+SCHEDULING = sorted((SAMPLES / "scheduling").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SCHEDULING, ids=lambda p: p.stem)
+def test_every_inference_service_of_a_scheduling_sample_parses(path):
+    for body in yaml.safe_load_all(path.read_text()):
+        if body["kind"] == "InferenceService":
+            parse_spec(
+                body["spec"],
+                "img:1",
+                "infergrid-scheduler",
+                ("infergrid-online", "infergrid-offline"),
+            )
+
+
 @pytest.mark.parametrize(
     ("resources", "field"),
     [
@@ -47,6 +62,12 @@ def test_every_sample_parses(path):
         ({"gpuMemoryMiB": 1024, "topology": "nvlink"}, "spec.resources.topology"),
         ({"gpus": 9}, "spec.resources.gpus"),
         ({"migProfile": "2g"}, "spec.resources.migProfile"),
+        ({"gpus": 1, "gpuModels": []}, "spec.resources.gpuModels"),
+        ({"gpus": 1, "gpuModels": "a100-80gb"}, "spec.resources.gpuModels"),
+        ({"gpus": 1, "gpuModels": ["a100-80gb", 7]}, "spec.resources.gpuModels[1]"),
+        ({"gpus": 1, "gpuModels": ["a,b"]}, "spec.resources.gpuModels[0]"),
+        ({"gpus": 1, "minComputeCapability": 8.0}, "spec.resources.minComputeCapability"),
+        ({"gpus": 1, "minComputeCapability": "8"}, "spec.resources.minComputeCapability"),
     ],
 )
 def test_bad_resources_are_named(resources, field):
@@ -150,3 +171,12 @@ def test_an_unknown_policy_is_refused_naming_the_field():
         parse({**MINIMAL, "scheduling": {"policy": "fgd-plus"}})
     assert raised.value.field == "spec.scheduling.policy"
     assert "'fgd-plus' is not one of binpack, spread, fgd, fgd-cluster-aware" in str(raised.value)
+
+
+def test_gpu_models_and_a_least_compute_capability_are_read():
+    resources = {"gpus": 1, "gpuModels": ["NVIDIA A100-SXM4-80GB", " h100-80gb "],
+                 "minComputeCapability": "8.0"}  # fmt: skip
+    constraint = parse({**MINIMAL, "resources": resources}).resources.gpu_constraint
+    assert constraint.models == ("NVIDIA A100-SXM4-80GB", "h100-80gb")
+    assert constraint.min_capability == (8, 0)
+    assert parse(MINIMAL).resources.gpu_constraint.empty

@@ -364,14 +364,14 @@ def test_three_8_gib_shares_fit_a_24_gib_gpu_and_a_fourth_does_not():
 def test_a_share_of_the_whole_gpu_is_still_a_share():
     result = fit(pod(share(24576, 100)), node_of(inventory(gpu(0))), BINPACK)
     (held,) = result.after.gpus
-    assert (held.shares, held.exclusive, held.free_mib, held.free_cores) == (1, False, 0, 0)
+    assert (held.shares, held.holders, held.free_mib, held.free_cores) == (1, 0, 0, 0)
     assert result.placements == (shared_on(0, 24576, 100),)
 
 
 def test_a_whole_gpu_is_assigned_all_its_memory_and_sms():
     result = fit(pod(whole(1)), node_of(inventory(gpu(0, memory=A100_MIB))), BINPACK)
     assert result.placements == (whole_on(0, memory=A100_MIB),)
-    assert result.after.gpus[0].exclusive
+    assert result.after.gpus[0].holders == 1
 
 
 def test_shares_without_cores_are_limited_by_memory_and_share_slots():

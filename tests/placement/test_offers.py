@@ -116,7 +116,7 @@ def gpu_states(draw: st.DrawFn, index: int, count: int) -> GpuState:
         assigned_cores=draw(st.sampled_from((0, 0, 10, 30, 50, 70, 100, 130))),
         shares=draw(st.sampled_from((0, 0, 0, 1, 2, 4, 10))),
         share_slots=draw(st.sampled_from((1, 4, 10, 10))),
-        exclusive=draw(st.integers(0, 5)) == 0,
+        holders=int(draw(st.integers(0, 5)) == 0),
         mig_enabled=in_mig,
         mig=slots,
     )
@@ -213,9 +213,9 @@ def check_reason(state: NodeState, request: PodGpuRequest, reason: str, result) 
         assert reason == "; ".join(result.reasons)
         return
     if reason.startswith(f"container {container.name!r}: none of "):
-        assert not any(g.available and not g.mig_enabled and not g.exclusive for g in state.gpus), (
-            reason
-        )
+        assert not any(
+            g.available and not g.mig_enabled and not g.held_whole for g in state.gpus
+        ), reason
         return
     assert set(reason.split("; ")) <= set(result.reasons), (reason, result.reasons)
 

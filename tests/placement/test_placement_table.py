@@ -2,6 +2,7 @@
 would still offer on it."""
 
 import re
+from dataclasses import replace
 
 from infergrid.placement_table import GpuRow, Holder, gpu_rows, render
 
@@ -38,6 +39,17 @@ def test_whole_gpus_and_mig_instances_name_their_kind():
     assert [h.kind for h in rows[1].holders] == ["whole"]
     assert rows[2].holders == (Holder("ns/m", "mig:3g.40gb", 40192, 0),)
     assert rows[2].free_mib == 40192  # the untaken instance
+
+
+def test_holders_of_a_time_sliced_gpu_are_listed_as_time_slices():
+    inv = replace(inventory(gpu(0), gpu(1)), time_slices=2)
+    held = {"ns/a": held_whole(0, name="a"), "ns/b": held_whole(0, 1, name="b")}
+    rows = gpu_rows([inv], {NODE: usage(inv)}, held, NOW, STALE_AFTER)
+    assert [[(h.pod, h.kind) for h in row.holders] for row in rows] == [
+        [("ns/a", "time-slice"), ("ns/b", "time-slice")],
+        [("ns/b", "time-slice")],
+    ]
+    assert [row.free_mib for row in rows] == [0, 0]
 
 
 def test_measured_use_outside_assignments_shrinks_free_memory_as_in_the_extender():

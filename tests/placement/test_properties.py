@@ -141,8 +141,8 @@ def check_invariants(state: NodeState, live: dict[int, PodAssignment]) -> None:
     for g in state.gpus:
         assert g.assigned_mib == memory[g.uuid] <= g.memory_mib
         assert g.assigned_cores == cores[g.uuid] <= ALL_CORES
-        assert (g.shares, int(g.exclusive)) == (shares[g.uuid], wholes[g.uuid])
-        assert not (g.exclusive and g.shares)
+        assert (g.shares, g.holders) == (shares[g.uuid], wholes[g.uuid])
+        assert not (g.held_whole and g.shares)
         assert g.shares <= g.share_slots
         assert {s.uuid for s in g.mig if s.taken} == {s.uuid for s in g.mig if migs[s.uuid]}
 

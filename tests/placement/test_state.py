@@ -93,7 +93,7 @@ def test_whole_and_mig_holders_are_counted():
     node = node_of(MIG_NODE, [held_mig("MIG-0-1", 0, "1g.10gb")])
     assert [s.taken for s in node.gpus[0].mig] == [False, True]
     held = node_of(L4X2, [held_whole(1)]).gpus[1]
-    assert (held.exclusive, held.shares, held.free_mib, held.free_cores) == (True, 0, 0, 0)
+    assert (held.holders, held.shares, held.free_mib, held.free_cores) == (1, 0, 0, 0)
 
 
 def test_assignments_naming_what_the_node_lacks_are_reported_and_not_counted():
