@@ -22,7 +22,7 @@ from e2e.cluster.local_cluster import LocalCluster
 from e2e.cluster.processes import wait_until
 from e2e.crds import install_crds
 from e2e.helm_release import cpu_node, helm_ready, make_priority_classes, namespaces, release  # noqa: F401 - fixtures
-from e2e.operator_support import OperatorProcess, delete_service
+from e2e.operator_support import NO_METRICS, OperatorProcess, delete_service
 from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
 
 pytestmark = pytest.mark.e2e
@@ -99,10 +99,6 @@ def priority_classes(cluster: Cluster) -> None:
 def infsvc_crd(cluster: Cluster) -> None:
     """Every CRD in `crds/` installed (created or replaced) and Established."""
     install_crds(cluster.api)
-
-
-# No engine listens in KWOK pods; a closed local port fails their scrapes at once.
-NO_METRICS = ("--metrics-url-template", "http://127.0.0.1:1/{pod_name}")
 
 
 @pytest.fixture()

@@ -19,7 +19,7 @@ from kubernetes import client
 from e2e.cluster import fake_nodes
 from e2e.cluster.processes import wait_until
 from e2e.extender_support import assigned_gpus
-from e2e.operator_support import POOL_LABEL, create_service, in_pool, owned
+from e2e.operator_support import NO_METRICS, POOL_LABEL, create_service, in_pool, owned
 from e2e.plugin_process import plugin_process
 from infergrid import constants
 from infergrid.constants import CRD_GROUP, CRD_VERSION
@@ -66,8 +66,7 @@ def test_a_pod_on_a_gpu_with_an_ecc_fault_moves_to_a_healthy_gpu(
     cluster, namespace, start_operator, two_nodes
 ):
     failing, spare, pool = two_nodes
-    start_operator("--metrics-url-template", "http://127.0.0.1:1/{pod_name}",
-                   "--gpu-fault-grace", str(GRACE_S))  # fmt: skip
+    start_operator(*NO_METRICS, "--gpu-fault-grace", str(GRACE_S))
     core = client.CoreV1Api(cluster.api)
     body = in_pool({
         "apiVersion": f"{CRD_GROUP}/{CRD_VERSION}", "kind": "InferenceService",

@@ -14,7 +14,7 @@ from kubernetes import client
 from e2e.cluster.processes import wait_until
 from e2e.extender_support import assigned_gpus, gpu_pod, idle_nodes, share_pod
 from e2e.helm_release import CHART_CLASSES
-from e2e.operator_support import POOL_LABEL, SAMPLES, create_service, in_pool, owned
+from e2e.operator_support import NO_METRICS, POOL_LABEL, SAMPLES, create_service, in_pool, owned
 from infergrid import constants
 from infergrid.assignment_annotation import decode_assignment
 
@@ -103,7 +103,7 @@ def test_the_online_service_of_the_sample_evicts_two_offline_replicas_past_their
     """deploy/samples/scheduling/online-offline.yaml through the operator. The offline
     service's own PodDisruptionBudget allows one pod away at a time, so the second eviction
     is refused and the extender deletes that pod, as kube-scheduler's preemption would."""
-    start_operator()
+    start_operator(*NO_METRICS, "--allowed-priority-classes", f"{ONLINE},{OFFLINE}")
     core = client.CoreV1Api(cluster.api)
     pool = four_gpus[0].rsplit("-", 1)[1]
     offline, online = (in_pool(doc, pool) for doc in yaml.safe_load_all(SAMPLE.read_text()))

@@ -45,6 +45,24 @@ def test_every_sample_is_served_by_one_of_the_e2e_tests():
     }
 
 
+# The scheduling features' examples, each applied through the operator on KWOK nodes by the
+# test of its feature (placement is what they show; serving is shown by the samples above).
+SCHEDULING_SAMPLES = {
+    "online-offline.yaml": "test_preemption.py",
+    "gpu-models.yaml": "test_gpu_models.py",
+    "quota.yaml": "test_quotas.py",
+    "time-slicing.yaml": "test_time_slicing.py",
+}
+
+
+def test_every_scheduling_sample_is_applied_by_the_test_of_its_feature():
+    assert {p.name for p in (SAMPLES / "scheduling").glob("*.yaml")} == set(SCHEDULING_SAMPLES)
+    here = Path(__file__).parent
+    for sample, test in SCHEDULING_SAMPLES.items():
+        source = (here / test).read_text()
+        assert f'"scheduling" / "{sample}"' in source, f"{test} does not apply {sample}"
+
+
 @pytest.mark.parametrize("path", SAMPLE_FILES, ids=[p.name for p in SAMPLE_FILES])
 def test_the_sample_serves_from_the_real_node(cluster, samples_namespace, path: Path):
     namespace = samples_namespace

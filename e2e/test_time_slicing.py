@@ -8,6 +8,7 @@ import uuid
 from collections import Counter
 
 import pytest
+import yaml
 from kubernetes import client
 
 from e2e.cluster.processes import wait_until
@@ -20,6 +21,7 @@ from e2e.extender_support import (
     scheduling_failures,
     share_pod,
 )
+from e2e.operator_support import POOL_LABEL, SAMPLES, create_service, in_pool, owned
 from infergrid import constants
 
 pytestmark = pytest.mark.e2e
@@ -33,8 +35,9 @@ def sliced_node(cluster):
     """One KWOK node with two idle L4s, time-sliced twice, that only this test's pods name."""
     gpus = {"model": "NVIDIA L4", "count": 2, "memoryMiB": 23034, "smCount": 58,
             "computeCapability": "8.9"}  # fmt: skip
-    entry = {"name": f"ts-{uuid.uuid4().hex[:6]}", "gpus": gpus, "timeSlices": SLICES}
-    with idle_nodes(cluster.api, [entry]) as (name,):
+    suffix = uuid.uuid4().hex[:6]
+    entry = {"name": f"ts-{suffix}", "gpus": gpus, "timeSlices": SLICES}
+    with idle_nodes(cluster.api, [entry], {POOL_LABEL: suffix}) as (name,):
         yield name
 
 
@@ -101,3 +104,23 @@ def test_a_gpu_holding_a_share_takes_no_time_slice_and_the_extender_says_why(
     assert f"{shared} (index" in message and "holds 1 share(s)" in message
     assert f"{placed.pop()} (index" in message and FULL in message
     audit(core)
+
+
+def test_the_samples_four_replicas_take_the_two_time_slices_of_each_gpu(
+    cluster, namespace, start_operator, sliced_node
+):
+    """deploy/samples/scheduling/time-slicing.yaml through the operator, on the pool of one."""
+    start_operator()
+    core = client.CoreV1Api(cluster.api)
+    body = in_pool(yaml.safe_load((SAMPLES / "scheduling" / "time-slicing.yaml").read_text()),
+                   sliced_node.rsplit("-", 1)[1])  # fmt: skip
+    create_service(cluster.api, namespace, body)
+    name, replicas = body["metadata"]["name"], body["spec"]["replicas"]
+
+    def placed() -> bool:
+        pods = owned(cluster.api, namespace, name)["Pod"]
+        return len(pods) == replicas and all(p.spec.node_name for p in pods)
+
+    wait_until(placed, 120, f"{replicas} time-sliced replicas bound")
+    per_gpu = Counter(gpu for _, gpu in assigned_gpus(core, namespace))
+    assert sorted(per_gpu.values()) == [SLICES, SLICES]
