@@ -129,6 +129,12 @@ def owned(api: client.ApiClient, namespace: str, name: str) -> dict[str, list]:
     }
 
 
+def all_bound(api: client.ApiClient, namespace: str, name: str, replicas: int) -> bool:
+    """Whether the service has exactly ``replicas`` live pods, every one bound to a node."""
+    pods = owned(api, namespace, name)["Pod"]
+    return len(pods) == replicas and all(p.spec.node_name for p in pods)
+
+
 def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
     """The pinned kubectl of the local cluster, else one on PATH."""
     binary = binaries.paths()["kubectl"]

@@ -14,7 +14,14 @@ from kubernetes import client
 
 from e2e.cluster.processes import wait_until
 from e2e.extender_support import assigned_gpus, idle_nodes
-from e2e.operator_support import POOL_LABEL, SAMPLES, condition, create_service, in_pool, owned
+from e2e.operator_support import (
+    POOL_LABEL,
+    SAMPLES,
+    all_bound,
+    condition,
+    create_service,
+    in_pool,
+)
 from infergrid.inventory import decode_inventory
 
 pytestmark = pytest.mark.e2e
@@ -47,11 +54,11 @@ def test_the_samples_pods_get_only_the_a100_of_the_mixed_node(
     create_service(cluster.api, namespace, body)
     name, replicas = body["metadata"]["name"], body["spec"]["replicas"]
 
-    def placed() -> bool:
-        pods = owned(cluster.api, namespace, name)["Pod"]
-        return len(pods) == replicas and all(p.spec.node_name for p in pods)
-
-    wait_until(placed, 120, f"{replicas} pods of {name} bound")
+    wait_until(
+        lambda: all_bound(cluster.api, namespace, name, replicas),
+        120,
+        f"{replicas} pods of {name} bound",
+    )
     inventory = decode_inventory(
         core.read_node(mixed).metadata.annotations["infergrid.io/gpu-inventory"]
     )

@@ -21,7 +21,7 @@ from e2e.extender_support import (
     scheduling_failures,
     share_pod,
 )
-from e2e.operator_support import POOL_LABEL, SAMPLES, create_service, in_pool, owned
+from e2e.operator_support import POOL_LABEL, SAMPLES, all_bound, create_service, in_pool
 from infergrid import constants
 
 pytestmark = pytest.mark.e2e
@@ -117,10 +117,10 @@ def test_the_samples_four_replicas_take_the_two_time_slices_of_each_gpu(
     create_service(cluster.api, namespace, body)
     name, replicas = body["metadata"]["name"], body["spec"]["replicas"]
 
-    def placed() -> bool:
-        pods = owned(cluster.api, namespace, name)["Pod"]
-        return len(pods) == replicas and all(p.spec.node_name for p in pods)
-
-    wait_until(placed, 120, f"{replicas} time-sliced replicas bound")
+    wait_until(
+        lambda: all_bound(cluster.api, namespace, name, replicas),
+        120,
+        f"{replicas} time-sliced replicas bound",
+    )
     per_gpu = Counter(gpu for _, gpu in assigned_gpus(core, namespace))
     assert sorted(per_gpu.values()) == [SLICES, SLICES]

@@ -88,9 +88,19 @@ def reported_capability(capability: str) -> tuple[int, int]:
 
 
 def compute_level(capability: str) -> int:
+    """A GPU's reported capability as the integer its node is labelled with."""
+    return _level(reported_capability(capability))
+
+
+def _level(capability: tuple[int, int]) -> int:
     """major*10+minor: the integer node affinity compares (every minor so far is 0-9)."""
-    major, minor = reported_capability(capability)
+    major, minor = capability
     return major * 10 + minor
+
+
+def _shown(capability: tuple[int, int]) -> str:
+    """A capability as users write it, "8.0"."""
+    return "{}.{}".format(*capability)
 
 
 def model_names(model: str, memory_mib: int) -> frozenset[str]:
@@ -116,7 +126,7 @@ class GpuConstraint:
             return f"GPU model {', '.join(self.models)} asked for, found {found}"
         if self.min_capability is not None:
             if reported_capability(capability) < self.min_capability:
-                wanted = "{}.{}".format(*self.min_capability)
+                wanted = _shown(self.min_capability)
                 return (
                     f"compute capability {wanted} or more asked for, found {capability} on {found}"
                 )
@@ -146,7 +156,7 @@ def constraint_annotations(constraint: GpuConstraint) -> dict[str, str]:
     if constraint.models:
         annotations[ANNOTATION_GPU_MODELS] = ",".join(constraint.models)
     if constraint.min_capability is not None:
-        annotations[ANNOTATION_MIN_COMPUTE_CAPABILITY] = "{}.{}".format(*constraint.min_capability)
+        annotations[ANNOTATION_MIN_COMPUTE_CAPABILITY] = _shown(constraint.min_capability)
     return annotations
 
 
@@ -180,8 +190,7 @@ def node_affinity(constraint: GpuConstraint) -> dict[str, Any] | None:
         return None
     level = []
     if constraint.min_capability is not None:
-        major, minor = constraint.min_capability
-        bound = str(major * 10 + minor - 1)
+        bound = str(_level(constraint.min_capability) - 1)
         level = [{"key": LABEL_GPU_COMPUTE_LEVEL, "operator": "Gt", "values": [bound]}]
     if not constraint.models:
         terms = [{"matchExpressions": level}]
