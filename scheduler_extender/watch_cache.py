@@ -3,7 +3,8 @@
 Everything the extender decides from is in annotations: a node's inventory and
 usage, a pod's assignment. The cache keeps them decoded and indexes assignments
 by node. Events are applied by pure methods that take Kubernetes JSON, so tests
-need no cluster; ``start`` adds the one I/O edge, two list+watch threads.
+need no cluster; ``start`` adds the one I/O edge, two list+watch threads
+(``infergrid.reflector``).
 
 A reservation is an assignment the extender has just written at bind, held until
 the watch delivers the pod carrying it, so two binds in a row cannot both take
@@ -16,21 +17,19 @@ watch shows its pod gone or bound without it.
 from __future__ import annotations
 
 import heapq
-import json
 import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from infergrid.assignment_annotation import PodAssignment
 from infergrid.pod_request import PodGpuRequest
 from infergrid.records import LIVE_PODS, NodeRecord, PodRecord, is_live, node_record, pod_record
+from infergrid.reflector import Reflector, Source
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +38,6 @@ MODIFIED: Final = "MODIFIED"
 DELETED: Final = "DELETED"
 EVENT_TYPES: Final = (ADDED, MODIFIED, DELETED)
 
-LIST_PAGE: Final = 500
-CONNECT_TIMEOUT_S: Final = 10.0
-READ_SLACK_S: Final = 30.0
-"""How much longer than the watch's own timeout a silent connection may stay open."""
-BACKOFF_FIRST_S: Final = 0.5
-BACKOFF_MAX_S: Final = 30.0
-HTTP_GONE: Final = 410
 CHANGE_LOG: Final = 1024
 """Commits whose touched nodes ``changed_since`` remembers; a reader further behind rereads all."""
 _UNTOUCHED: Final[frozenset[str]] = frozenset()
@@ -71,17 +63,6 @@ class Tentative:
     node: str
     assignment: PodAssignment
     request: PodGpuRequest
-
-
-@dataclass(frozen=True, slots=True)
-class _Source:
-    """One kind of object the cache lists and watches, and where its events go."""
-
-    kind: str
-    list_fn: Callable[..., Any]
-    params: dict[str, str]
-    replace: Callable[[list[dict[str, Any]], int], None]
-    apply: Callable[[str, dict[str, Any]], None]
 
 
 class ClusterCache:
@@ -459,105 +440,28 @@ class ClusterCache:
         """Starts the node and pod list+watch threads; they end soon after ``stop`` is set."""
         core = client.CoreV1Api(api)
         sources = (
-            _Source(
+            Source(
                 "nodes",
                 core.list_node,
                 {},
                 lambda nodes, _listed_at: self.replace_all_nodes(nodes),
                 self.apply_node,
             ),
-            _Source(
+            Source(
                 "pods",
                 core.list_pod_for_all_namespaces,
                 {"field_selector": LIVE_PODS},
                 self.replace_all_pods,
                 self.apply_pod,
+                mark=lambda: self.version,
             ),
         )
-        for source in sources:
-            threading.Thread(
-                target=self._reflect, args=(source, stop), name=f"cache-{source.kind}", daemon=True
-            ).start()
+        reflector = Reflector(self.resync_s, self.watch_timeout_s, self._reconnected)
+        reflector.start(sources, stop)
 
-    def _reflect(self, source: _Source, stop: threading.Event) -> None:
-        """List, then watch from the list's resourceVersion; relist on 410 Gone and every resync."""
-        resource_version: str | None = None
-        due = 0.0
-        failures = 0
-        while not stop.is_set():
-            try:
-                if resource_version is None or time.monotonic() >= due:
-                    resource_version = self._relist(source)
-                    due = time.monotonic() + self.resync_s
-                resource_version = self._watch(source, resource_version, stop)
-                failures = 0
-            except Exception as err:  # noqa: BLE001 - any failure means reconnect; the loop lives
-                with self._lock:
-                    self.reconnects += 1
-                if isinstance(err, ApiException) and err.status == HTTP_GONE:
-                    log.info("%s watch expired at %s; relisting", source.kind, resource_version)
-                    resource_version = None
-                    continue
-                delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2**failures)
-                failures += 1
-                log.warning("%s list+watch failed (%s); retrying in %.1fs", source.kind, err, delay)
-                stop.wait(delay)
-
-    def _relist(self, source: _Source) -> str:
-        """Replaces every object of the kind; returns the list's resourceVersion."""
-        listed_at = self.version
-        items: list[dict[str, Any]] = []
-        params: dict[str, Any] = dict(source.params, limit=LIST_PAGE)
-        while True:
-            response = source.list_fn(
-                **params, _preload_content=False, _request_timeout=(CONNECT_TIMEOUT_S, 60.0)
-            )
-            body = json.loads(response.data)
-            items += body.get("items") or []
-            params["_continue"] = body["metadata"].get("continue")
-            if not params["_continue"]:
-                break
-        source.replace(items, listed_at)
-        log.info("listed %d %s", len(items), source.kind)
-        return body["metadata"]["resourceVersion"]
-
-    def _watch(self, source: _Source, resource_version: str, stop: threading.Event) -> str:
-        """Applies events until the watch ends or ``stop``; returns the last resourceVersion.
-
-        The stream is read here, not through ``kubernetes.watch.Watch``: without
-        deserializing it fails on ERROR events (such as 410 Gone), and with it
-        it builds a model object per event that the cache would throw away.
-        """
-        response = source.list_fn(
-            **source.params,
-            watch=True,
-            resource_version=resource_version,
-            timeout_seconds=self.watch_timeout_s,
-            allow_watch_bookmarks=True,
-            _preload_content=False,
-            _request_timeout=(CONNECT_TIMEOUT_S, self.watch_timeout_s + READ_SLACK_S),
-        )
-        try:
-            for line in response:
-                if line.strip():
-                    resource_version = _dispatch(source, json.loads(line))
-                if stop.is_set():
-                    break
-        finally:
-            response.close()
-            response.release_conn()
-        return resource_version
-
-
-def _dispatch(source: _Source, event: dict[str, Any]) -> str:
-    """Applies one watch event; returns the resourceVersion it brings."""
-    kind, obj = event["type"], event["object"]
-    if kind == "ERROR":
-        reason = f"{obj.get('reason')}: {obj.get('message')}"
-        raise ApiException(status=obj.get("code"), reason=reason)
-    if kind != "BOOKMARK":
-        source.apply(kind, obj)
-    return obj["metadata"]["resourceVersion"]
+    def _reconnected(self) -> None:
+        with self._lock:
+            self.reconnects += 1
 
 
 def _check_event(event_type: str) -> None:
