@@ -95,6 +95,12 @@ LINK_TYPES: Final = (LINK_NVLINK, LINK_PCIE_SWITCH, LINK_HOST_BRIDGE, LINK_NUMA,
 METRIC_ENGINE_QUEUE_DEPTH: Final = "infergrid_engine_queue_depth"  # gauge
 METRIC_ENGINE_E2E_LATENCY: Final = "infergrid_engine_e2e_latency_seconds"  # histogram
 METRIC_ENGINE_GPU_UTILIZATION: Final = "infergrid_engine_gpu_utilization_percent"  # gauge
+# On every child of an InferenceService (its Service, hence its EndpointSlices, and pods):
+# the service's name. The operator sets it; the gateway watches the slices that carry it.
+LABEL_INFERENCESERVICE: Final = "infergrid.io/inferenceservice"
+# Requests the gateway holds for a service with no ready pod (labels namespace, service): the
+# operator's autoscaler counts them as demand, so a service at zero replicas scales up.
+METRIC_GATEWAY_PENDING: Final = "infergrid_gateway_pending_requests"  # gauge
 
 # Version of every JSON document and fleet file in the contract.
 SCHEMA_VERSION: Final = "v1"

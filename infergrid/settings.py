@@ -52,6 +52,15 @@ def boolean(doc: dict[str, Any], key: str) -> bool:
     return field(doc, key, bool)
 
 
+def names(doc: dict[str, Any], key: str) -> tuple[str, ...]:
+    """A list of names, or one comma-separated string (the flag's form)."""
+    value = doc[key]
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ContractError(key, "expected a list of names or a comma-separated string")
+    return tuple(i.strip() for i in items if i.strip())
+
+
 def whole(low: int, high: int | None = None) -> Reader:
     return lambda doc, key: integer(doc, key, low=low, high=high)
 

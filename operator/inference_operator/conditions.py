@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .render import CANARY, STABLE, service_url, stable_selector
+from infergrid.tracks import CANARY, STABLE
+
+from .render import service_url, stable_selector
 
 READY, SCHEDULED, PROGRESSING, DEGRADED = "Ready", "Scheduled", "Progressing", "Degraded"
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from infergrid.constants import SCHEDULER_NAME
 from infergrid.errors import ContractError
-from infergrid.settings import Setting, boolean, number, text, whole
+from infergrid.settings import Setting, boolean, names, number, text, whole
 from infergrid.storage_uri import parse_storage_uri
 
 from .priority_classes import refuse_system_classes
@@ -30,15 +31,7 @@ class OperatorConfig:
     allow_model_download: bool = False
     allowed_priority_classes: tuple[str, ...] = ()  # none: services may name no class
     gpu_fault_grace_s: float = 60.0  # before a pod on an unhealthy GPU is replaced
-
-
-def names(doc: dict[str, Any], key: str) -> tuple[str, ...]:
-    """A list of names, or one comma-separated string (the flag's form)."""
-    value = doc[key]
-    items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
-        raise ContractError(key, "expected a list of names or a comma-separated string")
-    return tuple(i.strip() for i in items if i.strip())
+    gateway_metrics_url: str = ""  # none: no gateway, no pending requests to scale on
 
 
 def priority_classes(doc: dict[str, Any], key: str) -> tuple[str, ...]:
@@ -55,6 +48,21 @@ def url_template(doc: dict[str, Any], key: str) -> str:
         raise ContractError(
             key, f"only {{pod_ip}}, {{pod_name}}, {{namespace}} may appear: {err}"
         ) from err
+    return value
+
+
+def http_url(doc: dict[str, Any], key: str) -> str:
+    """An http(s) URL with a host; empty means none."""
+    if doc[key] == "":
+        return ""
+    value = text(doc, key)
+    try:
+        parts = urlsplit(value)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a bracket left open, a port that is no number
+        usable = False
+    if not usable:
+        raise ContractError(key, f"{value!r} is not an http:// or https:// URL with a host")
     return value
 
 
@@ -97,4 +105,8 @@ SETTINGS: Final = (
             "none); system-* is always refused"),
     Setting("gpuFaultGraceSeconds", "gpu_fault_grace_s", number(0, 86400),
             "seconds a pod's GPU stays unhealthy before the pod is replaced (default 60)"),
+    Setting("gatewayMetricsUrl", "gateway_metrics_url", http_url,
+            "the gateway's metrics URL, e.g. http://infergrid-gateway-metrics.infergrid.svc:9090"
+            "/metrics: its requests held for a service with no ready pod count as demand "
+            "(default: none, no gateway)"),
 )  # fmt: skip

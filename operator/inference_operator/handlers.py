@@ -51,7 +51,16 @@ from .config import OperatorConfig
 from .configmap_gc import collectable, configmaps_in_use, rollout_settled
 from .gpu_faults import pod_to_replace
 from .kube import Kube
-from .metrics_scrape import Buckets, ServiceMetrics, aggregate, scrapable, scrape, scrape_url
+from .metrics_scrape import (
+    Buckets,
+    MetricsUnreadable,
+    ServiceMetrics,
+    aggregate,
+    gateway_pending,
+    scrapable,
+    scrape,
+    scrape_url,
+)
 from .ownership import conflict_message, conflicts, controlled_by
 from .render import (
     LABEL_SERVICE,
@@ -296,12 +305,13 @@ def _write_status(memo: kopf.Memo, namespace: str, name: str) -> None:
 @dataclass(frozen=True, slots=True)
 class ScalerState:
     """What one autoscaler keeps between ticks: recommendations, latency counters, and the
-    replica count it last decided (to tell a hand-set count from its own)."""
+    replica count it last decided (to tell a hand-set count, or the gateway's, from its own)."""
 
     history: History = ()
     latency: dict[str, Buckets] = field(default_factory=dict)
     replicas: int | None = None
     ignored: frozenset[str] = frozenset()  # pods whose /metrics was ignored last tick
+    gateway_failing: bool = False  # the gateway's /metrics was unreadable last tick
 
 
 def autoscaling_on(spec: kopf.Spec, **_: Any) -> bool:
@@ -337,28 +347,59 @@ async def autoscale(
 async def autoscale_once(
     memo: kopf.Memo, body: kopf.Body, service: ServiceSpec, state: ScalerState
 ) -> ScalerState:
-    """One tick: the stable pods' metrics, the decision, the scale patch and status.metrics."""
+    """One tick: the stable pods' metrics and the gateway's pending requests, the decision,
+    the scale patch and status.metrics."""
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     pods = await asyncio.to_thread(memo.kube.pods, namespace, stable_selector(name))
     template = memo.config.metrics_url_template
     urls = {p["metadata"]["name"]: scrape_url(template, p) for p in pods if scrapable(p)}
-    scraped = await scrape(urls, memo.config.scrape_timeout_s)
+    scraped, (pending, gateway_failing) = await asyncio.gather(
+        scrape(urls, memo.config.scrape_timeout_s),
+        read_pending(memo.config, namespace, name, state.gateway_failing),
+    )
     warn_ignored_metrics(body, scraped.ignored, state.ignored)
     metrics = aggregate(scraped.samples, state.latency)
     scaling = service.autoscaling
     history = history_after(state.history, state.replicas, service.replicas)
     decision = desired_replicas(
         service.replicas, metrics.pods, ratios(metrics, scaling), ScalingPolicy.from_spec(scaling),
-        history, time.monotonic(),
+        history, time.monotonic(), pending=pending or 0,
     )  # fmt: skip
     if decision.replicas != service.replicas:
         await asyncio.to_thread(memo.kube.scale, namespace, name, decision.replicas)
         message = f"{service.replicas} -> {decision.replicas} replicas: {decision.reason}"
         announce(body, "Scaled", message)
-    status = {"metrics": metrics_status(metrics, decision)}
+    status = {"metrics": metrics_status(metrics, decision, pending)}
     await asyncio.to_thread(memo.kube.patch_status, namespace, name, status)
     latency = {pod: s.latency for pod, s in scraped.samples.items()}
-    return ScalerState(decision.history, latency, decision.replicas, frozenset(scraped.ignored))
+    return ScalerState(decision.history, latency, decision.replicas, frozenset(scraped.ignored),
+                       gateway_failing)  # fmt: skip
+
+
+async def read_pending(
+    cfg: OperatorConfig, namespace: str, name: str, failing: bool
+) -> tuple[float | None, bool]:
+    """The requests the gateway holds for the service, and whether reading them failed.
+
+    None without a gateway, or when its /metrics cannot be read: the rule counts that as no
+    pending request, and the tick goes on. A failure is logged once per streak of failures
+    (`failing` says whether the last tick's read failed), not on every tick.
+    """
+    if not cfg.gateway_metrics_url:
+        return None, False
+    try:
+        pending = await gateway_pending(
+            cfg.gateway_metrics_url, namespace, name, cfg.scrape_timeout_s
+        )
+    except MetricsUnreadable as err:
+        if not failing:
+            log.warning("%s/%s: gateway metrics %s unreadable (%s); no pending requests counted "
+                        "until they can be read", namespace, name, cfg.gateway_metrics_url,
+                        err)  # fmt: skip
+        return None, True
+    if failing:
+        log.info("%s/%s: gateway metrics readable again", namespace, name)
+    return pending, False
 
 
 def warn_ignored_metrics(owner: Any, ignored: Mapping[str, str], known: frozenset[str]) -> None:
@@ -370,12 +411,16 @@ def warn_ignored_metrics(owner: Any, ignored: Mapping[str, str], known: frozense
         kopf.warn(owner, reason="MetricsIgnored", message=message)
 
 
-def metrics_status(metrics: ServiceMetrics, decision: ScaleDecision) -> dict[str, Any]:
-    """status.metrics; a metric no pod exported is removed (None in a merge patch)."""
+def metrics_status(
+    metrics: ServiceMetrics, decision: ScaleDecision, pending: float | None
+) -> dict[str, Any]:
+    """status.metrics; a metric no pod exported, and the pending requests where no gateway
+    was read, are removed (None in a merge patch)."""
     return {
         "queueDepth": metrics.queue_depth,
         "p99LatencyMs": metrics.p99_latency_ms,
         "gpuUtilization": metrics.gpu_utilization,
+        "pendingRequests": pending,
         "observedAt": _now(),
         "desiredReplicas": decision.replicas,
     }
@@ -428,7 +473,11 @@ def _parse(memo: kopf.Memo, body: Any) -> ServiceSpec:
     """The spec, refused where this operator's settings cannot serve its weights."""
     cfg: OperatorConfig = memo.config
     service = parse_spec(
-        dict(body["spec"]), cfg.engine_image, cfg.scheduler_name, cfg.allowed_priority_classes
+        dict(body["spec"]),
+        cfg.engine_image,
+        cfg.scheduler_name,
+        cfg.allowed_priority_classes,
+        name=body["metadata"]["name"],
     )
     check_storage(service, model_storage(cfg))
     return service

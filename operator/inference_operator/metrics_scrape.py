@@ -1,14 +1,18 @@
-"""The engines' load, read from each engine pod's Prometheus /metrics.
+"""The engines' load, read from each engine pod's Prometheus /metrics, and the requests the
+gateway holds for a service, read from the gateway's.
 
 Three numbers drive the autoscaler: queue depth per replica, P99 end-to-end
 latency and GPU utilisation. Latency is a cumulative histogram, so its P99
 is taken over the requests since the previous scrape (bucket deltas per pod),
 not over the pod's lifetime, which would hide a new overload for hours.
-Parsing and aggregation are pure; only `scrape` does I/O.
+A fourth is the gateway's: requests it holds for a service with no ready pod.
+Parsing (`infergrid.engine_metrics` for an engine's text) and aggregation are pure;
+only `scrape` and `gateway_pending` do I/O.
 
 The engine image is the tenant's choice, so its /metrics is untrusted input: a body is
 read up to MAX_METRICS_BYTES, each request has the operator's scrape timeout, and the
 parsing runs in a worker thread, never on the event loop that serves every other handler.
+The gateway's /metrics is read within the same bounds.
 """
 
 from __future__ import annotations
@@ -24,30 +28,18 @@ from typing import Final
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from infergrid.constants import (
-    METRIC_ENGINE_E2E_LATENCY,
-    METRIC_ENGINE_GPU_UTILIZATION,
-    METRIC_ENGINE_QUEUE_DEPTH,
+from infergrid.constants import METRIC_GATEWAY_PENDING
+from infergrid.engine_metrics import (
+    MAX_METRICS_BYTES,
+    Buckets,
+    EngineSample,
+    parse_engine_metrics,
 )
 
 log = logging.getLogger("infergrid.operator.metrics")
 
-# An engine's /metrics is a few KiB; a body over this is refused, never held or parsed.
-MAX_METRICS_BYTES: Final = 1 << 20
 OVER_CAP: Final = f"/metrics is over the {MAX_METRICS_BYTES}-byte cap"
 _REASON_CHARS: Final = 200  # of a parse error, in an event: the parser quotes whole lines
-
-# (upper bound in seconds, cumulative count), ascending by bound, +Inf last.
-Buckets = tuple[tuple[float, float], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSample:
-    """One pod's scrape; a metric the engine does not export is None."""
-
-    queue_depth: float | None = None
-    gpu_utilization: float | None = None
-    latency: Buckets = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,28 +50,6 @@ class ServiceMetrics:
     queue_depth: float | None = None
     p99_latency_ms: float | None = None
     gpu_utilization: float | None = None
-
-
-def parse_engine_metrics(text: str) -> EngineSample:
-    """Queue depth (summed over series), GPU utilisation (mean over GPUs), latency buckets.
-
-    Raises ValueError on text that is not the Prometheus exposition format.
-    """
-    gauges: dict[str, list[float]] = defaultdict(list)
-    buckets: dict[float, float] = defaultdict(float)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if family.name == METRIC_ENGINE_E2E_LATENCY and sample.name.endswith("_bucket"):
-                buckets[float(sample.labels["le"])] += sample.value
-            elif family.name in (METRIC_ENGINE_QUEUE_DEPTH, METRIC_ENGINE_GPU_UTILIZATION):
-                gauges[family.name].append(sample.value)
-    queue = gauges.get(METRIC_ENGINE_QUEUE_DEPTH)
-    gpu = gauges.get(METRIC_ENGINE_GPU_UTILIZATION)
-    return EngineSample(
-        queue_depth=sum(queue) if queue else None,
-        gpu_utilization=sum(gpu) / len(gpu) if gpu else None,
-        latency=tuple(sorted(buckets.items())),
-    )
 
 
 def latency_delta(now: Buckets, before: Buckets | None) -> Buckets:
@@ -231,3 +201,50 @@ async def read_capped(stream: aiohttp.StreamReader, limit: int) -> bytes | None:
         if len(body) > limit:
             return None
     return bytes(body)
+
+
+def parse_gateway_pending(text: str, namespace: str, service: str) -> float:
+    """Requests the gateway holds for one service: its METRIC_GATEWAY_PENDING series, summed
+    (a series repeated, as several gateway replicas' are when gathered, counts each time);
+    0 when there is none.
+
+    Raises ValueError on text that is not the Prometheus exposition format, and on a value
+    that is no count (negative, NaN or infinite).
+    """
+    wanted = {"namespace": namespace, "service": service}
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name != METRIC_GATEWAY_PENDING:
+                continue
+            if any(sample.labels.get(key) != value for key, value in wanted.items()):
+                continue
+            if not (math.isfinite(sample.value) and sample.value >= 0):
+                raise ValueError(f"{sample.name} of {namespace}/{service} is {sample.value}")
+            total += sample.value
+    return total
+
+
+class MetricsUnreadable(Exception):
+    """A /metrics that gave nothing usable: no answer, an error status, over the cap, or not
+    Prometheus text. The message says which."""
+
+
+async def gateway_pending(url: str, namespace: str, service: str, timeout_s: float) -> float:
+    """The requests the gateway at `url` holds for the service, read within an engine
+    scrape's bounds (timeout_s for the request, body included; MAX_METRICS_BYTES; parsed in
+    a worker thread). Raises MetricsUnreadable."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
+            if resp.status != 200:
+                raise MetricsUnreadable(f"HTTP status {resp.status}")
+            body = await read_capped(resp.content, MAX_METRICS_BYTES)
+    except (aiohttp.ClientError, TimeoutError) as err:
+        raise MetricsUnreadable(f"no answer: {err!r}") from err
+    if body is None:
+        raise MetricsUnreadable(OVER_CAP)
+    try:
+        return await asyncio.to_thread(parse_gateway_pending, body.decode(), namespace, service)
+    except ValueError as err:  # UnicodeDecodeError is one
+        raise MetricsUnreadable(f"unusable: {str(err)[:_REASON_CHARS]}") from err

@@ -17,6 +17,7 @@ import yaml
 from infergrid.constants import (
     ANNOTATION_PLACEMENT_POLICY,
     ANNOTATION_TOPOLOGY,
+    LABEL_INFERENCESERVICE,
     RESOURCE_GPU,
     RESOURCE_GPU_CORES,
     RESOURCE_GPU_MEMORY,
@@ -32,16 +33,15 @@ from infergrid.storage_uri import (
     HF_HOME_MOUNT,
     parse_storage_uri,
 )
+from infergrid.tracks import CANARY, STABLE, TRACKS, deployment_name
 
 from .spec import Resources, ServiceSpec
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
-LABEL_SERVICE = "infergrid.io/inferenceservice"
+LABEL_SERVICE = LABEL_INFERENCESERVICE  # the gateway selects the Service's EndpointSlices by it
 LABEL_TRACK = "infergrid.io/track"
 ENGINE_APP = "infergrid-engine"
-STABLE, CANARY = "stable", "canary"
-TRACKS = (STABLE, CANARY)
 
 ENGINE_PORT = DEFAULT_PORT
 SERVICE_PORT = 80
@@ -80,10 +80,6 @@ class TrackStorage:
     volumes: tuple[dict[str, Any], ...] = ()
     mounts: tuple[dict[str, Any], ...] = ()
     env: tuple[dict[str, str], ...] = ()
-
-
-def deployment_name(name: str, track: str) -> str:
-    return name if track == STABLE else f"{name}-{CANARY}"
 
 
 def configmap_name(spec: ServiceSpec, name: str, track: str) -> str:

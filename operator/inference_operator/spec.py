@@ -20,6 +20,7 @@ from infergrid.errors import ContractError
 from infergrid.gpu_models import GpuConstraint, check_models, parse_capability
 from infergrid.serving_config import FORMATS, TASKS, read_crd_engine
 from infergrid.storage_uri import parse_storage_uri
+from infergrid.tracks import MAX_NAME_WITH_CANARY
 
 from .priority_classes import check_priority_class
 
@@ -100,10 +101,13 @@ def parse_spec(
     default_image: str,
     default_scheduler: str,
     priority_classes: Collection[str] = (),
+    *,
+    name: str = "",
 ) -> ServiceSpec:
     """The spec of an InferenceService; the defaults fill what the CRD did not.
 
-    priority_classes are those the operator allows (its allowedPriorityClasses).
+    priority_classes are those the operator allows (its allowedPriorityClasses); name is the
+    service's metadata.name, which bounds whether it may have a canary.
     """
     doc = expect(doc, dict, "spec")
     engine = field(doc, "engine", dict, "spec", {})
@@ -117,7 +121,7 @@ def parse_spec(
         ),
         replicas=integer(doc, "replicas", "spec", low=0, high=1000, default=1),
         autoscaling=_autoscaling(field(doc, "autoscaling", dict, "spec", {})),
-        canary=_canary(doc.get("canary")),
+        canary=_canary(doc.get("canary"), name),
     )
 
 
@@ -255,10 +259,17 @@ def _autoscaling(doc: dict[str, Any]) -> Autoscaling:
     return scaling
 
 
-def _canary(doc: object) -> Canary | None:
+def _canary(doc: object, name: str) -> Canary | None:
     if doc is None:
         return None
     path = "spec.canary"
+    if len(name) > MAX_NAME_WITH_CANARY:
+        raise ContractError(
+            path,
+            f"is only allowed for a name of at most {MAX_NAME_WITH_CANARY} characters "
+            f"({name!r} has {len(name)}): Kubernetes cuts longer pod names so that the "
+            "gateway cannot tell the canary's pods from the stable ones",
+        )
     doc = expect(doc, dict, path)
     return Canary(_uri(doc, path), integer(doc, "trafficPercent", path, low=0, high=100))
 

@@ -147,9 +147,9 @@ def test_a_missing_or_unreadable_file_is_named(tmp_path):
 
 
 def test_what_the_operator_renders_is_what_the_engine_reads(tmp_path):
-    from inference_operator.render import STABLE
     from inference_operator.render import engine_config as render_engine_config
     from inference_operator.spec import parse_spec
+    from infergrid.tracks import STABLE
 
     spec = parse_spec(
         {"model": {"name": "m", "storageUri": "pkg://llm-tiny"}, "resources": {"gpus": 1},

@@ -138,6 +138,90 @@ def test_the_autoscalers_own_count_keeps_its_history():
     assert history_after(history, 3, 5) == ()
 
 
+SCALE_TO_ZERO = ScalingPolicy(min_replicas=0, max_replicas=5, stabilization_s=300,
+                              target_queue_depth=8)  # fmt: skip
+WINDOW_TICKS = int(SCALE_TO_ZERO.stabilization_s / TICK)
+
+
+def test_an_idle_service_goes_to_zero_after_a_window_and_stays_there():
+    """Engines that report no load: 1 replica for a window, then 0; with no pod left, nothing
+    reports, and 0 stands."""
+    seen = run([0.0] * (WINDOW_TICKS + 5), SCALE_TO_ZERO, start=1)
+    assert seen[:WINDOW_TICKS] == [1] * WINDOW_TICKS
+    assert seen[WINDOW_TICKS:] == [0] * 5
+
+
+def test_one_pending_request_at_zero_replicas_asks_for_one():
+    assert recommend(0, 0, {}, SCALE_TO_ZERO, pending=1) == 1
+    decision = desired_replicas(0, 0, {}, SCALE_TO_ZERO, (), 0.0, pending=1)
+    assert (decision.replicas, decision.reason) == (1, "1 requests pending at the gateway")
+
+
+def test_no_pending_request_at_zero_replicas_stays_at_zero():
+    assert recommend(0, 0, {}, SCALE_TO_ZERO, pending=0) == 0
+    assert desired_replicas(0, 0, {}, SCALE_TO_ZERO, (), 0.0).replicas == 0
+
+
+def test_pending_requests_ask_for_a_replica_per_target_queue_depth():
+    assert recommend(0, 0, {}, SCALE_TO_ZERO, pending=8) == 1
+    assert recommend(0, 0, {}, SCALE_TO_ZERO, pending=17) == 3
+    assert recommend(2, 0, {}, SCALE_TO_ZERO, pending=1) == 2  # pods starting: the count stands
+
+
+def test_pending_requests_add_to_the_load_as_queued_requests_would():
+    """Two pods at target queue depth and two replicas' worth held at the gateway ask for
+    what two pods at twice the target would."""
+    busy = {"queueDepth": 1.0, "gpuUtilization": 0.5}
+    assert recommend(2, 2, busy, SCALE_TO_ZERO, pending=16) == 4
+    assert recommend(2, 2, {**busy, "queueDepth": 2.0}, SCALE_TO_ZERO) == 4
+    assert recommend(2, 2, {"gpuUtilization": 0.5}, SCALE_TO_ZERO, pending=24) == 3
+    hot = {"queueDepth": 0.5, "p99LatencyMs": 2.0}  # latency, not the queue, asks for most
+    assert recommend(2, 2, hot, SCALE_TO_ZERO, pending=8) == 4
+
+
+def test_pending_requests_are_clamped_by_max_replicas():
+    assert recommend(0, 0, {}, SCALE_TO_ZERO, pending=1000) == SCALE_TO_ZERO.max_replicas
+    assert recommend(3, 3, {"queueDepth": 1.0}, SCALE_TO_ZERO, pending=1000) == 5
+
+
+def test_the_first_request_brings_an_idle_service_back_and_holds_it_a_window():
+    """At 0 replicas a request waits at the gateway: 1 replica at once. Once it is served,
+    the window remembers the 1, which holds before the service idles back to 0."""
+    replicas, history = 0, ()
+    for tick, pending in enumerate([0, 0, 1, 1]):  # the pod starts: the request still waits
+        decision = desired_replicas(replicas, 0, {}, SCALE_TO_ZERO, history, tick * TICK,
+                                    pending=pending)  # fmt: skip
+        replicas, history = decision.replicas, decision.history
+        assert replicas == (1 if pending else 0)
+    seen = {}
+    for tick in range(4, 4 + WINDOW_TICKS + 2):  # served; the engine reports no load
+        decision = desired_replicas(replicas, replicas, {"queueDepth": 0.0} if replicas else {},
+                                    SCALE_TO_ZERO, history, tick * TICK)  # fmt: skip
+        replicas, history = decision.replicas, decision.history
+        seen[tick] = replicas
+    last_pending = 3
+    assert {seen[t] for t in range(4, last_pending + WINDOW_TICKS)} == {1}
+    assert seen[last_pending + WINDOW_TICKS] == 0
+
+
+def test_a_count_the_gateway_set_from_zero_holds_for_a_window():
+    """The gateway scales 0 -> 1 through the scale subresource, and its request is served
+    before the autoscaler's next tick: the 1 is a count the autoscaler did not set, so it
+    starts a new window (history_after), and holds for it before going back to 0."""
+    decision = desired_replicas(0, 0, {}, SCALE_TO_ZERO, (), now=0.0)
+    history, last_set = decision.history, decision.replicas
+    replicas, seen = 1, []  # what the gateway set
+    for tick in range(1, WINDOW_TICKS + 3):
+        history = history_after(history, last_set, replicas)
+        metric = {"queueDepth": 0.0} if replicas else {}
+        decision = desired_replicas(replicas, replicas, metric, SCALE_TO_ZERO, history,
+                                    tick * TICK)  # fmt: skip
+        replicas, history, last_set = decision.replicas, decision.history, decision.replicas
+        seen.append(replicas)
+    assert seen[:WINDOW_TICKS] == [1] * WINDOW_TICKS
+    assert seen[-1] == 0
+
+
 loads = st.lists(st.floats(min_value=0.0, max_value=40.0), min_size=1, max_size=80)
 
 

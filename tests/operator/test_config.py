@@ -73,6 +73,27 @@ def test_bad_values_are_named(argv):
         load(argv)
 
 
+GATEWAY = "http://infergrid-gateway-metrics.infergrid.svc:9090/metrics"
+
+
+def test_the_gateways_metrics_url_is_none_by_default_and_set_by_file_or_flag(tmp_path):
+    assert load([]).gateway_metrics_url == ""
+    path = tmp_path / "operator.yaml"
+    path.write_text(f"version: v1\ngatewayMetricsUrl: {GATEWAY}\n")
+    assert load(["--config", str(path)]).gateway_metrics_url == GATEWAY
+    assert load(["--config", str(path), "--gateway-metrics-url", ""]).gateway_metrics_url == ""
+    assert load([f"--gateway-metrics-url={GATEWAY}"]).gateway_metrics_url == GATEWAY
+
+
+@pytest.mark.parametrize(
+    "url", ["infergrid-gateway:9090/metrics", "ftp://gw/metrics", "http://", "http://gw:port/"]
+)
+def test_a_gateway_metrics_url_that_is_no_http_url_is_named(url):
+    with pytest.raises(ContractError) as err:
+        load([f"--gateway-metrics-url={url}"])
+    assert err.value.field == "gatewayMetricsUrl"
+
+
 def test_policy_reads_percentages_as_fractions():
     policy = ScalingPolicy.from_spec(Autoscaling(tolerance_percent=15, warm_pool=2))
     assert policy.tolerance == 0.15 and policy.warm_pool == 2

@@ -7,6 +7,7 @@ neighbours stubbed out; parsing, rendering, ownership and the conditions are rea
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import kopf
@@ -14,7 +15,9 @@ import pytest
 
 from inference_operator import handlers, render
 from inference_operator.config import OperatorConfig
-from inference_operator.metrics_scrape import OVER_CAP, EngineSample, ScrapeRound
+from inference_operator.metrics_scrape import OVER_CAP, MetricsUnreadable, ScrapeRound
+from infergrid.engine_metrics import EngineSample
+from infergrid.tracks import MAX_NAME_WITH_CANARY
 
 MODEL = {"name": "m", "storageUri": "pkg://m"}
 
@@ -100,6 +103,14 @@ def test_hf_without_the_operators_cache_or_downloads_shows_as_invalid_spec(event
     message = refused(memo(), body)["Ready"]["message"]
     assert message.startswith("spec.canary.storageUri: ")
     assert "hfCacheClaim" in message and "allowModelDownload" in message
+
+
+def test_a_canary_on_a_name_too_long_for_the_gateway_shows_as_invalid_spec(events):
+    body = service(canary={"storageUri": "pkg://c", "trafficPercent": 10})
+    body["metadata"]["name"] = "a" * (MAX_NAME_WITH_CANARY + 1)
+    conditions = refused(memo(), body)
+    assert conditions["Ready"]["reason"] == "InvalidSpec"
+    assert conditions["Ready"]["message"].startswith("spec.canary: ")
 
 
 @pytest.mark.parametrize(
@@ -257,3 +268,72 @@ def test_a_pod_whose_metrics_are_ignored_is_named_in_one_event_and_the_others_st
             "message": f"pod chat-huge: {OVER_CAP}; the autoscaler ignores its metrics",
         }
     ]
+
+
+GATEWAY = "http://gateway.infergrid.svc:9090/metrics"
+TO_ZERO = {"enabled": True, "minReplicas": 0, "maxReplicas": 4, "targetQueueDepth": 8}
+
+
+def idle_at_zero(monkeypatch, answers: list[float | Exception]) -> tuple[kopf.Memo, list[int]]:
+    """A service at 0 replicas with no pod, and a gateway answering `answers` in turn, read
+    for ml/chat at GATEWAY within the scrape timeout; the replica counts scaled to."""
+    m = memo(gateway_metrics_url=GATEWAY)
+    scaled: list[int] = []
+    m.kube.scale = lambda namespace, name, replicas: scaled.append(replicas)
+
+    async def gateway_pending(url: str, namespace: str, name: str, timeout_s: float) -> float:
+        assert (url, namespace, name, timeout_s) == (GATEWAY, "ns", "chat", 2.0)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(handlers, "gateway_pending", gateway_pending)
+    return m, scaled
+
+
+def tick(m: kopf.Memo, body: dict[str, Any], state: Any) -> Any:
+    return asyncio.run(handlers.autoscale_once(m, body, handlers._parse(m, body), state))
+
+
+def test_a_request_pending_at_the_gateway_scales_a_service_up_from_zero(events, monkeypatch):
+    m, scaled = idle_at_zero(monkeypatch, [0, 1])
+    body = service(replicas=0, autoscaling=TO_ZERO)
+    state = tick(m, body, handlers.ScalerState())
+    assert scaled == [] and m.kube.status[-1]["metrics"]["pendingRequests"] == 0
+    tick(m, body, state)
+    assert scaled == [1]
+    assert m.kube.status[-1]["metrics"]["pendingRequests"] == 1
+    assert events[-1] == {
+        "reason": "Scaled",
+        "message": "0 -> 1 replicas: 1 requests pending at the gateway",
+    }
+
+
+def test_an_unreadable_gateway_counts_no_pending_request_and_warns_once_a_streak(
+    events, monkeypatch, caplog
+):
+    down = MetricsUnreadable("no answer: refused")
+    m, scaled = idle_at_zero(monkeypatch, [down, down, 0, down])
+    body = service(replicas=0, autoscaling=TO_ZERO)
+    state = handlers.ScalerState()
+    with caplog.at_level(logging.INFO, logger="infergrid.operator"):
+        for _ in range(4):
+            state = tick(m, body, state)
+    assert scaled == []
+    assert [s["metrics"]["pendingRequests"] for s in m.kube.status] == [None, None, 0, None]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    warning = (
+        "WARNING",
+        f"ns/chat: gateway metrics {GATEWAY} unreadable (no answer: refused); no pending "
+        "requests counted until they can be read",
+    )
+    assert lines == [warning, ("INFO", "ns/chat: gateway metrics readable again"), warning]
+
+
+def test_without_a_gateway_nothing_is_read_and_no_pending_count_is_reported(monkeypatch):
+    m = memo()
+    monkeypatch.setattr(handlers, "gateway_pending", None)  # a call would fail
+    state = tick(m, service(replicas=0, autoscaling=TO_ZERO), handlers.ScalerState())
+    assert m.kube.status[-1]["metrics"]["pendingRequests"] is None
+    assert state.gateway_failing is False

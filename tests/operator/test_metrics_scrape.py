@@ -1,4 +1,5 @@
-"""Reading the engines' /metrics: gauges, the latency histogram, and P99 per interval."""
+"""Reading the engines' /metrics (bounded, off the event loop) into a service's load with P99
+per interval, and the gateway's /metrics into the requests it holds for a service."""
 
 from __future__ import annotations
 
@@ -8,60 +9,24 @@ import threading
 
 import pytest
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
 from inference_operator import metrics_scrape
 from inference_operator.metrics_scrape import (
-    MAX_METRICS_BYTES,
     OVER_CAP,
-    EngineSample,
+    MetricsUnreadable,
     ScrapeRound,
     aggregate,
+    gateway_pending,
     histogram_quantile,
     latency_delta,
-    parse_engine_metrics,
+    parse_gateway_pending,
     scrapable,
     scrape,
     scrape_url,
 )
-from infergrid.constants import (
-    METRIC_ENGINE_E2E_LATENCY,
-    METRIC_ENGINE_GPU_UTILIZATION,
-    METRIC_ENGINE_QUEUE_DEPTH,
-)
-
-BOUNDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-
-
-def engine_text(queue=3, gpus=(50, 70), latencies=()) -> str:
-    """What an engine exports, written by prometheus_client itself."""
-    registry = CollectorRegistry()
-    Gauge(METRIC_ENGINE_QUEUE_DEPTH, "waiting", registry=registry).set(queue)
-    util = Gauge(METRIC_ENGINE_GPU_UTILIZATION, "util", ["gpu"], registry=registry)
-    for i, value in enumerate(gpus):
-        util.labels(str(i)).set(value)
-    histogram = Histogram(METRIC_ENGINE_E2E_LATENCY, "e2e", buckets=BOUNDS, registry=registry)
-    for seconds in latencies:
-        histogram.observe(seconds)
-    return generate_latest(registry).decode()
-
-
-def test_parses_queue_depth_mean_gpu_utilisation_and_buckets():
-    sample = parse_engine_metrics(engine_text(queue=3, gpus=(50, 70), latencies=[0.07, 0.3]))
-    assert sample.queue_depth == 3
-    assert sample.gpu_utilization == 60
-    assert dict(sample.latency) == {0.05: 0, 0.1: 1, 0.25: 1, 0.5: 2, 1.0: 2, 2.5: 2,
-                                    float("inf"): 2}  # fmt: skip
-
-
-def test_metrics_an_engine_does_not_export_are_none():
-    sample = parse_engine_metrics("# TYPE other gauge\nother 1\n")
-    assert sample == EngineSample()
-
-
-def test_text_that_is_not_prometheus_is_a_value_error():
-    with pytest.raises(ValueError):
-        parse_engine_metrics("{not: prometheus}\n")
+from infergrid.constants import METRIC_GATEWAY_PENDING
+from infergrid.engine_metrics import MAX_METRICS_BYTES, parse_engine_metrics
+from tests.test_engine_metrics import engine_text
 
 
 def test_p99_interpolates_inside_its_bucket():
@@ -232,6 +197,95 @@ def test_parsing_runs_off_the_event_loop(unused_tcp_port, monkeypatch):
     scraped = asyncio.run(serve_and_scrape(unused_tcp_port, {"normal": body}))
     assert list(scraped.samples) == ["normal"]
     assert threads and threads[0] is not threading.main_thread()
+
+
+def gateway_text(*series: tuple[str, str, float]) -> str:
+    """The gateway's /metrics: one pending-requests series per (namespace, service, count)."""
+    lines = [f"# TYPE {METRIC_GATEWAY_PENDING} gauge"]
+    lines += [f'{METRIC_GATEWAY_PENDING}{{namespace="{ns}",service="{svc}"}} {count}'
+              for ns, svc, count in series]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def test_the_gateways_pending_requests_are_read_for_one_service():
+    text = gateway_text(("ml", "chat", 3), ("ml", "embed", 7), ("other", "chat", 11))
+    assert parse_gateway_pending(text, "ml", "chat") == 3
+    assert parse_gateway_pending(text, "other", "chat") == 11
+
+
+def test_no_series_for_the_service_is_no_pending_request():
+    assert parse_gateway_pending(gateway_text(("ml", "embed", 7)), "ml", "chat") == 0
+    assert parse_gateway_pending(engine_text(), "ml", "chat") == 0
+    assert parse_gateway_pending("", "ml", "chat") == 0
+
+
+def test_the_series_of_several_gateway_replicas_are_summed():
+    repeated = gateway_text(("ml", "chat", 2), ("ml", "chat", 3))
+    assert parse_gateway_pending(repeated, "ml", "chat") == 5
+    labelled = "".join(
+        f'{METRIC_GATEWAY_PENDING}{{namespace="ml",service="chat",pod="{pod}"}} {count}\n'
+        for pod, count in (("gw-a", 2), ("gw-b", 4))
+    )
+    assert parse_gateway_pending(labelled, "ml", "chat") == 6
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["{garbage\n", gateway_text(("ml", "chat", float("nan"))), gateway_text(("ml", "chat", -1))],
+)
+def test_gateway_text_that_is_no_count_is_a_value_error(text):
+    with pytest.raises(ValueError):
+        parse_gateway_pending(text, "ml", "chat")
+
+
+async def serve_gateway(port: int, url_path: str, answers: dict[str, tuple[int, bytes]]) -> float:
+    """gateway_pending of ml/chat, from a real local HTTP server answering each path."""
+
+    async def metrics(request: web.Request) -> web.Response:
+        status, body = answers[request.match_info["path"]]
+        return web.Response(status=status, body=body)
+
+    app = web.Application()
+    app.router.add_get("/{path}", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        return await gateway_pending(f"http://127.0.0.1:{port}/{url_path}", "ml", "chat", 2)
+    finally:
+        await runner.cleanup()
+
+
+ANSWERS = {
+    "metrics": (200, gateway_text(("ml", "chat", 2)).encode()),
+    "missing": (404, b"not found"),
+    "huge": (200, gateway_text(("ml", "chat", 2)).encode() + b"# pad\n" * (MAX_METRICS_BYTES // 3)),
+    "garbage": (200, b"{garbage\n"),
+    "binary": (200, b"\xff\xfe\x00"),
+}
+
+
+def test_the_gateway_is_read_over_http(unused_tcp_port):
+    assert asyncio.run(serve_gateway(unused_tcp_port, "metrics", ANSWERS)) == 2
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("missing", "HTTP status 404"),
+        ("huge", OVER_CAP),
+        ("garbage", "unusable: "),
+        ("binary", "unusable: "),
+    ],
+)
+def test_a_gateway_answer_that_gives_no_count_is_unreadable(unused_tcp_port, path, reason):
+    with pytest.raises(MetricsUnreadable, match=f"^{reason}"):
+        asyncio.run(serve_gateway(unused_tcp_port, path, ANSWERS))
+
+
+def test_a_gateway_that_does_not_answer_is_unreadable():
+    with pytest.raises(MetricsUnreadable, match="^no answer: "):
+        asyncio.run(gateway_pending("http://127.0.0.1:1/metrics", "ml", "chat", 2))
 
 
 @pytest.fixture()

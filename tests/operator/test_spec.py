@@ -9,6 +9,7 @@ import yaml
 
 from inference_operator.spec import LOAD_TIMEOUT_S, parse_spec
 from infergrid.errors import ContractError
+from infergrid.tracks import MAX_NAME_WITH_CANARY
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "deploy" / "samples"
@@ -180,3 +181,18 @@ def test_gpu_models_and_a_least_compute_capability_are_read():
     assert constraint.models == ("NVIDIA A100-SXM4-80GB", "h100-80gb")
     assert constraint.min_capability == (8, 0)
     assert parse(MINIMAL).resources.gpu_constraint.empty
+
+
+def test_a_canary_is_refused_for_a_name_too_long_to_tell_its_pods_from_the_stable_ones():
+    """Kubernetes cuts a pod's generated name to 58 characters before its random suffix; past
+    MAX_NAME_WITH_CANARY the cut leaves too little of `<name>-canary-` and `<name>-<hash>-`
+    for the gateway to tell the tracks' pods apart."""
+    canary = {**MINIMAL, "canary": {"storageUri": "pkg://c", "trafficPercent": 10}}
+    longest = "a" * MAX_NAME_WITH_CANARY
+    assert parse_spec(canary, "img:1", "sched", name=longest).canary is not None
+    assert parse_spec(MINIMAL, "img:1", "sched", name=longest + "b").canary is None
+    with pytest.raises(ContractError) as raised:
+        parse_spec(canary, "img:1", "sched", name=longest + "b")
+    assert raised.value.field == "spec.canary"
+    assert f"at most {MAX_NAME_WITH_CANARY} characters" in raised.value.reason
+    assert "cannot tell the canary's pods from the stable ones" in raised.value.reason
