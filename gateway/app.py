@@ -1,0 +1,405 @@
+"""The gateway's HTTP face: the OpenAI API in front of every InferenceService.
+
+A request goes through, in order: the key (401), the body (413, 408, 400 naming the field),
+the model (404 listing the served ones), the tenant's limits (429 with Retry-After), a hold
+while its service has no ready pod (the gateway asks for a replica of a service at zero),
+the canary split, the choice of a pod, and the forward, retried on another pod while the
+client has seen nothing. Nothing reaches an engine that the gateway refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+
+import aiohttp
+from aiohttp import web
+
+from gateway.admission import Admission
+from gateway.balancer import Balancer, prefix_key
+from gateway.catalog import Backend, Key, Route
+from gateway.config import GatewayConfig
+from gateway.live_catalog import LiveCatalog
+from gateway.loads import Loads, scrape_queue_depths
+from gateway.metrics import GatewayMetrics
+from gateway.proxy import Answer, Retryable, error_json, forward
+from gateway.request_body import CHAT, COMPLETIONS, EMBEDDINGS, ParsedRequest, parse_request
+from gateway.split import TrackSplit
+from gateway.tenants import UNLIMITED, KeyTable, TenantLimits
+from infergrid.errors import ContractError
+
+log = logging.getLogger("infergrid.gateway")
+
+MAX_ATTEMPTS = 3  # pods tried for one request before it is answered 503
+SCALE_ASK_EVERY_S = 5.0  # a service at zero is asked for a replica at most this often
+HOLD_POLL_S = 1.0  # a held request looks again at least this often
+Scaler = Callable[[str, str], Awaitable[bool]]
+
+
+class Refusal(Exception):
+    """An answer the gateway gives itself; `reason` is its metrics label."""
+
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.kind = status, reason, kind
+        self.param, self.code, self.retry_after = param, code, retry_after
+
+    def response(self) -> web.Response:
+        body = error_json(str(self), self.kind, self.param, self.code)
+        response = web.json_response(body, status=self.status)
+        if self.retry_after is not None:
+            response.headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
+        return response
+
+
+@dataclass(slots=True)
+class Served:
+    """What one forwarded request came to, for the metrics."""
+
+    track: str = ""
+    status: int = 0
+
+
+class Gateway:
+    def __init__(
+        self,
+        cfg: GatewayConfig,
+        live: LiveCatalog,
+        metrics: GatewayMetrics | None = None,
+        scaler: Scaler | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg, self.live, self.scaler, self.clock = cfg, live, scaler, clock
+        self.metrics = metrics or GatewayMetrics()
+        self.loads = Loads(cfg.failure_cooldown_s)
+        self.balancer = Balancer(cfg.routing, cfg.affinity_slack)
+        self.admission = Admission()
+        self.keys: KeyTable | None = None  # None with keys required: not loaded yet
+        self.keys_required = cfg.secret is not None
+        self.splits: dict[Key, TrackSplit] = {}
+        self.held: dict[Key, int] = {}
+        self.asked_at: dict[Key, float] = {}
+        self.in_flight = 0
+        self.draining = False
+        self.session: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self.timeouts = aiohttp.ClientTimeout(
+            total=cfg.upstream_timeout_s, sock_connect=cfg.connect_timeout_s
+        )
+
+    # The application.
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.cfg.max_body_bytes)
+        for path in (CHAT, COMPLETIONS, EMBEDDINGS):
+            app.router.add_post(path, partial(self.handle, path))
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.on_startup.append(self._open)
+        app.on_cleanup.append(self._close)
+        return app
+
+    def metrics_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self.prometheus)
+        return app
+
+    async def _open(self, _app: web.Application) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self._spawn(self._scrape_forever())
+
+    async def _close(self, _app: web.Application) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self.session is not None:
+            await self.session.close()
+
+    def _spawn(self, coro: Awaitable[object]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # Probes and listings.
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        problems = self.not_ready()
+        status = 503 if problems else 200
+        return web.json_response({"ready": not problems, "waiting for": problems}, status=status)
+
+    def not_ready(self) -> list[str]:
+        problems = []
+        if self.draining:
+            problems.append("draining")
+        if not self.live.synced:
+            problems.append("the first list of InferenceServices and EndpointSlices")
+        if self.keys_required and self.keys is None:
+            problems.append(f"the API keys of Secret {self.cfg.api_keys_secret}")
+        return problems
+
+    async def prometheus(self, _request: web.Request) -> web.Response:
+        body = self.metrics.exposition()
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+    async def models(self, request: web.Request) -> web.Response:
+        try:
+            self.tenant(request)
+        except Refusal as refusal:
+            return refusal.response()
+        catalog = self.live.current
+        data = [
+            {"id": model, "object": "model", "created": 0,
+             "owned_by": f"{route.namespace}/{route.service}"}
+            for model, route in sorted(catalog.routes.items())
+        ]  # fmt: skip
+        return web.json_response({"object": "list", "data": data})
+
+    # A request.
+
+    async def handle(self, endpoint: str, request: web.Request) -> web.StreamResponse:
+        arrived = self.clock()
+        tenant = UNLIMITED
+        try:
+            tenant = self.tenant(request)
+            raw = await self._body(request)
+            parsed = self._parse(raw, endpoint)
+            route = self._route(parsed.model)
+            decision = self.admission.admit(tenant, parsed.estimate, self.clock())
+            if not decision.admitted:
+                raise Refusal(
+                    429, "rate_limited",
+                    f"tenant {tenant.name} is over its {decision.reason} limit; retry after "
+                    f"{math.ceil(decision.retry_after_s)} s",
+                    kind="rate_limit_error", code=f"{decision.reason}_limit",
+                    retry_after=decision.retry_after_s,
+                )  # fmt: skip
+        except Refusal as refusal:
+            self.metrics.refused.labels(refusal.reason, tenant.name).inc()
+            return refusal.response()
+        return await self._admitted(request, raw, parsed, route, tenant, arrived)
+
+    async def _admitted(
+        self, request: web.Request, raw: bytes, parsed: ParsedRequest, route: Route,
+        tenant: TenantLimits, arrived: float,
+    ) -> web.StreamResponse:  # fmt: skip
+        served, used = Served(), None
+        self.in_flight += 1
+        self.metrics.in_flight.labels(route.model).inc()
+        try:
+            answer = await self._serve(request, raw, parsed, route, arrived, served, tenant)
+            used = answer.tokens_used
+            return answer.response
+        except Refusal as refusal:
+            self.metrics.refused.labels(refusal.reason, tenant.name).inc()
+            return refusal.response()
+        finally:
+            self.in_flight -= 1
+            self.metrics.in_flight.labels(route.model).dec()
+            self.admission.settle(tenant, parsed.estimate, used, self.clock())
+            if served.track:
+                labels = (route.model, served.track, tenant.name)
+                self.metrics.requests.labels(*labels, str(served.status)).inc()
+                self.metrics.latency.labels(*labels).observe(self.clock() - arrived)
+
+    def tenant(self, request: web.Request) -> TenantLimits:
+        if not self.keys_required:
+            return UNLIMITED
+        scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            message = "an API key is required: Authorization: Bearer <key>"
+            raise Refusal(401, "unauthorized", message, code="missing_api_key")
+        limits = self.keys.tenant(key.strip()) if self.keys is not None else None
+        if limits is None:
+            raise Refusal(401, "unauthorized", "the API key is not valid", code="invalid_api_key")
+        return limits
+
+    def _parse(self, raw: bytes, endpoint: str) -> ParsedRequest:
+        try:
+            return parse_request(raw, endpoint, self.cfg.default_max_tokens)
+        except ContractError as err:
+            raise Refusal(400, "bad_request", str(err), param=err.field) from None
+
+    async def _body(self, request: web.Request) -> bytes:
+        limit = self.cfg.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise Refusal(413, "bad_request", f"body: over the {limit}-byte limit", param="body")
+        try:
+            async with asyncio.timeout(self.cfg.read_timeout_s):
+                raw = await request.content.read(limit + 1)
+                while len(raw) <= limit and not request.content.at_eof():
+                    more = await request.content.read(limit + 1 - len(raw))
+                    if not more:
+                        break
+                    raw += more
+        except TimeoutError:
+            raise Refusal(
+                408, "bad_request", "body: did not arrive in time", param="body"
+            ) from None
+        if len(raw) > limit:
+            raise Refusal(413, "bad_request", f"body: over the {limit}-byte limit", param="body")
+        return raw
+
+    def _route(self, model: str) -> Route:
+        route = self.live.current.routes.get(model)
+        if route is None:
+            served = ", ".join(self.live.current.models()) or "none"
+            raise Refusal(404, "unknown_model", f"model {model!r} is not served; served: {served}",
+                          param="model", code="model_not_found")  # fmt: skip
+        return route
+
+    async def _serve(
+        self, request: web.Request, raw: bytes, parsed: ParsedRequest, route: Route,
+        arrived: float, served: Served, tenant: TenantLimits,
+    ) -> Answer:  # fmt: skip
+        deadline = arrived + self.cfg.hold_timeout_s
+        tried: set[Key] = set()
+        while True:
+            route = await self._ready(route, deadline)
+            backend = self._choose(route, parsed, tried)
+            if backend is None:
+                message = f"every ready pod of {route.namespace}/{route.service} failed"
+                raise Refusal(
+                    503, "upstream_failed", message, kind="service_unavailable", retry_after=1
+                )
+            served.track = backend.track
+            try:
+                answer = await self._forward(request, raw, backend, route, parsed, arrived, tenant)
+            except Retryable as err:
+                tried.add(backend.key)
+                self.loads.failed(backend.key, self.clock())
+                self.metrics.upstream_errors.labels(route.model, backend.track, err.kind).inc()
+                log.warning("pod %s/%s failed a request (%s); trying another", backend.namespace,
+                            backend.pod, err)  # fmt: skip
+                if len(tried) >= MAX_ATTEMPTS:
+                    served.track = ""
+                    raise Refusal(503, "upstream_failed", f"{len(tried)} engine pods failed",
+                                  kind="service_unavailable", retry_after=1) from None  # fmt: skip
+                continue
+            served.status = answer.status
+            if answer.cut_short:
+                self.loads.failed(backend.key, self.clock())
+                self.metrics.upstream_errors.labels(route.model, backend.track, "mid_stream").inc()
+            return answer
+
+    async def _forward(
+        self, request: web.Request, raw: bytes, backend: Backend, route: Route,
+        parsed: ParsedRequest, arrived: float, tenant: TenantLimits,
+    ) -> Answer:  # fmt: skip
+        labels = (route.model, backend.track, tenant.name)
+
+        def first_byte() -> None:
+            if parsed.stream:
+                self.metrics.ttft.labels(*labels).observe(self.clock() - arrived)
+
+        assert self.session is not None
+        self.loads.started(backend.key)
+        try:
+            return await forward(self.session, backend, request, raw, self.timeouts, first_byte)
+        finally:
+            self.loads.ended(backend.key)
+
+    def _choose(self, route: Route, parsed: ParsedRequest, tried: set[Key]) -> Backend | None:
+        """The canary split first, then the least-loaded pod of the track."""
+        fresh = [b for b in route.backends if b.key not in tried]
+        if not fresh:
+            return None
+        weights = {t: w for t, w in route.weights().items() if any(b.track == t for b in fresh)}
+        weights = weights or {b.track: 1 for b in fresh}
+        track = self.splits.setdefault(route.key, TrackSplit()).pick(weights)
+        candidates = self.loads.usable([b for b in fresh if b.track == track], self.clock())
+        prefix = None
+        if self.cfg.prefix_chars and parsed.prefix_text:
+            prefix = prefix_key(parsed.prefix_text, self.cfg.prefix_chars)
+        return self.balancer.pick(candidates, self.loads.work, prefix)
+
+    # Holding for a ready pod, and scale from zero.
+
+    async def _ready(self, route: Route, deadline: float) -> Route:
+        """The route once it has a ready pod; held (bounded) until then."""
+        current = self.live.current.routes.get(route.model, route)
+        if current.backends:
+            return current
+        key = route.key
+        if self.held.get(key, 0) >= self.cfg.hold_queue:
+            raise Refusal(429, "hold_full", f"{self.cfg.hold_queue} requests already wait for a "
+                          f"pod of {route.namespace}/{route.service}", kind="rate_limit_error",
+                          retry_after=5)  # fmt: skip
+        self._hold(key, +1)
+        try:
+            while not current.backends:
+                self._maybe_scale_up(current)
+                left = deadline - self.clock()
+                if left <= 0:
+                    raise Refusal(503, "hold_timeout", f"no pod of {route.namespace}/"
+                                  f"{route.service} became ready within "
+                                  f"{self.cfg.hold_timeout_s:g} s", kind="service_unavailable",
+                                  retry_after=5)  # fmt: skip
+                await self.live.changed(min(left, HOLD_POLL_S))
+                found = self.live.current.routes.get(route.model)
+                if found is None or found.key != key:
+                    raise Refusal(404, "unknown_model", f"model {route.model!r} is no longer "
+                                  "served", param="model", code="model_not_found")  # fmt: skip
+                current = found
+            return current
+        finally:
+            self._hold(key, -1)
+
+    def _hold(self, key: Key, step: int) -> None:
+        count = self.held.get(key, 0) + step
+        if count:
+            self.held[key] = count
+        else:
+            self.held.pop(key, None)
+        self.metrics.pending.labels(*key).set(count)
+
+    def _maybe_scale_up(self, route: Route) -> None:
+        if route.replicas > 0 or self.scaler is None or not self.cfg.scale_from_zero:
+            return
+        now = self.clock()
+        if now - self.asked_at.get(route.key, -math.inf) < SCALE_ASK_EVERY_S:
+            return
+        self.asked_at[route.key] = now
+        self._spawn(self._scale_up(route))
+
+    async def _scale_up(self, route: Route) -> None:
+        assert self.scaler is not None
+        if await self.scaler(route.namespace, route.service):
+            self.metrics.scale_ups.labels(route.namespace, route.service).inc()
+            log.info("asked for a replica of %s/%s (at zero, %d held)", route.namespace,
+                     route.service, self.held.get(route.key, 0))  # fmt: skip
+
+    # Engine loads.
+
+    async def _scrape_forever(self) -> None:
+        while True:
+            try:
+                await self._scrape_once()
+            except Exception:  # noqa: BLE001 - the loop must outlive any one round
+                log.exception("reading the engines' queue depths failed")
+            await asyncio.sleep(self.cfg.scrape_interval_s)
+
+    async def _scrape_once(self) -> None:
+        backends = [b for r in self.live.current.routes.values() for b in r.backends]
+        self.loads.keep_only(b.key for b in backends)
+        if backends and self.session is not None:
+            depths = await scrape_queue_depths(self.session, backends, self.cfg.scrape_timeout_s)
+            self.loads.queue_depth.update(depths)

@@ -1,0 +1,118 @@
+"""`infergrid-gateway`: one OpenAI endpoint for every InferenceService.
+
+infergrid-gateway [--config FILE] [--port 8080] [--metrics-port 9090] [--namespaces a,b]
+    [--api-keys-secret NAMESPACE/NAME]
+
+SIGTERM drains: /readyz turns 503 so the Service stops sending new requests, requests
+still arriving are served, and the process exits once none is in flight (or after
+--drain seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import threading
+
+from aiohttp import web
+from kubernetes import client, config
+
+from gateway.app import Gateway
+from gateway.config import SETTINGS, GatewayConfig, check
+from gateway.kube import CatalogFeed, read_keys, scale_up
+from gateway.live_catalog import LiveCatalog
+from infergrid.errors import ContractError
+from infergrid.process import configure_logging, kube_api
+from infergrid.settings import add_flags, load_settings
+
+log = logging.getLogger("infergrid.gateway")
+QUIET_S = 1.0  # after SIGTERM, at least this long before exiting with nothing in flight
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="infergrid-gateway", description=__doc__)
+    add_flags(parser, SETTINGS)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    try:
+        cfg = check(load_settings(GatewayConfig(), SETTINGS, args))
+        api = kube_api()
+    except (ContractError, OSError, config.ConfigException) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(cfg, api))
+    return 0
+
+
+async def serve(cfg: GatewayConfig, api: client.ApiClient) -> None:
+    loop = asyncio.get_running_loop()
+    stop, stopping = threading.Event(), asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    live = LiveCatalog(loop)
+
+    async def scaler(namespace: str, name: str) -> bool:
+        return await asyncio.to_thread(scale_up, api, namespace, name)
+
+    gateway = Gateway(cfg, live, scaler=scaler)
+    feed = CatalogFeed(live.publish)
+    feed.start(api, cfg.namespaces, stop)
+    runners = [await _site(gateway.app(), cfg.host, cfg.port)]
+    if cfg.metrics_port:
+        runners.append(await _site(gateway.metrics_app(), cfg.metrics_host, cfg.metrics_port))
+    keys = asyncio.ensure_future(_refresh_keys(gateway, api)) if cfg.secret else None
+    log.info("serving the OpenAI API on %s:%d, metrics on %s:%d", cfg.host, cfg.port,
+             cfg.metrics_host, cfg.metrics_port)  # fmt: skip
+    await stopping.wait()
+    await drain(gateway, cfg.drain_s)
+    stop.set()
+    if keys is not None:
+        keys.cancel()
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def drain(gateway: Gateway, limit_s: float) -> None:
+    """Readiness off, then wait for the requests in flight (new ones are still served)."""
+    gateway.draining = True
+    log.info("draining: %d requests in flight", gateway.in_flight)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    while loop.time() - began < limit_s:
+        if gateway.in_flight == 0 and loop.time() - began >= min(QUIET_S, limit_s):
+            break
+        await asyncio.sleep(0.1)
+    log.info("drained; %d requests still in flight", gateway.in_flight)
+
+
+async def _site(app: web.Application, host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+async def _refresh_keys(gateway: Gateway, api: client.ApiClient) -> None:
+    """Reads the keys Secret now and every secretRefreshSeconds. A bad Secret keeps the last
+    good table (and, before the first, keeps the gateway unready), with the field named."""
+    assert gateway.cfg.secret is not None
+    namespace, name = gateway.cfg.secret
+    last_error = ""
+    while True:
+        try:
+            gateway.keys = await asyncio.to_thread(read_keys, api, namespace, name)
+            last_error = ""
+        except ContractError as err:
+            if str(err) != last_error:
+                log.error("API keys not (re)loaded: %s", err)
+            last_error = str(err)
+        await asyncio.sleep(gateway.cfg.secret_refresh_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Who may call, and how much: API keys mapped to tenants, each with its limits.
+
+The keys live in a Secret the operator of the gateway writes, under the data key
+`tenants.yaml`:
+
+    version: v1
+    tenants:
+      - name: team-a
+        keys: [sk-team-a-1]          # what clients send as `Authorization: Bearer <key>`
+        requestsPerSecond: 5         # token bucket of requests: refill rate...
+        burst: 10                    # ...and size (default: requestsPerSecond, at least 1)
+        tokensPerMinute: 20000       # token bucket of model tokens (default: no limit)
+        maxConcurrent: 8             # requests in flight at once (default: no limit)
+
+Parsing is strict (every refusal names its field) so a typo cannot silently lift a limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import yaml
+
+from infergrid.codec import (
+    check_version,
+    each,
+    expect,
+    field,
+    integer,
+    join,
+    reject_unknown,
+    unique,
+)
+from infergrid.errors import ContractError
+
+SECRET_KEY: Final = "tenants.yaml"
+MAX_TENANTS: Final = 10_000
+MIN_KEY_CHARS: Final = 16  # a key short enough to guess is refused
+TENANT_FIELDS: Final = (
+    "name", "keys", "requestsPerSecond", "burst", "tokensPerMinute", "maxConcurrent",
+)  # fmt: skip
+ANONYMOUS: Final = "anonymous"  # the tenant of every request when no keys are configured
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    name: str
+    requests_per_s: float = math.inf
+    burst: float = math.inf
+    tokens_per_minute: float = math.inf
+    max_concurrent: int | None = None
+
+
+UNLIMITED: Final = TenantLimits(ANONYMOUS)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyTable:
+    """API key -> tenant, held by the keys' SHA-256 digests: a lookup's timing depends on a
+    digest, which tells a guesser nothing about how close a guess came to a key."""
+
+    digests: Mapping[bytes, TenantLimits]
+
+    @classmethod
+    def of(cls, keys: Mapping[str, TenantLimits]) -> KeyTable:
+        return cls({_digest(k): t for k, t in keys.items()})
+
+    def tenant(self, key: str) -> TenantLimits | None:
+        return self.digests.get(_digest(key))
+
+    def tenants(self) -> list[TenantLimits]:
+        return list({t.name: t for t in self.digests.values()}.values())
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
+def parse_tenants(text: str, path: str = SECRET_KEY) -> KeyTable:
+    """The key table of a `tenants.yaml` document; ContractError names the bad field."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ContractError(path, f"not valid YAML: {err}") from None
+    doc = expect(doc, dict, path)
+    reject_unknown(doc, ("version", "tenants"), path)
+    check_version(doc)
+    entries = each(doc, "tenants", dict, path)
+    if len(entries) > MAX_TENANTS:
+        raise ContractError(join(path, "tenants"), f"at most {MAX_TENANTS} tenants")
+    tenants = [(_tenant(entry, where), where, entry) for entry, where in entries]
+    unique(((t.name, join(w, "name")) for t, w, _ in tenants), "tenant name")
+    keyed = [(key, kpath, t) for t, w, e in tenants for key, kpath in _keys(e, w)]
+    unique(((k, p) for k, p, _ in keyed), "API key")
+    return KeyTable.of({key: tenant for key, _, tenant in keyed})
+
+
+def _tenant(doc: dict[str, Any], path: str) -> TenantLimits:
+    reject_unknown(doc, TENANT_FIELDS, path)
+    rate = _positive(doc, "requestsPerSecond", path)
+    burst = _positive(doc, "burst", path)
+    if burst is None:
+        burst = math.inf if rate is None else max(rate, 1.0)
+    concurrent = None
+    if doc.get("maxConcurrent") is not None:
+        concurrent = integer(doc, "maxConcurrent", path, low=1)
+    tokens = _positive(doc, "tokensPerMinute", path)
+    return TenantLimits(
+        name=field(doc, "name", str, path),
+        requests_per_s=math.inf if rate is None else rate,
+        burst=burst,
+        tokens_per_minute=math.inf if tokens is None else tokens,
+        max_concurrent=concurrent,
+    )
+
+
+def _keys(doc: dict[str, Any], path: str) -> list[tuple[str, str]]:
+    keys = each(doc, "keys", str, path)
+    if not keys:
+        raise ContractError(join(path, "keys"), "must name at least one key")
+    for key, where in keys:
+        if len(key) < MIN_KEY_CHARS or not key.isascii() or not key.isprintable() or " " in key:
+            raise ContractError(
+                where, f"a key is at least {MIN_KEY_CHARS} printable ASCII characters, no spaces"
+            )
+    return keys
+
+
+def _positive(doc: dict[str, Any], key: str, path: str) -> float | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ContractError(join(path, key), f"expected a number, got {value!r}")
+    if value <= 0:
+        raise ContractError(join(path, key), f"must be above 0, got {value}")
+    return float(value)

@@ -1,0 +1,69 @@
+"""Real `infergrid-engine` processes behind an in-process gateway, for the gateway's tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.app import Gateway, Scaler
+from gateway.catalog import Backend, Catalog, Route
+from gateway.config import GatewayConfig
+from gateway.live_catalog import LiveCatalog
+from harness.engine_process import EngineProcess, free_port
+from harness.tiny_model_dir import write_tiny_model
+from infergrid.tracks import STABLE
+
+MODEL = "tiny"
+
+
+def start_engines(tmp: Path, count: int) -> list[EngineProcess]:
+    model = write_tiny_model(tmp / "tiny", max_positions=2048)
+    args = ["--model", str(model), "--model-name", MODEL, "--kv-cache-memory", "32MiB",
+            "--cpu-threads", "1"]  # fmt: skip
+    engines = [EngineProcess(args, tmp / f"engine-{i}.log") for i in range(count)]
+    for engine in engines:
+        engine.wait_ready()
+    return engines
+
+
+def backend(engine: EngineProcess, track: str = STABLE, n: int = 0) -> Backend:
+    pod = f"tiny-{'canary-' if track != STABLE else ''}5d4f7c9b8-{'bcdfg'[n:] + 'bcdfg'[:n]}"
+    return Backend("ml", pod, engine.url, track)
+
+
+def route(backends: Sequence[Backend], canary: int = 0, replicas: int = 1) -> Route:
+    return Route(MODEL, "ml", "tiny", canary, replicas, tuple(backends))
+
+
+@asynccontextmanager
+async def gateway_serving(
+    catalog: Catalog, cfg: GatewayConfig | None = None, scaler: Scaler | None = None
+) -> AsyncIterator[tuple[Gateway, str]]:
+    """The gateway's app on a free port, routing by `catalog`; yields it and its URL."""
+    cfg = replace(cfg or GatewayConfig(), host="127.0.0.1", port=free_port())
+    live = LiveCatalog(asyncio.get_running_loop())
+    live.set(catalog)
+    gateway = Gateway(cfg, live, scaler=scaler)
+    runner = web.AppRunner(gateway.app(), handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, cfg.host, cfg.port).start()
+    try:
+        yield gateway, f"http://{cfg.host}:{cfg.port}"
+    finally:
+        await runner.cleanup()
+
+
+async def reached(session, engine: EngineProcess) -> float:
+    """Requests that reached an engine, however they ended, from its own /metrics."""
+    async with session.get(f"{engine.url}/metrics") as response:
+        text = await response.text()
+    for family in text_string_to_metric_families(text):
+        if family.name == "infergrid_engine_requests":
+            return sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return 0.0

@@ -1,0 +1,83 @@
+"""The keys Secret: every refusal names its field, so a typo cannot lift a limit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gateway.tenants import KeyTable, TenantLimits, parse_tenants
+from infergrid.errors import ContractError
+
+GOOD = """
+version: v1
+tenants:
+  - name: team-a
+    keys: [sk-team-a-0123456789]
+    requestsPerSecond: 5
+    burst: 10
+    tokensPerMinute: 20000
+    maxConcurrent: 8
+  - name: team-b
+    keys: [sk-team-b-0123456789, sk-team-b-abcdefghij]
+"""
+
+
+def test_keys_map_to_their_tenants_limits():
+    table = parse_tenants(GOOD)
+    a = table.tenant("sk-team-a-0123456789")
+    assert a == TenantLimits("team-a", 5.0, 10.0, 20000.0, 8)
+    b = table.tenant("sk-team-b-abcdefghij")
+    assert b is not None and b.name == "team-b"
+    assert math.isinf(b.requests_per_s) and b.max_concurrent is None
+    assert table.tenant("sk-team-a-012345678") is None  # one character short
+    assert sorted(t.name for t in table.tenants()) == ["team-a", "team-b"]
+
+
+def test_a_rate_without_a_burst_allows_one_second_of_it():
+    table = parse_tenants("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg], "
+                          "requestsPerSecond: 0.5}]")  # fmt: skip
+    assert table.tenant("k123456789abcdefg").burst == 1.0
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "reason"),
+    [
+        ("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg], requestPerSecond: 5}]",
+         "tenants.yaml.tenants[0].requestPerSecond", "unknown field"),
+        ("version: v1\ntenants: [{name: a, keys: [short]}]",
+         "tenants.yaml.tenants[0].keys[0]", "at least 16"),
+        ("version: v1\ntenants: [{name: a, keys: []}]", "tenants.yaml.tenants[0].keys",
+         "at least one key"),
+        ("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg], burst: -1}]",
+         "tenants.yaml.tenants[0].burst", "above 0"),
+        ("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg], maxConcurrent: 0}]",
+         "tenants.yaml.tenants[0].maxConcurrent", "at least 1"),
+        ("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg], tokensPerMinute: .inf}]",
+         "tenants.yaml.tenants[0].tokensPerMinute", "expected a number"),
+        ("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg]}, "
+         "{name: b, keys: [k123456789abcdefg]}]", "tenants.yaml.tenants[1].keys[0]",
+         "API key 'k123456789abcdefg' appears more than once"),
+        ("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg]}, "
+         "{name: a, keys: [k123456789abcdefh]}]", "tenants.yaml.tenants[1].name",
+         "more than once"),
+        ("version: v2\ntenants: []", "version", "unsupported"),
+        ("version: v1\ntenants: [{name: a, keys: ['key with spaces inside']}]",
+         "tenants.yaml.tenants[0].keys[0]", "no spaces"),
+        ("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg]", "tenants.yaml",
+         "not valid YAML"),
+        ("- a\n- b", "tenants.yaml", "expected object"),
+    ],
+)  # fmt: skip
+def test_a_bad_secret_is_refused_naming_the_field(text, field, reason):
+    with pytest.raises(ContractError) as caught:
+        parse_tenants(text)
+    assert caught.value.field == field
+    assert reason in caught.value.reason
+
+
+def test_keys_are_held_only_as_digests():
+    table = parse_tenants(GOOD)
+    assert isinstance(table, KeyTable)
+    assert all(len(d) == 32 for d in table.digests)
+    assert "sk-team-a-0123456789" not in repr(table)
