@@ -1,6 +1,7 @@
 """The fake NVML: it reports what the fleet file says, and tests can steer it."""
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -202,8 +203,16 @@ def test_a_waiting_reader_gets_a_scheduled_xid_once_it_is_due():
 
 def test_close_wakes_a_waiting_reader_and_later_calls_fail():
     fake = FakeNvml(NODES["h100"])
-    threading.Timer(0.02, fake.close).start()
-    assert fake.wait_for_events(10) == ()
+    woken: list[tuple] = []
+    reader = threading.Thread(target=lambda: woken.append(fake.wait_for_events(10)))
+    reader.start()
+    # Closed only once the reader waits (a timer could fire first on a loaded machine).
+    deadline = time.monotonic() + 10
+    while not fake._event_queued._waiters and time.monotonic() < deadline:
+        time.sleep(0.001)
+    fake.close()
+    reader.join(5)
+    assert woken == [()] and not reader.is_alive()
     with pytest.raises(NvmlError, match="shut down"):
         fake.device_count()
 
