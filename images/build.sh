@@ -17,7 +17,7 @@ DOCKER=${DOCKER:-docker}
 export DOCKER_BUILDKIT=1   # for Dockerfile.dockerignore next to each Dockerfile
 
 command -v "$DOCKER" >/dev/null || { echo "error: $DOCKER not found: image builds need a container builder (or: make images)" >&2; exit 2; }
-for component in device-plugin scheduler-extender operator engine; do
+for component in device-plugin scheduler-extender operator gateway engine; do
   image="$REGISTRY/$component:$TAG"
   from=$PYTHON_IMAGE
   [[ $component == engine ]] && from=$CUDA_IMAGE

@@ -153,6 +153,8 @@ def images(pyproject: dict) -> dict[str, Image]:
             port=8888,
         ),
         _python_image("operator", "infergrid-operator", "inference_operator", pyproject, port=8080),
+        # The OpenAI API on 8080; /metrics on 9090, a listener of its own (the chart's).
+        _python_image("gateway", "infergrid-gateway", "gateway", pyproject, port=8080),
         _python_image(
             "engine",
             "infergrid-engine",

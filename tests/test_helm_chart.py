@@ -18,6 +18,8 @@ import yaml
 from device_plugin.config import SETTINGS as PLUGIN_SETTINGS
 from e2e.cluster import binaries
 from e2e.cluster.components import extender_resources, infergrid_profile
+from gateway.config import SETTINGS as GATEWAY_SETTINGS
+from gateway.config import GatewayConfig, check
 from inference_operator.config import SETTINGS as OPERATOR_SETTINGS
 from infergrid import constants
 from infergrid.settings import parse_settings
@@ -107,6 +109,9 @@ def test_value_sets_render(values):
 def test_default_renders_every_part(default):
     names = {(o["kind"], o["metadata"]["name"]) for o in default}
     assert ("Deployment", "ig-infergrid-operator") in names
+    assert ("Deployment", "ig-infergrid-gateway") in names
+    assert ("Service", "ig-infergrid-gateway") in names
+    assert ("Service", "ig-infergrid-gateway-metrics") in names
     assert ("Deployment", "ig-infergrid-scheduler") in names
     assert ("DaemonSet", "ig-infergrid-device-plugin") in names
     assert ("ValidatingAdmissionPolicy", "ig-infergrid-gpu-assignment") in names
@@ -114,6 +119,7 @@ def test_default_renders_every_part(default):
     accounts = {o["metadata"]["name"] for o in by_kind(default, "ServiceAccount")}
     assert accounts == {
         "ig-infergrid-operator",
+        "ig-infergrid-gateway",
         "ig-infergrid-scheduler",
         "ig-infergrid-extender",
         "ig-infergrid-device-plugin",
@@ -140,7 +146,8 @@ def test_labels(default):
 
 
 def check_rbac(objects: list[dict]) -> None:
-    """No wildcard, no Secrets, no escalation verbs, every subject one of the chart's accounts."""
+    """No wildcard, no escalation verbs, every subject one of the chart's accounts; no Secrets,
+    but the gateway's one Secret of API keys: get, by name, in a Role of that namespace."""
     accounts = {o["metadata"]["name"] for o in by_kind(objects, "ServiceAccount")}
     roles = by_kind(objects, "ClusterRole") + by_kind(objects, "Role")
     assert roles
@@ -151,7 +158,11 @@ def check_rbac(objects: list[dict]) -> None:
                 assert "*" not in rule.get(field, []), f"{where}: wildcard in {field}"
                 assert not any("*" in v for v in rule.get(field, []) if v), where
             assert "nonResourceURLs" not in rule, where
-            assert "secrets" not in rule["resources"], f"{where} grants Secrets"
+            if "secrets" in rule["resources"]:
+                assert role["kind"] == "Role", f"{where} grants Secrets cluster-wide"
+                assert role["metadata"]["name"].endswith("-gateway-api-keys"), where
+                assert rule["resources"] == ["secrets"] and rule["verbs"] == ["get"], where
+                assert len(rule.get("resourceNames", [])) == 1, f"{where}: Secrets not by name"
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), where
     for binding in by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding"):
         assert binding["roleRef"]["name"] in {r["metadata"]["name"] for r in roles}
@@ -186,6 +197,14 @@ def test_rbac_matches_what_each_component_calls(default):
                         ("", "pods/binding", "create"),
                         ("", "pods/eviction", "create"), ("", "pods", "delete"),
                         ("", "events", "create")}  # fmt: skip
+    gateway = rules_of(default, "ClusterRole", "-gateway")
+    assert gateway == {("infergrid.io", "inferenceservices", "list"),
+                       ("infergrid.io", "inferenceservices", "watch"),
+                       ("infergrid.io", "inferenceservices/scale", "get"),
+                       ("infergrid.io", "inferenceservices/scale", "patch"),
+                       ("discovery.k8s.io", "endpointslices", "list"),
+                       ("discovery.k8s.io", "endpointslices", "watch")}  # fmt: skip
+    assert not [r for r in by_kind(default, "Role") if "-gateway" in r["metadata"]["name"]]
     operator = rules_of(default, "ClusterRole", "-operator")
     assert ("infergrid.io", "inferenceservices/scale", "patch") in operator
     assert ("infergrid.io", "inferenceservices/status", "patch") in operator
@@ -232,6 +251,132 @@ def test_operator_namespaced_rbac():
     }
     config = yaml.safe_load(one(objects, "ConfigMap", "-operator")["data"]["operator.yaml"])
     assert config["namespaces"] == ["team-a", "team-b"]
+
+
+def gateway_config(objects: list[dict]) -> GatewayConfig:
+    """The gateway's settings file as gateway/config.py reads it (unknown keys refused)."""
+    doc = yaml.safe_load(one(objects, "ConfigMap", "-gateway")["data"]["gateway.yaml"])
+    return check(GatewayConfig(**parse_settings(doc, GATEWAY_SETTINGS)))
+
+
+def test_gateway_deployment(default):
+    deployment = one(default, "Deployment", "-gateway")
+    spec = pod_spec(deployment)
+    (container,) = spec["containers"]
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert spec["serviceAccountName"] == "ig-infergrid-gateway"
+    assert container["image"] == "infergrid/gateway:0.1.0"
+    assert container["command"] == ["infergrid-gateway"]
+    assert "--config=/etc/infergrid/gateway.yaml" in container["args"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": 8080, "metrics": 9090}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    cfg = gateway_config(default)
+    assert (cfg.port, cfg.metrics_port) == (8080, 9090)
+    assert (cfg.namespaces, cfg.api_keys_secret) == ((), "")
+    assert (cfg.routing, cfg.hold_queue, cfg.scale_from_zero) == ("least-loaded", 64, True)
+    assert spec["terminationGracePeriodSeconds"] > cfg.drain_s
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    # Two pods: spread over nodes where possible, and one at most disrupted at a time.
+    anti = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert anti[0]["podAffinityTerm"]["labelSelector"]["matchLabels"] == selector
+    budget = one(default, "PodDisruptionBudget", "-gateway")
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+
+
+def test_gateway_services(default):
+    selector = one(default, "Deployment", "-gateway")["spec"]["selector"]["matchLabels"]
+    api = one(default, "Service", "-gateway")
+    assert api["metadata"]["name"] == "ig-infergrid-gateway"
+    assert api["spec"]["type"] == "ClusterIP" and api["spec"]["selector"] == selector
+    assert [(p["port"], p["targetPort"]) for p in api["spec"]["ports"]] == [(80, "http")]
+    metrics = one(default, "Service", "-gateway-metrics")
+    assert metrics["metadata"]["name"] == "ig-infergrid-gateway-metrics"
+    assert metrics["spec"]["selector"] == selector
+    assert [(p["port"], p["targetPort"]) for p in metrics["spec"]["ports"]] == [(9090, "metrics")]
+
+
+@needs_helm
+def test_gateway_settings_reach_its_config_and_pods():
+    objects = render(
+        "--set", "gateway.replicas=1", "--set-json", "gateway.drainSeconds=100.5",
+        "--set", "gateway.routing=round-robin", "--set", "gateway.holdQueue=0",
+        "--set", "gateway.scaleFromZero=false", "--set", "gateway.metricsPort=9191",
+        "--set", "gateway.service.port=8000",
+    )  # fmt: skip
+    cfg = gateway_config(objects)
+    assert (cfg.routing, cfg.hold_queue, cfg.scale_from_zero) == ("round-robin", 0, False)
+    assert (cfg.drain_s, cfg.metrics_port) == (100.5, 9191)
+    deployment = one(objects, "Deployment", "-gateway")
+    assert deployment["spec"]["replicas"] == 1
+    assert pod_spec(deployment)["terminationGracePeriodSeconds"] == 116
+    assert not by_kind(objects, "PodDisruptionBudget")  # one pod: nothing to keep up
+    (container,) = pod_spec(deployment)["containers"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == 9191
+    assert one(objects, "Service", "-gateway")["spec"]["ports"][0]["port"] == 8000
+    assert one(objects, "Service", "-gateway-metrics")["spec"]["ports"][0]["port"] == 9191
+    operator = yaml.safe_load(one(objects, "ConfigMap", "-operator")["data"]["operator.yaml"])
+    assert operator["gatewayMetricsUrl"] == (
+        f"http://ig-infergrid-gateway-metrics.{NAMESPACE}.svc:9191/metrics"
+    )
+
+
+def test_the_operator_reads_the_gateways_held_requests(default):
+    """The operator's autoscaler reads infergrid_gateway_pending_requests from the gateway's
+    metrics Service; without a gateway, from nowhere."""
+    config = yaml.safe_load(one(default, "ConfigMap", "-operator")["data"]["operator.yaml"])
+    url = f"http://ig-infergrid-gateway-metrics.{NAMESPACE}.svc:9090/metrics"
+    assert config["gatewayMetricsUrl"] == url
+    assert parse_settings(config, OPERATOR_SETTINGS)["gateway_metrics_url"] == url
+    off = render("--set", "gateway.enabled=false")
+    assert not [o for o in off if o["metadata"]["name"].startswith("ig-infergrid-gateway")]
+    config = yaml.safe_load(one(off, "ConfigMap", "-operator")["data"]["operator.yaml"])
+    assert "gatewayMetricsUrl" not in config
+
+
+@needs_helm
+def test_gateway_reads_only_the_named_secret_in_its_namespace():
+    objects = render("--set", "gateway.apiKeysSecret.name=tenant-keys",
+                     "--set", "gateway.apiKeysSecret.namespace=keys-ns")  # fmt: skip
+    check_rbac(objects)
+    assert gateway_config(objects).api_keys_secret == "keys-ns/tenant-keys"
+    role = one(objects, "Role", "-gateway-api-keys")
+    assert role["metadata"]["namespace"] == "keys-ns"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"],
+                              "resourceNames": ["tenant-keys"], "verbs": ["get"]}]  # fmt: skip
+    binding = one(objects, "RoleBinding", "-gateway-api-keys")
+    assert binding["metadata"]["namespace"] == "keys-ns"
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}  # fmt: skip
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ig-infergrid-gateway",
+                                    "namespace": NAMESPACE}]  # fmt: skip
+    # No Secret anywhere else, by any other role.
+    secret_roles = [r["metadata"]["name"] for r in by_kind(objects, "ClusterRole")
+                    + by_kind(objects, "Role")
+                    if any("secrets" in rule["resources"] for rule in r["rules"])]  # fmt: skip
+    assert secret_roles == ["ig-infergrid-gateway-api-keys"]
+    # The namespace defaults to the release's.
+    objects = render("--set", "gateway.apiKeysSecret.name=tenant-keys")
+    assert gateway_config(objects).api_keys_secret == f"{NAMESPACE}/tenant-keys"
+    assert one(objects, "Role", "-gateway-api-keys")["metadata"]["namespace"] == NAMESPACE
+
+
+@needs_helm
+def test_gateway_namespaced_rbac():
+    objects = render("--set", "gateway.watchNamespaces={team-a,team-b}")
+    check_rbac(objects)
+    bindings = [
+        b for b in by_kind(objects, "RoleBinding") if b["metadata"]["name"].endswith("-gateway")
+    ]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert {b["roleRef"]["name"] for b in bindings} == {"ig-infergrid-gateway"}
+    cluster = {b["metadata"]["name"] for b in by_kind(objects, "ClusterRoleBinding")}
+    assert not {n for n in cluster if "-gateway" in n}  # no cluster-wide rights
+    assert gateway_config(objects).namespaces == ("team-a", "team-b")
 
 
 def test_scheduler_configuration_matches_the_local_cluster(default):
@@ -481,8 +626,13 @@ def test_monitoring_parts():
     assert monitors == {
         "ig-infergrid-device-plugin",
         "ig-infergrid-extender",
+        "ig-infergrid-gateway",
         "ig-infergrid-engines",
     }
+    gateway = one(objects, "ServiceMonitor", "-gateway")
+    assert gateway["spec"]["endpoints"][0]["port"] == "metrics"
+    labels = one(objects, "Service", "-gateway-metrics")["metadata"]["labels"]
+    assert gateway["spec"]["selector"]["matchLabels"].items() <= labels.items()
     dashboard = json.loads(one(objects, "ConfigMap", "-dashboard")["data"]["infergrid.json"])
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     for metric in (
@@ -551,12 +701,26 @@ INVALID = [
     (["--set-string", "operator.allowModelDownload=true"], "/operator/allowModelDownload"),
     (["--set", "operator.allowedPriorityClasses={system-node-critical}"],
      "/operator/allowedPriorityClasses/0"),
+    (["--set", "gateway.replica=3"], "at '/gateway': additional properties 'replica'"),
+    (["--set", "gateway.service.nodePort=30080"],
+     "at '/gateway/service': additional properties 'nodePort'"),
+    (["--set", "gateway.apiKeysSecret.key=tenants.yaml"],
+     "at '/gateway/apiKeysSecret': additional properties 'key'"),
+    (["--set", "gateway.routing=random"], "/gateway/routing"),
+    (["--set", "gateway.replicas=0"], "/gateway/replicas"),
+    (["--set", "gateway.watchNamespaces={Team_A}"], "/gateway/watchNamespaces/0"),
+    (["--set", "gateway.apiKeysSecret.name=Keys_1"], "/gateway/apiKeysSecret/name"),
+    (["--set", "gateway.apiKeysSecret.namespace=a/b"], "/gateway/apiKeysSecret/namespace"),
+    (["--set", "gateway.service.type=External"], "/gateway/service/type"),
+    (["--set", "gateway.holdTimeoutSeconds=-1"], "/gateway/holdTimeoutSeconds"),
+    (["--set-string", "gateway.scaleFromZero=yes"], "/gateway/scaleFromZero"),
     # Checks across keys, in templates/_validate.tpl.
     (["--set", "scheduler.extender.staleAfterSeconds=3"],
      "scheduler.extender.staleAfterSeconds (3) must exceed "
      "devicePlugin.config.usageIntervalSeconds"),
     (["--set", "scheduler.extender.port=10259"],
      "scheduler.extender.port and scheduler.kubeScheduler.securePort"),
+    (["--set", "gateway.metricsPort=8080"], "gateway.metricsPort (8080) must differ"),
     (["--set-json",
       'scheduler.managedResources=[{"name":"nvidia.com/gpu","ignoredByScheduler":false}]'],
      "scheduler.managedResources: infergrid.io/gpu-memory"),
@@ -608,6 +772,7 @@ COMPONENT_IMAGES = {
     "device-plugin": "infergrid-device-plugin",
     "scheduler-extender": "infergrid-scheduler-extender",
     "operator": "infergrid-operator",
+    "gateway": "infergrid-gateway",
     "engine": "infergrid-engine",
 }
 
@@ -615,13 +780,19 @@ COMPONENT_IMAGES = {
 @pytest.mark.parametrize("component", COMPONENT_IMAGES)
 def test_dockerfiles(component):
     dockerfile = (ROOT / "images" / component / "Dockerfile").read_text()
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    scripts = pyproject["project"]["scripts"]
     entry = COMPONENT_IMAGES[component]
     assert entry in scripts
     assert f'ENTRYPOINT ["{entry}"]' in dockerfile
     assert re.search(r"^USER 65532:65532$", dockerfile, re.M), "must not run as root"
     assert dockerfile.count("FROM ${BASE}") == 2, "both stages from the pinned BASE"
-    assert (ROOT / "images" / component / "Dockerfile.dockerignore").exists()
+    ignore = (ROOT / "images" / component / "Dockerfile.dockerignore").read_text()
+    # `pip install /src` builds the one wheel of every part: each of its packages is copied.
+    for package in pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]:
+        top = package.split("/")[0]
+        assert f"COPY {top} /src/{top}" in dockerfile, (component, top)
+        assert f"!{top}/" in ignore.splitlines(), (component, top)
     if component == "engine":
         assert "nvidia/cuda:" in dockerfile and "[engine]" in dockerfile
     pins = (ROOT / "images" / "pins.env").read_text()
@@ -633,6 +804,7 @@ def test_images_and_chart_agree():
     """The chart's default images are the ones `make images` builds, kube-scheduler pinned."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["operator"]["image"]["repository"] == "infergrid/operator"
+    assert values["gateway"]["image"]["repository"] == "infergrid/gateway"
     assert values["scheduler"]["extender"]["image"]["repository"] == "infergrid/scheduler-extender"
     assert values["devicePlugin"]["image"]["repository"] == "infergrid/device-plugin"
     assert values["operator"]["engineImage"]["repository"] == "infergrid/engine"

@@ -47,6 +47,7 @@ CHART_IMAGES = {
     "scheduler.extender.image": "scheduler-extender",
     "scheduler.kubeScheduler.image": "kube-scheduler",
     "devicePlugin.image": "device-plugin",
+    "gateway.image": "gateway",
 }
 
 

@@ -2,7 +2,15 @@
 
 from images import components
 
-EXPECTED = {"device-plugin", "scheduler-extender", "operator", "engine", "kube-scheduler", "pause"}
+EXPECTED = {
+    "device-plugin",
+    "scheduler-extender",
+    "operator",
+    "gateway",
+    "engine",
+    "kube-scheduler",
+    "pause",
+}
 
 
 def test_every_image_is_in_the_table(pyproject):
@@ -27,7 +35,8 @@ def test_python_images_run_their_console_script_as_nonroot(pyproject):
 
 
 def test_packages_of_a_part_never_include_another_part(pyproject):
-    parts = {"device_plugin", "scheduler_extender", "inference_operator", "batching_engine"}
+    parts = {"device_plugin", "scheduler_extender", "inference_operator", "gateway",
+             "batching_engine"}  # fmt: skip
     for image in components.images(pyproject).values():
         if isinstance(image, components.PythonImage):
             assert len(parts & set(image.packages)) == 1
@@ -37,7 +46,7 @@ def test_dependency_groups_are_the_pins_of_pyproject(pyproject):
     table = components.images(pyproject)
     deps = tuple(pyproject["project"]["dependencies"])
     engine_extra = tuple(pyproject["project"]["optional-dependencies"]["engine"])
-    for name in ("device-plugin", "scheduler-extender", "operator"):
+    for name in ("device-plugin", "scheduler-extender", "operator", "gateway"):
         assert table[name].pip_groups == (components.PipGroup("deps", deps),)
         assert table[name].debian_packages == components.PYTHON_BASE
     engine = table["engine"]
@@ -63,3 +72,10 @@ def test_binary_images(pyproject):
     assert table["pause"].run.user == "65535:65535"
     assert table["kube-scheduler"].run.entrypoint == (table["kube-scheduler"].path,)
     assert table["kube-scheduler"].run.user == "65532:65532"
+
+
+def test_the_gateway_image_runs_the_gateway_and_exposes_its_api_port(pyproject):
+    gateway = components.images(pyproject)["gateway"]
+    assert gateway.packages == ("infergrid", "gateway")
+    assert dict(gateway.scripts)["infergrid-gateway"] == "gateway.main:main"
+    assert gateway.run.ports == (8080,)

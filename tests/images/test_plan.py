@@ -11,6 +11,7 @@ SOURCES = {
     "device_plugin": "d0",
     "scheduler_extender": "s0",
     "inference_operator": "o0",
+    "gateway": "g0",
     "batching_engine": "b0",
 }
 BINARIES = {"pause": "p0", "kube-scheduler": "k0"}
@@ -42,7 +43,7 @@ def test_python_chain_shape(pyproject):
 
 def test_components_share_their_base_and_dependency_layers(pyproject):
     c = chains(pyproject)
-    for name in ("scheduler-extender", "operator"):
+    for name in ("scheduler-extender", "operator", "gateway"):
         assert [s.key for s in c[name][:2]] == [s.key for s in c["device-plugin"][:2]]
     assert c["engine"][0].key != c["operator"][0].key  # another package list
 
@@ -52,6 +53,10 @@ def test_a_source_change_retags_only_the_images_that_carry_it(pyproject):
     after = chains(pyproject, sources={**SOURCES, "device_plugin": "d1"})
     changed = {n for n in before if plan.image_tag(before[n]) != plan.image_tag(after[n])}
     assert changed == {"device-plugin"}
+    gateway = chains(pyproject, sources={**SOURCES, "gateway": "g1"})
+    assert {n for n in before if plan.image_tag(before[n]) != plan.image_tag(gateway[n])} == {
+        "gateway"
+    }
     # the dependency layers stay: only the packages layer and the config are new
     assert [s.key for s in before["device-plugin"][:2]] == [
         s.key for s in after["device-plugin"][:2]
@@ -61,6 +66,7 @@ def test_a_source_change_retags_only_the_images_that_carry_it(pyproject):
         "device-plugin",
         "scheduler-extender",
         "operator",
+        "gateway",
         "engine",
     }
 
@@ -79,6 +85,7 @@ def test_a_lock_change_rebuilds_from_its_group(pyproject):
         "device-plugin",
         "scheduler-extender",
         "operator",
+        "gateway",
         "engine",
     }
 
@@ -89,6 +96,7 @@ def test_a_pip_upgrade_rebuilds_every_dependency_layer(pyproject):
         "device-plugin",
         "scheduler-extender",
         "operator",
+        "gateway",
         "engine",
     }
 

@@ -55,6 +55,19 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "infergrid.scheduler.fullname" -}}{{ include "infergrid.fullname" . }}-scheduler{{- end }}
 {{- define "infergrid.extender.fullname" -}}{{ include "infergrid.fullname" . }}-extender{{- end }}
 {{- define "infergrid.devicePlugin.fullname" -}}{{ include "infergrid.fullname" . }}-device-plugin{{- end }}
+{{- define "infergrid.gateway.fullname" -}}{{ include "infergrid.fullname" . }}-gateway{{- end }}
+{{/* The gateway's metrics Service (a DNS label: cut to 63 for the longest base names). */}}
+{{- define "infergrid.gateway.metricsService" -}}
+{{- printf "%s-metrics" (include "infergrid.gateway.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{/* Where the operator reads the gateway's infergrid_gateway_pending_requests. */}}
+{{- define "infergrid.gateway.metricsUrl" -}}
+http://{{ include "infergrid.gateway.metricsService" . }}.{{ .Release.Namespace }}.svc:{{ .Values.gateway.metricsPort }}/metrics
+{{- end }}
+{{/* namespace/name of the Secret of API keys; empty when none is named. */}}
+{{- define "infergrid.gateway.apiKeysSecret" -}}
+{{- with .Values.gateway.apiKeysSecret.name }}{{ default $.Release.Namespace $.Values.gateway.apiKeysSecret.namespace }}/{{ . }}{{ end }}
+{{- end }}
 
 {{/* ServiceAccount names: one per component. */}}
 {{- define "infergrid.operator.serviceAccount" -}}
@@ -68,6 +81,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- define "infergrid.devicePlugin.serviceAccount" -}}
 {{- default (include "infergrid.devicePlugin.fullname" .) .Values.devicePlugin.serviceAccount.name }}
+{{- end }}
+{{- define "infergrid.gateway.serviceAccount" -}}
+{{- default (include "infergrid.gateway.fullname" .) .Values.gateway.serviceAccount.name }}
 {{- end }}
 
 {{/* The user name a ServiceAccount's requests carry: (dict "root" $ "sa" "name"). */}}

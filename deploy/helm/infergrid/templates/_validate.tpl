@@ -14,6 +14,9 @@ Each failure names the keys at fault.
 {{- if and .Values.scheduler.enabled $ext.exposeMetrics (has (int $ext.metricsPort) (list (int $ext.port) (int .Values.scheduler.kubeScheduler.securePort))) }}
 {{- fail (printf "scheduler.extender.metricsPort (%v) must differ from scheduler.extender.port and scheduler.kubeScheduler.securePort: the containers share the pod's network" $ext.metricsPort) }}
 {{- end }}
+{{- if and .Values.gateway.enabled (eq (int .Values.gateway.metricsPort) 8080) }}
+{{- fail "gateway.metricsPort (8080) must differ from the gateway's API port, 8080" }}
+{{- end }}
 {{- $ignored := list }}
 {{- range .Values.scheduler.managedResources }}{{ if .ignoredByScheduler }}{{ $ignored = append $ignored .name }}{{ end }}{{ end }}
 {{- if and .Values.scheduler.enabled (not (has "infergrid.io/gpu-memory" $ignored)) }}
