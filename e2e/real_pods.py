@@ -102,15 +102,20 @@ def real_node_name(core: client.CoreV1Api) -> str:
 
 
 @contextmanager
-def serving_namespace(api: client.ApiClient, kubeconfig: Path, prefix: str, log: Path
-                      ) -> Iterator[str]:  # fmt: skip
-    """A fresh namespace served by an operator with the engine image built here, holding the
-    model store's claim on the real node (what the pvc:// samples name)."""
+def serving_namespace(
+    api: client.ApiClient, kubeconfig: Path, prefix: str, log: Path, *, namespace: str = "",
+    operator_args: tuple[str, ...] = (),
+) -> Iterator[str]:  # fmt: skip
+    """A namespace served by an operator with the engine image built here, holding the model
+    store's claim on the real node (what the pvc:// samples name): a fresh one named after
+    `prefix`, or `namespace`, made by the caller. Deleted at the end either way."""
     core = client.CoreV1Api(api)
-    namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": namespace}})
+    if not namespace:
+        namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        core.create_namespace({"metadata": {"name": namespace}})
     model_store.provide(api, namespace, real_node_name(core))
-    operator = OperatorProcess(kubeconfig, [namespace], log, "--engine-image", image_ref("engine"))
+    operator = OperatorProcess(kubeconfig, [namespace], log, "--engine-image", image_ref("engine"),
+                               *operator_args)  # fmt: skip
     operator.start()
     try:
         yield namespace

@@ -63,6 +63,14 @@ def test_every_scheduling_sample_is_applied_by_the_test_of_its_feature():
         assert f'"scheduling" / "{sample}"' in source, f"{test} does not apply {sample}"
 
 
+def test_every_gateway_sample_is_applied_by_the_gateways_test():
+    """The gateway's samples (keys, a canary, scale to zero) are served by test_gateway.py,
+    which puts the gateway in front of them on the real node."""
+    source = (Path(__file__).parent / "test_gateway.py").read_text()
+    for path in (SAMPLES / "gateway").glob("*.yaml"):
+        assert f'"{path.name}"' in source, f"test_gateway.py does not apply {path.name}"
+
+
 @pytest.mark.parametrize("path", SAMPLE_FILES, ids=[p.name for p in SAMPLE_FILES])
 def test_the_sample_serves_from_the_real_node(cluster, samples_namespace, path: Path):
     namespace = samples_namespace
