@@ -66,7 +66,9 @@ class Demo:
     state: Path = STATE
     out: Callable[[str], None] = print
     cluster: LocalCluster = field(init=False)
-    engine_url: str = ""
+    engine_url: str = ""  # the engine pod's own port (its /metrics)
+    gateway_url: str = ""  # the gateway's OpenAI API, what users call
+    gateway_metrics: str = ""
     extender_port: int = 0
 
     def __post_init__(self) -> None:
@@ -86,9 +88,9 @@ class Demo:
             ("sample InferenceServices placed on the KWOK fleet by infergrid-scheduler",
              self.services),
             ("placement per GPU, as the API server holds it", self.placements),
-            ("SmolLM2 served from a pod on the real node: kubectl apply, port-forward, chat",
-             self.engine),
-            ("live metrics of that pod", self.metrics),
+            ("SmolLM2 served from a pod on the real node: kubectl apply, then chat through the"
+             " gateway", self.engine),
+            ("live metrics of that pod and of the gateway", self.metrics),
         ]  # fmt: skip
 
     def run(self) -> int:
@@ -186,12 +188,18 @@ class Demo:
         pod = self._serving()
         self.out(f"    pod {SERVING}/{pod.metadata.name} Ready on {pod.spec.node_name};"
                  f" engine: {self._engine_line(pod)}")  # fmt: skip
-        port = free_port()
-        self.engine_url = f"http://127.0.0.1:{port}"
-        argv = [str(binaries.paths()["kubectl"]), f"--kubeconfig={self.cluster.kubeconfig}",
-                "port-forward", "-n", SERVING, f"svc/{SERVED_NAME}", f"{port}:80"]  # fmt: skip
-        self._start("port-forward", argv, dict(os.environ), f"{self.engine_url}/readyz")
-        self.out(f"    kubectl port-forward -n {SERVING} svc/{SERVED_NAME} {port}:80")
+        self.engine_url = f"http://{pod.status.pod_ip}:8000"
+        port, metrics = free_port(), free_port()
+        self.gateway_url = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        self._start("gateway", [sys.executable, "-m", "gateway.main", "--host", "127.0.0.1",
+                                "--port", str(port), "--metrics-host", "127.0.0.1",
+                                "--metrics-port", str(metrics), "--namespaces", SERVING],
+                    env, f"{self.gateway_url}/readyz")  # fmt: skip
+        self.gateway_metrics = f"http://127.0.0.1:{metrics}/metrics"
+        wait_until(lambda: SERVED_NAME in self._models(), 60, "the gateway to route smollm2")
+        self.out(f"    gateway on {self.gateway_url}: one OpenAI endpoint; GET /v1/models ->"
+                 f" {', '.join(self._models())}")  # fmt: skip
         prompts = PROMPTS[:1] if self.quick else PROMPTS
         for prompt in prompts:
             self.out(f"    user> {prompt}")
@@ -203,6 +211,8 @@ class Demo:
             text = resp.read().decode()
         for line in summarize_metrics(text):
             self.out(f"    {line}")
+        with urllib.request.urlopen(self.gateway_metrics, timeout=10) as resp:
+            self.out(f"    {summarize_gateway(resp.read().decode())}")
 
     # Helpers.
 
@@ -211,7 +221,7 @@ class Demo:
         body = {"model": "smollm2", "stream": True, "max_tokens": max_tokens,
                 "temperature": 0, "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
         req = urllib.request.Request(
-            f"{self.engine_url}/v1/chat/completions",
+            f"{self.gateway_url}/v1/chat/completions",
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
@@ -224,6 +234,10 @@ class Demo:
                 if piece := delta.get("content"):
                     yield piece
 
+    def _models(self) -> list[str]:
+        with urllib.request.urlopen(f"{self.gateway_url}/v1/models", timeout=10) as resp:
+            return [m["id"] for m in json.loads(resp.read())["data"]]
+
     def snapshot(self) -> Snapshot:
         return read_snapshot(self.cluster.api())
 
@@ -233,10 +247,12 @@ class Demo:
             f"    kubectl get inferenceservices,pods -n {NAMESPACE} -o wide",
             f"    kubectl get pods -n {SERVING} -o wide   # served from the real node",
             "    .venv/bin/infergrid placements",
-            f"    curl {self.engine_url}/v1/chat/completions -H 'Content-Type: application/json'"
+            f"    curl {self.gateway_url}/v1/models",
+            f"    curl {self.gateway_url}/v1/chat/completions -H 'Content-Type: application/json'"
             " -d '{\"model\": \"smollm2\", \"messages\": [{\"role\": \"user\", \"content\": "
             "\"Hi\"}]}'",
-            f"    curl {self.engine_url}/metrics",
+            f"    curl {self.engine_url}/metrics   # the engine pod's own",
+            f"    curl {self.gateway_metrics}",
             f"    logs: {self.logs}",
             "    stop everything: make demo-down",
         ])  # fmt: skip
@@ -286,8 +302,9 @@ class Demo:
         return wanted > 0 and len(pods) == wanted and all(p.spec.node_name for p in pods)
 
     def _check_parts(self) -> None:
-        for name in ("extender", "operator"):
-            self._check_alive(name)
+        for name in ("extender", "operator", "gateway"):
+            if name in self.cluster.processes.names():
+                self._check_alive(name)
 
     def _check_alive(self, name: str) -> None:
         """Fails the step, with the end of the process's log, when `name` has exited."""
@@ -320,6 +337,19 @@ def summarize_metrics(text: str) -> list[str]:
     depth = gauges.get("infergrid_engine_queue_depth")
     lines.append(f"{'queue depth':<24} {depth:.0f}" if depth is not None else "queue depth: absent")
     return lines
+
+
+def summarize_gateway(text: str) -> str:
+    """The requests the gateway forwarded, by model and answer, in words."""
+    counted: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "infergrid_gateway_requests":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    key = f"{sample.labels['model']} {sample.labels['code']}"
+                    counted[key] = counted.get(key, 0) + sample.value
+    shown = ", ".join(f"{k}: {v:.0f}" for k, v in sorted(counted.items())) or "none"
+    return f"{'through the gateway':<24} {shown}"
 
 
 def _ready(pod: client.V1Pod) -> bool:

@@ -188,6 +188,7 @@ def install(cluster, namespaces, *extra: str) -> Release:
     done = helm(
         cluster, "install", name, str(CHART), "--namespace", ns, "-f", str(KWOK_VALUES),
         "--set", f"operator.watchNamespaces={{{served}}}",
+        "--set", f"gateway.watchNamespaces={{{served}}}",
         "--set", f"admissionPolicy.namespaceSelector.matchLabels.{SCOPE_KEY}={name}",
         *extra, "--wait", "--timeout", "180s",
     )  # fmt: skip

@@ -38,6 +38,9 @@ def test_the_demo_runs_every_step_and_says_so(demo_run):
     for step in range(1, 10):
         assert f"[{step}/9]" in output
     assert "smollm2> " in output and output.split("smollm2> ", 1)[1].strip()
+    # The chat went through the gateway, which counted it.
+    assert "GET /v1/models -> smollm2" in output
+    assert "through the gateway      smollm2 200: 1" in output
     # Served from a pod on the real node, not a process beside the cluster.
     assert "Ready on local-l4" in output and "serving smollm2 (text-generation)" in output
     assert "time to first token" in output and "time per output token" in output

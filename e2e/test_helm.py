@@ -186,6 +186,8 @@ def test_install_creates_every_workload_ready_on_kwok_nodes(cluster, release):
     scheduler = component_pods(cluster, release, "scheduler")[0]
     statuses = [*scheduler.status.container_statuses, *scheduler.status.init_container_statuses]
     assert {c.name for c in statuses} == {"kube-scheduler", "extender"}
+    gateway = apps.read_namespaced_deployment(release.sa("gateway"), release.namespace)
+    assert gateway.status.ready_replicas == gateway.spec.replicas == 2
     ds = apps.read_namespaced_daemon_set(release.sa("device-plugin"), release.namespace)
     gpus = gpu_nodes(cluster)
     assert ds.status.desired_number_scheduled == len(gpus)
@@ -383,6 +385,21 @@ def permissions(rel: Release) -> dict[str, list[tuple[bool, ...]]]:
             (False, "create", "deployments.apps", "-n", s),
             *never,
         ],
+        "gateway": [
+            (True, "watch", isvc, "-n", s),
+            (True, "list", "endpointslices.discovery.k8s.io", "-n", s),
+            (True, "watch", "endpointslices.discovery.k8s.io", "-n", s),
+            (True, "get", isvc, "--subresource=scale", "-n", s),  # scale from zero
+            (True, "patch", isvc, "--subresource=scale", "-n", s),
+            (False, "patch", isvc, "-n", s),
+            (False, "patch", isvc, "--subresource=status", "-n", s),
+            (False, "watch", isvc, "-n", other),
+            (False, "list", "pods", "-n", s),
+            (False, "get", "secrets", "-n", s),  # no keys Secret named in this release
+            (False, "create", "deployments.apps", "-n", s),
+            (False, "patch", "services", "-n", s),
+            *never,
+        ],
         "device-plugin": [
             (True, "patch", "nodes"),
             (True, "list", "pods", "--all-namespaces"),
@@ -403,7 +420,9 @@ def permissions(rel: Release) -> dict[str, list[tuple[bool, ...]]]:
     }
 
 
-@pytest.mark.parametrize("component", ["operator", "extender", "scheduler", "device-plugin"])
+@pytest.mark.parametrize(
+    "component", ["operator", "extender", "scheduler", "device-plugin", "gateway"]
+)
 def test_service_account_can_do_what_it_needs_and_no_more(cluster, release, component):
     wrong = []
     for allowed, *args in permissions(release)[component]:
@@ -723,6 +742,7 @@ def test_the_chart_runs_every_component_in_containers_on_the_real_node(
             *chart_args(LOCAL_VALUES, DEFAULT_FLEET),
             "--set", f"schedulerName={CHART_SCHEDULER}",
             "--set", f"operator.watchNamespaces={{{served}}}",
+            "--set", f"gateway.watchNamespaces={{{served}}}",
             "--set", f"admissionPolicy.namespaceSelector.matchLabels.{SCOPE_KEY}={name}",
             "--set", "scheduler.extender.exposeMetrics=true",
             "--wait", "--timeout", "300s",
@@ -732,6 +752,7 @@ def test_the_chart_runs_every_component_in_containers_on_the_real_node(
             assert done.returncode == 0, done.stderr
             check_running_on_the_real_node(cluster, rel, real)
             check_the_extender_verbs_answer_on_loopback_only(cluster, rel)
+            check_the_gateway_routes_the_served_namespace(cluster, rel)
             check_a_gpu_pod_through_the_chart(cluster, rel, real)
         finally:
             helm(cluster, "uninstall", name, "--namespace", ns, "--wait")
@@ -745,8 +766,9 @@ def all_statuses(pod: client.V1Pod) -> dict[str, client.V1ContainerStatus]:
 
 def check_running_on_the_real_node(cluster, rel: Release, real) -> None:
     core = client.CoreV1Api(cluster.api)
-    for component, image in (("operator", "operator"), ("scheduler", "scheduler-extender"),
-                             ("device-plugin", "device-plugin")):  # fmt: skip
+    components = (("operator", "operator"), ("scheduler", "scheduler-extender"),
+                  ("device-plugin", "device-plugin"), ("gateway", "gateway"))  # fmt: skip
+    for component, image in components:
 
         def ready(component: str = component) -> bool:
             (pod,) = component_pods(cluster, rel, component)
@@ -785,6 +807,19 @@ def check_the_extender_verbs_answer_on_loopback_only(cluster, rel: Release) -> N
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=5)
         assert refused.value.code in (404, 405), verb
+
+
+def check_the_gateway_routes_the_served_namespace(cluster, rel: Release) -> None:
+    """The chart's gateway answers on its pod's API port and serves /metrics on its own."""
+    (pod,) = component_pods(cluster, rel, "gateway")
+    ip = pod.status.pod_ip
+    with urllib.request.urlopen(f"http://{ip}:8080/v1/models", timeout=5) as resp:
+        assert json.loads(resp.read()) == {"object": "list", "data": []}
+    with urllib.request.urlopen(f"http://{ip}:9090/metrics", timeout=5) as resp:
+        assert b"infergrid_gateway_" in resp.read()
+    with pytest.raises(urllib.error.HTTPError) as absent:
+        urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=5)
+    assert absent.value.code == 404
 
 
 def check_a_gpu_pod_through_the_chart(cluster, rel: Release, real) -> None:

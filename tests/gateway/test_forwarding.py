@@ -13,6 +13,7 @@ import pytest
 
 from gateway.catalog import Catalog
 from gateway.config import GatewayConfig
+from gateway.main import drain
 from gateway.tenants import KeyTable, TenantLimits
 from infergrid.constants import METRIC_GATEWAY_PENDING
 from infergrid.tracks import CANARY
@@ -199,3 +200,28 @@ def test_a_held_request_times_out_with_503_and_a_full_hold_queue_answers_429(eng
     assert sorted(s for s, _ in answers) == [429, 503]
     assert all(r for _, r in answers)
     assert f'{METRIC_GATEWAY_PENDING}{{namespace="ml",service="tiny"}} 0.0'.encode() in exposition
+
+
+def test_sigterm_drains_readiness_off_the_stream_in_flight_ends_whole(engines):
+    long = {**CHAT, "max_tokens": 400, "ignore_eos": True, "stream": True}
+
+    async def run():
+        async with gateway_serving(two_tracks(engines, canary=0)) as (gateway, url):
+            async with aiohttp.ClientSession() as http:
+                events, seen = [], {}
+                async with http.post(f"{url}/v1/chat/completions", json=long) as resp:
+                    async for line in resp.content:
+                        if not line.startswith(b"data: "):
+                            continue
+                        events.append(line[6:].strip())
+                        if len(events) == 1:
+                            draining = asyncio.ensure_future(drain(gateway, 60))
+                            await asyncio.sleep(0.05)
+                            async with http.get(f"{url}/readyz") as probe:
+                                seen = {"ready": probe.status, "drained": draining.done()}
+                await draining
+        return events, seen
+
+    events, seen = asyncio.run(run())
+    assert seen == {"ready": 503, "drained": False}  # waiting for the stream in flight
+    assert events[-1] == b"[DONE]"
