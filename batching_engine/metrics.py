@@ -24,6 +24,7 @@ from infergrid.constants import (
     METRIC_ENGINE_E2E_LATENCY,
     METRIC_ENGINE_GPU_UTILIZATION,
     METRIC_ENGINE_QUEUE_DEPTH,
+    METRIC_ENGINE_RUNNING,
 )
 
 PREFIX = "infergrid_engine_"
@@ -86,7 +87,10 @@ class EngineMetrics:
             METRIC_ENGINE_QUEUE_DEPTH.removeprefix(PREFIX),
             "Requests accepted and waiting to be scheduled (generation and single-pass).",
         )
-        self.running = g("running_sequences", "Sequences being generated (holding KV blocks).")
+        self.running = g(
+            METRIC_ENGINE_RUNNING.removeprefix(PREFIX),
+            "Sequences being generated (holding KV blocks).",
+        )
         self.kv_usage = g("kv_cache_usage_ratio", "Share of KV-cache blocks in use, 0 to 1.")
         self.utilization = g(
             METRIC_ENGINE_GPU_UTILIZATION.removeprefix(PREFIX),

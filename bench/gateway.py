@@ -20,6 +20,11 @@
    late send counts against the system, not for it. Prints per policy the offered rate, the
    achieved throughput, p50, p99, errors, how the requests split between the engines and
    each round's p99, then round-robin's p99 over least-loaded's.
+3. The same with two engines of unequal capacity (batches ``--max-num-seqs`` and
+   ``--unequal-batch``), as two pods on shares with different SM quotas are. On this
+   machine's two cores the two engines of 2. are not independent servers (they, the gateway
+   and the load generator share the cores), so the choice of pod matters little there; an
+   engine that is slower by itself is where round-robin keeps sending its share regardless.
 
 The gateway runs in a process of its own (``bench/gateway_server.py``: the real
 ``gateway.app.Gateway``, its catalog set once from flags), the engines are
@@ -28,7 +33,7 @@ small batch (``--max-num-seqs 4``, so that requests wait in the engines, where t
 pod matters), and the load comes from this process. Nothing is asserted: the figures are this
 machine's, every process shares its cores, and a run prints what it saw. The header gives the
 machine's own steadiness (the same pure-Python loop timed 20 times before anything starts):
-on a shared virtual machine it swings, and at 80% load a slow spell becomes a queue. About 2
+on a shared virtual machine it swings, and at 80% load a slow spell becomes a queue. About 4
 minutes with the defaults.
 
     .venv/bin/python -m bench.gateway [--requests 300] [--seconds 30] [--rounds 3]
@@ -106,13 +111,19 @@ class GatewayServer:
                 self.process.wait()
 
 
-def start_engines(tmp: Path, count: int, max_num_seqs: int) -> list[EngineProcess]:
-    """As tests/gateway/engines.py starts them, with a bounded batch so that queues form."""
-    with quiet(tmp / "tiny-model.log"):
-        model = write_tiny_model(tmp / "tiny", max_positions=2048)
+def start_engines(tmp: Path, batches: list[int]) -> list[EngineProcess]:
+    """As tests/gateway/engines.py starts them, one per batch size, each bounded so that
+    queues form."""
+    model = tmp / "tiny"
+    if not model.exists():
+        with quiet(tmp / "tiny-model.log"):
+            write_tiny_model(model, max_positions=2048)
     args = ["--model", str(model), "--model-name", MODEL, "--kv-cache-memory", "32MiB",
-            "--cpu-threads", "1", "--max-num-seqs", str(max_num_seqs)]  # fmt: skip
-    engines = [EngineProcess(args, tmp / f"engine-{i}.log") for i in range(count)]
+            "--cpu-threads", "1"]  # fmt: skip
+    engines = [
+        EngineProcess([*args, "--max-num-seqs", str(batch)], tmp / f"engine-{i}-{batch}.log")
+        for i, batch in enumerate(batches)
+    ]
     try:
         for engine in engines:
             engine.wait_ready()
@@ -476,9 +487,9 @@ def print_latency(r: dict) -> None:
     print(flush=True)
 
 
-def print_balancing(r: dict) -> None:
+def print_balancing(r: dict, title: str) -> None:
     cap, s = r["capacity"], r["schedule"]
-    print(f"2. least-loaded against round-robin at {r['load']:.0%} load, 2 engines")
+    print(f"{title}: least-loaded against round-robin at {r['load']:.0%} load")
     after = r["capacity_after"]
     print(
         f"capacity (closed loop through the gateway, least-loaded, {cap['workers']} workers, "
@@ -506,6 +517,7 @@ def print_balancing(r: dict) -> None:
             f"{failures}"
         )
     print(f"round-robin p99 / least-loaded p99: {r['round_robin_p99_over_least_loaded']:.3f}")
+    print(flush=True)
 
 
 def main() -> int:
@@ -518,6 +530,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="turns per policy, alternating")
     parser.add_argument("--capacity-seconds", type=float, default=10.0)
     parser.add_argument("--max-num-seqs", type=int, default=4, help="each engine's batch")
+    parser.add_argument("--unequal-batch", type=int, default=1,
+                        help="the second engine's batch in the unequal pair")  # fmt: skip
     parser.add_argument("--max-tokens-cap", type=int, default=256)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", action="store_true")
@@ -525,23 +539,31 @@ def main() -> int:
     m = machine()
     if not args.json:
         print_header(m, args)
+    pairs = {
+        "equal": [args.max_num_seqs, args.max_num_seqs],
+        "unequal": [args.max_num_seqs, args.unequal_batch],
+    }
+    balanced: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="infergrid-gateway-bench-") as where:
         tmp = Path(where)
-        engines = start_engines(tmp, 2, args.max_num_seqs)
-        try:
-            latency = added_latency(engines[0], tmp, args.requests)
+        for n, (pair, batches) in enumerate(pairs.items(), 2):
+            engines = start_engines(tmp, batches)
+            try:
+                if pair == "equal":
+                    latency = added_latency(engines[0], tmp, args.requests)
+                    if not args.json:
+                        print_latency(latency)
+                balanced[pair] = balancing(engines, tmp, args)
+            finally:
+                for engine in engines:
+                    engine.kill()
             if not args.json:
-                print_latency(latency)
-            balanced = balancing(engines, tmp, args)
-        finally:
-            for engine in engines:
-                engine.kill()
+                title = f"{n}. two engines, batches {batches[0]} and {batches[1]} ({pair})"
+                print_balancing(balanced[pair], title)
     if args.json:
         settings = {k: v for k, v in vars(args).items() if k != "json"}
         out = {"machine": m, "settings": settings, "added_latency": latency, "balancing": balanced}
         print(json.dumps(out, indent=2))
-    else:
-        print_balancing(balanced)
     return 0
 
 

@@ -25,7 +25,7 @@ from gateway.balancer import Balancer, prefix_key
 from gateway.catalog import Backend, Key, Route
 from gateway.config import GatewayConfig
 from gateway.live_catalog import LiveCatalog
-from gateway.loads import Loads, scrape_queue_depths
+from gateway.loads import Loads, scrape
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Answer, Retryable, error_json, forward
 from gateway.request_body import CHAT, COMPLETIONS, EMBEDDINGS, ParsedRequest, parse_request
@@ -401,5 +401,4 @@ class Gateway:
         backends = [b for r in self.live.current.routes.values() for b in r.backends]
         self.loads.keep_only(b.key for b in backends)
         if backends and self.session is not None:
-            depths = await scrape_queue_depths(self.session, backends, self.cfg.scrape_timeout_s)
-            self.loads.queue_depth.update(depths)
+            await scrape(self.session, self.loads, backends, self.cfg.scrape_timeout_s)

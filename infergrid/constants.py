@@ -93,6 +93,7 @@ LINK_TYPES: Final = (LINK_NVLINK, LINK_PCIE_SWITCH, LINK_HOST_BRIDGE, LINK_NUMA,
 
 # Engine metrics the operator's autoscaler reads from each engine pod's /metrics.
 METRIC_ENGINE_QUEUE_DEPTH: Final = "infergrid_engine_queue_depth"  # gauge
+METRIC_ENGINE_RUNNING: Final = "infergrid_engine_running_sequences"  # gauge
 METRIC_ENGINE_E2E_LATENCY: Final = "infergrid_engine_e2e_latency_seconds"  # histogram
 METRIC_ENGINE_GPU_UTILIZATION: Final = "infergrid_engine_gpu_utilization_percent"  # gauge
 # On every child of an InferenceService (its Service, hence its EndpointSlices, and pods):

@@ -10,6 +10,7 @@ from infergrid.constants import (
     METRIC_ENGINE_E2E_LATENCY,
     METRIC_ENGINE_GPU_UTILIZATION,
     METRIC_ENGINE_QUEUE_DEPTH,
+    METRIC_ENGINE_RUNNING,
 )
 from infergrid.engine_metrics import EngineSample, parse_engine_metrics
 
@@ -47,7 +48,25 @@ def test_queue_depth_is_summed_over_its_series():
 
 def test_metrics_an_engine_does_not_export_are_none():
     sample = parse_engine_metrics("# TYPE other gauge\nother 1\n")
-    assert sample == EngineSample()
+    assert sample == EngineSample() and sample.requests_held is None
+
+
+def test_the_requests_an_engine_holds_are_its_running_sequences_and_its_queue():
+    text = (
+        f"# TYPE {METRIC_ENGINE_QUEUE_DEPTH} gauge\n{METRIC_ENGINE_QUEUE_DEPTH} 2\n"
+        f"# TYPE {METRIC_ENGINE_RUNNING} gauge\n{METRIC_ENGINE_RUNNING} 4\n"
+    )
+    sample = parse_engine_metrics(text)
+    assert (sample.running, sample.requests_held) == (4, 6)
+
+
+def test_the_engine_exports_the_gauges_readers_parse():
+    from batching_engine.metrics import EngineMetrics
+
+    metrics = EngineMetrics()
+    metrics.track_state(lambda: 3, lambda: 2, lambda: 0.5)
+    sample = parse_engine_metrics(metrics.exposition().decode())
+    assert (sample.queue_depth, sample.running) == (3, 2)
 
 
 def test_text_that_is_not_prometheus_is_a_value_error():
