@@ -38,6 +38,7 @@ log = logging.getLogger("infergrid.gateway")
 MAX_ATTEMPTS = 3  # pods tried for one request before it is answered 503
 SCALE_ASK_EVERY_S = 5.0  # a service at zero is asked for a replica at most this often
 HOLD_POLL_S = 1.0  # a held request looks again at least this often
+MODEL_SHOWN = 100  # characters of an unknown model's name echoed back
 Scaler = Callable[[str, str], Awaitable[bool]]
 
 
@@ -162,14 +163,13 @@ class Gateway:
 
     async def models(self, request: web.Request) -> web.Response:
         try:
-            self.tenant(request)
+            tenant = self.tenant(request)
         except Refusal as refusal:
             return refusal.response()
-        catalog = self.live.current
         data = [
             {"id": model, "object": "model", "created": 0,
              "owned_by": f"{route.namespace}/{route.service}"}
-            for model, route in sorted(catalog.routes.items())
+            for model, route in sorted(self._visible(tenant).items())
         ]  # fmt: skip
         return web.json_response({"object": "list", "data": data})
 
@@ -182,7 +182,7 @@ class Gateway:
             tenant = self.tenant(request)
             raw = await self._body(request)
             parsed = self._parse(raw, endpoint)
-            route = self._route(parsed.model)
+            route = self._route(parsed.model, tenant)
             decision = self.admission.admit(tenant, parsed.estimate, self.clock())
             if not decision.admitted:
                 raise Refusal(
@@ -258,11 +258,20 @@ class Gateway:
             raise Refusal(413, "bad_request", f"body: over the {limit}-byte limit", param="body")
         return raw
 
-    def _route(self, model: str) -> Route:
-        route = self.live.current.routes.get(model)
+    def _visible(self, tenant: TenantLimits) -> dict[str, Route]:
+        """The routes of the namespaces the tenant may call."""
+        routes = self.live.current.routes
+        return {m: r for m, r in routes.items() if tenant.may_call(r.namespace)}
+
+    def _route(self, model: str, tenant: TenantLimits) -> Route:
+        """The model's route; another namespace's model is as unknown as a missing one, so a
+        tenant learns nothing of what it may not call."""
+        visible = self._visible(tenant)
+        route = visible.get(model)
         if route is None:
-            served = ", ".join(self.live.current.models()) or "none"
-            raise Refusal(404, "unknown_model", f"model {model!r} is not served; served: {served}",
+            shown = model if len(model) <= MODEL_SHOWN else f"{model[:MODEL_SHOWN]}..."
+            served = ", ".join(sorted(visible)) or "none"
+            raise Refusal(404, "unknown_model", f"model {shown!r} is not served; served: {served}",
                           param="model", code="model_not_found")  # fmt: skip
         return route
 

@@ -11,6 +11,7 @@ The keys live in a Secret the operator of the gateway writes, under the data key
         burst: 10                    # ...and size (default: requestsPerSecond, at least 1)
         tokensPerMinute: 20000       # token bucket of model tokens (default: no limit)
         maxConcurrent: 8             # requests in flight at once (default: no limit)
+        namespaces: [team-a]         # whose InferenceServices it may call (default: all)
 
 Parsing is strict (every refusal names its field) so a typo cannot silently lift a limit.
 """
@@ -42,6 +43,7 @@ MAX_TENANTS: Final = 10_000
 MIN_KEY_CHARS: Final = 16  # a key short enough to guess is refused
 TENANT_FIELDS: Final = (
     "name", "keys", "requestsPerSecond", "burst", "tokensPerMinute", "maxConcurrent",
+    "namespaces",
 )  # fmt: skip
 ANONYMOUS: Final = "anonymous"  # the tenant of every request when no keys are configured
 
@@ -53,6 +55,10 @@ class TenantLimits:
     burst: float = math.inf
     tokens_per_minute: float = math.inf
     max_concurrent: int | None = None
+    namespaces: frozenset[str] | None = None  # None: every namespace the gateway serves
+
+    def may_call(self, namespace: str) -> bool:
+        return self.namespaces is None or namespace in self.namespaces
 
 
 UNLIMITED: Final = TenantLimits(ANONYMOUS)
@@ -109,12 +115,16 @@ def _tenant(doc: dict[str, Any], path: str) -> TenantLimits:
     if doc.get("maxConcurrent") is not None:
         concurrent = integer(doc, "maxConcurrent", path, low=1)
     tokens = _positive(doc, "tokensPerMinute", path)
+    namespaces = None
+    if doc.get("namespaces") is not None:
+        namespaces = frozenset(name for name, _ in each(doc, "namespaces", str, path))
     return TenantLimits(
         name=field(doc, "name", str, path),
         requests_per_s=math.inf if rate is None else rate,
         burst=burst,
         tokens_per_minute=math.inf if tokens is None else tokens,
         max_concurrent=concurrent,
+        namespaces=namespaces,
     )
 
 

@@ -225,3 +225,34 @@ def test_sigterm_drains_readiness_off_the_stream_in_flight_ends_whole(engines):
     events, seen = asyncio.run(run())
     assert seen == {"ready": 503, "drained": False}  # waiting for the stream in flight
     assert events[-1] == b"[DONE]"
+
+
+def test_a_tenant_sees_and_calls_only_the_models_of_its_namespaces(engines):
+    keys = {
+        "sk-team-a-0123456789": TenantLimits("team-a", namespaces=frozenset({"ml"})),
+        "sk-team-c-0123456789": TenantLimits("team-c", namespaces=frozenset({"c"})),
+    }
+
+    async def run():
+        cfg = replace(GatewayConfig(), api_keys_secret="infergrid/keys")
+        async with gateway_serving(two_tracks(engines, canary=0), cfg) as (gateway, url):
+            gateway.keys = KeyTable.of(keys)
+            async with aiohttp.ClientSession() as http:
+                before = [await reached(http, e) for e in engines]
+                seen = {}
+                for key in keys:
+                    headers = {"Authorization": f"Bearer {key}"}
+                    async with http.get(f"{url}/v1/models", headers=headers) as resp:
+                        listed = [m["id"] for m in (await resp.json())["data"]]
+                    async with http.post(f"{url}/v1/chat/completions", json=CHAT,
+                                         headers=headers) as resp:  # fmt: skip
+                        seen[key[3:9]] = (listed, resp.status, await resp.json())
+                after = [await reached(http, e) for e in engines]
+        return seen, sum(after) - sum(before)
+
+    seen, reached_engines = asyncio.run(run())
+    assert seen["team-a"][:2] == ([MODEL], 200)
+    listed, status, doc = seen["team-c"]
+    assert (listed, status) == ([], 404)
+    assert doc["error"]["message"] == "model 'tiny' is not served; served: none"
+    assert reached_engines == 1

@@ -20,6 +20,7 @@ tenants:
     maxConcurrent: 8
   - name: team-b
     keys: [sk-team-b-0123456789, sk-team-b-abcdefghij]
+    namespaces: [team-b, shared]
 """
 
 
@@ -30,6 +31,8 @@ def test_keys_map_to_their_tenants_limits():
     b = table.tenant("sk-team-b-abcdefghij")
     assert b is not None and b.name == "team-b"
     assert math.isinf(b.requests_per_s) and b.max_concurrent is None
+    assert b.may_call("shared") and not b.may_call("team-a")
+    assert a.namespaces is None and a.may_call("anything")
     assert table.tenant("sk-team-a-012345678") is None  # one character short
     assert sorted(t.name for t in table.tenants()) == ["team-a", "team-b"]
 
@@ -67,6 +70,8 @@ def test_a_rate_without_a_burst_allows_one_second_of_it():
         ("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg]", "tenants.yaml",
          "not valid YAML"),
         ("- a\n- b", "tenants.yaml", "expected object"),
+        ("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg], namespaces: [7]}]",
+         "tenants.yaml.tenants[0].namespaces[0]", "expected string"),
     ],
 )  # fmt: skip
 def test_a_bad_secret_is_refused_naming_the_field(text, field, reason):
