@@ -146,6 +146,10 @@ def check_models(models: Iterable[object], where: str) -> tuple[str, ...]:
             )
         if "," in name:
             raise ContractError(f"{where}[{i}]", f"{name!r}: a model name has no comma")
+        if not label_value(name.strip()):
+            raise ContractError(
+                f"{where}[{i}]", f"{name!r}: no letter or digit, so no node label can match it"
+            )
         out.append(name.strip())
     return tuple(out)
 

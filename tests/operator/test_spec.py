@@ -67,6 +67,7 @@ def test_every_inference_service_of_a_scheduling_sample_parses(path):
         ({"gpus": 1, "gpuModels": "a100-80gb"}, "spec.resources.gpuModels"),
         ({"gpus": 1, "gpuModels": ["a100-80gb", 7]}, "spec.resources.gpuModels[1]"),
         ({"gpus": 1, "gpuModels": ["a,b"]}, "spec.resources.gpuModels[0]"),
+        ({"gpus": 1, "gpuModels": ["a100-80gb", "///"]}, "spec.resources.gpuModels[1]"),
         ({"gpus": 1, "minComputeCapability": 8.0}, "spec.resources.minComputeCapability"),
         ({"gpus": 1, "minComputeCapability": "8"}, "spec.resources.minComputeCapability"),
     ],
