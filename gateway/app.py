@@ -31,6 +31,7 @@ from gateway.proxy import Answer, Retryable, error_json, forward
 from gateway.request_body import CHAT, COMPLETIONS, EMBEDDINGS, ParsedRequest, parse_request
 from gateway.split import TrackSplit
 from gateway.tenants import UNLIMITED, KeyTable, TenantLimits
+from infergrid.capped_read import read_capped
 from infergrid.errors import ContractError
 
 log = logging.getLogger("infergrid.gateway")
@@ -244,17 +245,12 @@ class Gateway:
             raise Refusal(413, "bad_request", f"body: over the {limit}-byte limit", param="body")
         try:
             async with asyncio.timeout(self.cfg.read_timeout_s):
-                raw = await request.content.read(limit + 1)
-                while len(raw) <= limit and not request.content.at_eof():
-                    more = await request.content.read(limit + 1 - len(raw))
-                    if not more:
-                        break
-                    raw += more
+                raw = await read_capped(request.content, limit)
         except TimeoutError:
             raise Refusal(
                 408, "bad_request", "body: did not arrive in time", param="body"
             ) from None
-        if len(raw) > limit:
+        if raw is None:
             raise Refusal(413, "bad_request", f"body: over the {limit}-byte limit", param="body")
         return raw
 

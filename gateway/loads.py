@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 import aiohttp
 
 from gateway.catalog import Backend, Key
+from infergrid.capped_read import read_capped
 from infergrid.engine_metrics import MAX_METRICS_BYTES, parse_engine_metrics
 
 log = logging.getLogger("infergrid.gateway.loads")
@@ -85,9 +86,9 @@ async def _one(
             async with session.get(f"{backend.url}/metrics") as response:
                 if response.status != 200:
                     return
-                body = await response.content.read(MAX_METRICS_BYTES + 1)
+                body = await read_capped(response.content, MAX_METRICS_BYTES)
                 ours = loads.in_flight.get(backend.key, 0)  # as the engine wrote its figures
-        if len(body) > MAX_METRICS_BYTES:
+        if body is None:
             return
         sample = await asyncio.to_thread(parse_engine_metrics, body.decode("utf-8", "replace"))
     except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as err:

@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from gateway.catalog import Backend
+from infergrid.capped_read import read_capped
 
 log = logging.getLogger("infergrid.gateway.proxy")
 
@@ -78,10 +79,10 @@ async def _whole(
     upstream: aiohttp.ClientResponse, headers: dict[str, str], on_first_byte: Callable[[], None]
 ) -> Answer:
     try:
-        body = await upstream.content.read(MAX_ANSWER_BYTES + 1)
+        body = await read_capped(upstream.content, MAX_ANSWER_BYTES)
     except UPSTREAM_FAILURES as err:
         raise Retryable("mid_answer", _describe(err)) from None
-    if len(body) > MAX_ANSWER_BYTES:
+    if body is None:
         raise Retryable("mid_answer", f"answer over {MAX_ANSWER_BYTES} bytes")
     on_first_byte()
     used = _usage(body) if upstream.status == 200 else None

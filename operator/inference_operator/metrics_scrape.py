@@ -28,6 +28,7 @@ from typing import Final
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from infergrid.capped_read import read_capped
 from infergrid.constants import METRIC_GATEWAY_PENDING
 from infergrid.engine_metrics import (
     MAX_METRICS_BYTES,
@@ -190,17 +191,6 @@ async def _fetch(session: aiohttp.ClientSession, pod: str, url: str) -> bytes | 
         log.warning("pod %s: %s; scrape counted as failed", pod, OVER_CAP)
         return _Refused(OVER_CAP)
     return body
-
-
-async def read_capped(stream: aiohttp.StreamReader, limit: int) -> bytes | None:
-    """The whole body, or None as soon as it passes `limit` bytes (decompressed, if it was
-    compressed), so that a large or endless body is never held in memory."""
-    body = bytearray()
-    async for chunk in stream.iter_any():
-        body += chunk
-        if len(body) > limit:
-            return None
-    return bytes(body)
 
 
 def parse_gateway_pending(text: str, namespace: str, service: str) -> float:

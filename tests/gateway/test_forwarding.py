@@ -15,6 +15,8 @@ from gateway.catalog import Catalog
 from gateway.config import GatewayConfig
 from gateway.main import drain
 from gateway.tenants import KeyTable, TenantLimits
+from harness.engine_process import EngineProcess
+from harness.tiny_model_dir import write_tiny_model
 from infergrid.constants import METRIC_GATEWAY_PENDING
 from infergrid.tracks import CANARY
 from tests.gateway.engines import MODEL, backend, gateway_serving, reached, route, start_engines
@@ -256,3 +258,30 @@ def test_a_tenant_sees_and_calls_only_the_models_of_its_namespaces(engines):
     assert (listed, status) == ([], 404)
     assert doc["error"]["message"] == "model 'tiny' is not served; served: none"
     assert reached_engines == 1
+
+
+def test_an_answer_of_many_chunks_comes_back_whole(tmp_path):
+    """250 embeddings are some 350 KB, which reach the gateway in several chunks."""
+    model = write_tiny_model(tmp_path / "tiny", max_positions=256)
+    args = ["--model", str(model), "--model-name", MODEL, "--task", "embedding",
+            "--cpu-threads", "1"]  # fmt: skip
+    engine = EngineProcess(args, tmp_path / "engine.log")
+    body = {"model": MODEL, "input": [f"text {i}" for i in range(250)]}
+
+    async def run():
+        catalog = Catalog({MODEL: route([backend(engine)])})
+        async with gateway_serving(catalog) as (_, url), aiohttp.ClientSession() as http:
+            async with http.post(f"{engine.url}/v1/embeddings", json=body) as resp:
+                direct = await resp.read()
+            async with http.post(f"{url}/v1/embeddings", json=body) as resp:
+                return direct, resp.status, await resp.read()
+
+    try:
+        engine.wait_ready()
+        direct, status, through = asyncio.run(run())
+    finally:
+        engine.kill()
+    assert len(direct) > 256 * 1024
+    assert status == 200
+    assert len(json.loads(through)["data"]) == 250
+    assert json.loads(through)["data"] == json.loads(direct)["data"]
