@@ -27,12 +27,13 @@ from gateway.config import GatewayConfig
 from gateway.live_catalog import LiveCatalog
 from gateway.loads import Loads, scrape
 from gateway.metrics import GatewayMetrics
-from gateway.proxy import Answer, Retryable, error_json, forward
+from gateway.proxy import Answer, Retryable, forward
 from gateway.request_body import CHAT, COMPLETIONS, EMBEDDINGS, ParsedRequest, parse_request
 from gateway.split import TrackSplit
 from gateway.tenants import UNLIMITED, KeyTable, TenantLimits
 from infergrid.capped_read import read_capped
 from infergrid.errors import ContractError
+from infergrid.openai_error import error_body
 
 log = logging.getLogger("infergrid.gateway")
 
@@ -62,7 +63,7 @@ class Refusal(Exception):
         self.param, self.code, self.retry_after = param, code, retry_after
 
     def response(self) -> web.Response:
-        body = error_json(str(self), self.kind, self.param, self.code)
+        body = error_body(str(self), self.kind, self.param, self.code)
         response = web.json_response(body, status=self.status)
         if self.retry_after is not None:
             response.headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))

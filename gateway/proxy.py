@@ -21,6 +21,7 @@ from aiohttp import web
 
 from gateway.catalog import Backend
 from infergrid.capped_read import read_capped
+from infergrid.openai_error import error_body
 
 log = logging.getLogger("infergrid.gateway.proxy")
 
@@ -45,10 +46,6 @@ class Answer:
     status: int
     tokens_used: int | None  # from the answer's usage, where it reported one
     cut_short: bool = False  # a stream ended by the pod's failure
-
-
-def error_json(message: str, kind: str, param: str | None = None, code: str | None = None):
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 async def forward(
@@ -137,7 +134,7 @@ async def _stream(
 async def _end_with_error(response: web.StreamResponse, backend: Backend, detail: str) -> None:
     """What a client sees when the pod dies mid-stream: an error event, then the end."""
     log.warning("engine pod %s/%s failed mid-stream: %s", backend.namespace, backend.pod, detail)
-    event = error_json(
+    event = error_body(
         "the engine serving this stream failed before it ended; retry the request",
         "server_error",
         code="upstream_failed",

@@ -19,8 +19,8 @@ from aiohttp import web
 from batching_engine.errors import EngineFailedError
 from batching_engine.metrics import EngineMetrics, RequestStatus
 from batching_engine.server.json_fields import RequestError
-from batching_engine.server.responses import error_body
 from infergrid.errors import ContractError
+from infergrid.openai_error import error_body
 
 log = logging.getLogger("infergrid.engine.http")
 

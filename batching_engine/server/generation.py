@@ -34,13 +34,13 @@ from batching_engine.server.protocol import (
 from batching_engine.server.responses import (
     SSE_DONE,
     Envelope,
-    error_body,
     full_response,
     stream_chunk,
     usage_chunk,
 )
 from batching_engine.server.served_model import ServedModel
 from batching_engine.server.text_output import TextOutput
+from infergrid.openai_error import error_body
 
 log = logging.getLogger("infergrid.engine.http")
 

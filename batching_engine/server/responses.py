@@ -112,10 +112,6 @@ def models_response(model: str, created: int, max_model_len: int) -> dict[str, A
     return {"object": "list", "data": [entry]}
 
 
-def error_body(message: str, kind: str, param: str | None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
 def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
     """base64 is OpenAI's: the little-endian float32 bytes of the vector."""
     if encoding_format == "base64":
