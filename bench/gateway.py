@@ -62,9 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
-from harness.engine_process import EngineProcess
+from harness.engine_process import EngineProcess, requests_seen
 from harness.tiny_model_dir import write_tiny_model
 
 HERE = Path(__file__).resolve().parent
@@ -355,12 +354,7 @@ async def requests_reached(urls: list[str]) -> list[float]:
     async with aiohttp.ClientSession() as http:
         for url in urls:
             async with http.get(f"{url}/metrics") as response:
-                text = await response.text()
-            found = 0.0
-            for family in text_string_to_metric_families(text):
-                if family.name == "infergrid_engine_requests":
-                    found = sum(s.value for s in family.samples if s.name.endswith("_total"))
-            counts.append(found)
+                counts.append(requests_seen(await response.text()))
     return counts
 
 

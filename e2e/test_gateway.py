@@ -24,14 +24,15 @@ import openai
 import pytest
 import yaml
 from kubernetes import client
-from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import wait_until
 from e2e.helm_release import CHART, helm
 from e2e.operator_support import SAMPLES, kubectl, read_service
 from e2e.real_pods import port_forward, serving_namespace
+from harness.engine_process import requests_seen
 from infergrid.constants import LABEL_INFERENCESERVICE
+from infergrid.engine_metrics import parse_engine_metrics
 from infergrid.tracks import CANARY, STABLE, track_of_pod
 
 pytestmark = pytest.mark.e2e
@@ -149,13 +150,7 @@ def engine_counts(core, namespace: str, service: str) -> dict[str, float]:
     counts = {STABLE: 0.0, CANARY: 0.0}
     for pod in engine_pods(core, namespace, service):
         track = track_of_pod(service, pod.metadata.name)
-        url = f"http://{pod.status.pod_ip}:8000/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
-        for family in text_string_to_metric_families(text):
-            if family.name == "infergrid_engine_requests":
-                counts[track] += sum(s.value for s in family.samples
-                                     if s.name.endswith("_total"))  # fmt: skip
+        counts[track] += requests_seen(engine_metrics(pod))
     return counts
 
 
@@ -281,14 +276,15 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_and_the_next_
     assert answer.choices[0].message.content is not None
 
 
-def running(pod: client.V1Pod) -> float:
-    """Sequences the pod's engine is generating now, from its /metrics."""
+def engine_metrics(pod: client.V1Pod) -> str:
+    """The text of the pod's engine's /metrics (this machine reaches the node's pod IPs)."""
     with urllib.request.urlopen(f"http://{pod.status.pod_ip}:8000/metrics", timeout=10) as r:
-        text = r.read().decode()
-    for family in text_string_to_metric_families(text):
-        if family.name == "infergrid_engine_running_sequences":
-            return sum(s.value for s in family.samples)
-    return 0.0
+        return r.read().decode()
+
+
+def running(pod: client.V1Pod) -> float:
+    """Sequences the pod's engine is generating now."""
+    return parse_engine_metrics(engine_metrics(pod)).running or 0.0
 
 
 def kill_pod_processes(uid: str) -> list[int]:

@@ -18,6 +18,17 @@ from collections import Counter
 from pathlib import Path
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def requests_seen(metrics_text: str) -> float:
+    """Requests that reached an engine, however they ended (its requests_total, every
+    status), from the text of its /metrics: what tests and benchmarks count an engine's share
+    of traffic by, independent of whoever sent it."""
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == "infergrid_engine_requests":
+            return sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return 0.0
 
 
 def free_port() -> int:

@@ -9,13 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import Gateway, Scaler
 from gateway.catalog import Backend, Catalog, Route
 from gateway.config import GatewayConfig
 from gateway.live_catalog import LiveCatalog
-from harness.engine_process import EngineProcess, free_port
+from harness.engine_process import EngineProcess, free_port, requests_seen
 from harness.tiny_model_dir import write_tiny_model
 from infergrid.tracks import STABLE
 
@@ -62,8 +61,4 @@ async def gateway_serving(
 async def reached(session, engine: EngineProcess) -> float:
     """Requests that reached an engine, however they ended, from its own /metrics."""
     async with session.get(f"{engine.url}/metrics") as response:
-        text = await response.text()
-    for family in text_string_to_metric_families(text):
-        if family.name == "infergrid_engine_requests":
-            return sum(s.value for s in family.samples if s.name.endswith("_total"))
-    return 0.0
+        return requests_seen(await response.text())
