@@ -21,8 +21,14 @@ PREEMPTION_NODES = Counter(
 PREEMPTION_EVICTIONS = Counter(
     "infergrid_scheduler_extender_preemption_evictions_total",
     "Evictions the extender asked for to make GPU room for a higher-priority pod, by outcome"
-    " (evicted, or refused: a PodDisruptionBudget, or the pod already gone).",
+    " (evicted, or refused: RBAC, an admission policy, or the pod already gone; a victim whose"
+    " PodDisruptionBudget refuses is deleted instead).",
     ["outcome"],
+)
+PREEMPTIONS_GIVEN_UP = Counter(
+    "infergrid_scheduler_extender_preemptions_given_up_total",
+    "Preemptions stopped by a refused eviction; the pod evicts no one else until that victim"
+    " is gone or the retry time passes.",
 )
 REJECTIONS = Counter(
     "infergrid_scheduler_extender_rejections_total",

@@ -12,7 +12,12 @@ and `preemptionPolicy` not `Never`), the extender chooses the node and victims i
 honours PodDisruptionBudgets, and holds the freed GPUs for the pod with a tentative
 reservation, so the victims' replacements, of lower priority, cannot take them back. While
 its victims are still there (terminating), each new filter of the pod renews the hold and
-evicts no one else. The decision is `plan`, over the cache; `Preemptor.consider` applies it.
+evicts no one else. The decision is `plan`, over the cache; filter (`app.py`) applies it.
+
+A plan whose eviction is refused (for a reason a deletion cannot get past: RBAC, an admission
+policy) is given up, and so is preemption for that pod until something changes: the victim
+it could not evict goes, or `retry_s` pass. Without that, each new filter of the pod would plan
+again and evict another victim's replacement, for as long as the pod waited.
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ log = logging.getLogger(__name__)
 
 Evict = Callable[[str, str, str], Awaitable[str | None]]
 """Evicts the pod (namespace, name, uid); returns why not (a budget, a race), or None."""
-Announce = Callable[["PodRef", str, str], Awaitable[None]]
-"""Records an Event (reason, message) on the pod, as kube-scheduler does for its preemption."""
+Announce = Callable[["PodRef", str, str, str], Awaitable[None]]
+"""Records an Event (reason, message, type) on the pod, as kube-scheduler does for its
+preemption."""
 EVENT_SOURCE = "infergrid-scheduler-extender"
 
 
@@ -55,6 +61,15 @@ class PodRef:
 
 
 @dataclass(frozen=True, slots=True)
+class GivenUp:
+    """Why preemption stopped for a pod: the victim whose eviction was refused, and when the
+    pod may plan again even if that victim stays."""
+
+    victim: str
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """Where the preemptor goes and whom that takes; `evict` is False when these victims were
     chosen by an earlier filter and are still terminating."""
@@ -63,6 +78,9 @@ class Plan:
     victims: tuple[PodRef, ...]
     evict: bool
 
+
+REASON_GIVEN_UP = "PreemptionGivenUp"
+"""The Warning event on a pod whose preemption stopped, naming the refused victim and why."""
 
 BUDGET_REFUSAL = 429
 """What the Eviction API answers when a PodDisruptionBudget allows no disruption now."""
@@ -105,14 +123,14 @@ def evictor(core: client.CoreV1Api) -> Evict:
 def announcer(core: client.CoreV1Api) -> Announce:
     """Events through the API server; a failure is logged and never stops a preemption."""
 
-    async def announce(pod: PodRef, reason: str, message: str) -> None:
+    async def announce(pod: PodRef, reason: str, message: str, kind: str = "Normal") -> None:
         now = datetime.now(UTC)
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{pod.name}.", namespace=pod.namespace),
             involved_object=client.V1ObjectReference(
                 kind="Pod", api_version="v1", namespace=pod.namespace, name=pod.name, uid=pod.uid
             ),
-            reason=reason, message=message, type="Normal", count=1,
+            reason=reason, message=message, type=kind, count=1,
             first_timestamp=now, last_timestamp=now,
             source=client.V1EventSource(component=EVENT_SOURCE),
         )  # fmt: skip
@@ -155,6 +173,7 @@ class Preemptor:
         announce: Announce,
         hold_s: float = 60.0,
         monotonic: Callable[[], float] = time.monotonic,
+        retry_s: float = 600.0,
     ) -> None:
         self.view = view
         self.default_policy = default_policy
@@ -162,8 +181,11 @@ class Preemptor:
         self.announce = announce
         self.hold_s = hold_s
         self.monotonic = monotonic
+        self.retry_s = retry_s
         # preemptor uid -> its plan, and when it was made: one plan a pod per hold window
         self._under_way: dict[str, tuple[Plan, float]] = {}
+        # preemptor uid -> why its preemption stopped, until something changes
+        self._given_up: dict[str, GivenUp] = {}
 
     def plan(self, pod: dict[str, Any], refused: list[str], now: datetime) -> Plan | None:
         """The preemption for `pod`, which every node in `refused` turned down; None where it
@@ -175,7 +197,7 @@ class Preemptor:
             request = parse_pod_request(pod, self.default_policy)
         except ContractError:
             return None
-        if not request.gpu_containers:
+        if not request.gpu_containers or self.stopped(uid):
             return None
         self._settle()
         earlier, made = self._under_way.pop(uid, (None, self.monotonic()))
@@ -192,6 +214,17 @@ class Preemptor:
         self._under_way[uid] = (plan, made)
         return plan
 
+    def stopped(self, uid: str) -> bool:
+        """Whether preemption for the pod stays given up: the victim it could not evict is
+        still there, and the retry time has not come. Forgets it once either changes."""
+        given_up = self._given_up.get(uid)
+        if given_up is None:
+            return False
+        if self.view.cache.pod(given_up.victim) is not None and self.monotonic() < given_up.until:
+            return True
+        del self._given_up[uid]
+        return False
+
     def new_cycle(self, uid: str) -> None:
         """Before a pod is filtered again: holds past their time go, and so does its own, so
         it is not weighed against the room held for it."""
@@ -207,12 +240,14 @@ class Preemptor:
         for uid, (_, made) in list(self._under_way.items()):
             if now - made >= self.hold_s:
                 del self._under_way[uid]
+        for uid, given_up in list(self._given_up.items()):  # pods never filtered again
+            if now >= given_up.until:
+                del self._given_up[uid]
 
     async def evict_all(self, pod: dict[str, Any], plan: Plan) -> None:
         """The evictions `plan` asks for, one after another (after filter has answered). A
-        refused one (a PodDisruptionBudget, say) ends the plan and frees its room: a victim
-        that stays would otherwise keep the room held for good; the pod's next filter plans
-        afresh."""
+        refused one ends the plan, frees its room (a victim that stays would otherwise keep
+        it held for good) and stops preemption for the pod until something changes."""
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid") or "")
         preemptor = PodRef(uid, str(meta.get("namespace") or ""), str(meta.get("name") or ""))
@@ -224,17 +259,26 @@ class Preemptor:
                             f"evicting {listed} on {plan.node} for GPU room")  # fmt: skip
         for victim in plan.victims:
             refused_why = await self.evict(victim.namespace, victim.name, victim.uid)
-            if refused_why is None:
-                why = f"by {who}, which needs its GPU room on {plan.node}"
-                await self.announce(victim, "Preempted", why)
             outcome = "evicted" if refused_why is None else "refused"
             metrics.PREEMPTION_EVICTIONS.labels(outcome).inc()
             if refused_why is not None:
-                log.info("eviction of %s/%s refused: %s; preemption for %s given up",
-                         victim.namespace, victim.name, refused_why, who)  # fmt: skip
-                self._under_way.pop(uid, None)
-                self.view.cache.release_tentative(uid)
+                await self._give_up(preemptor, victim, refused_why)
                 return
+            why = f"by {who}, which needs its GPU room on {plan.node}"
+            await self.announce(victim, "Preempted", why)
+
+    async def _give_up(self, preemptor: PodRef, victim: PodRef, refused_why: str) -> None:
+        """Ends the pod's plan, frees its room, and stops preemption for it (`stopped`)."""
+        self._under_way.pop(preemptor.uid, None)
+        self.view.cache.release_tentative(preemptor.uid)
+        self._given_up[preemptor.uid] = GivenUp(victim.uid, self.monotonic() + self.retry_s)
+        metrics.PREEMPTIONS_GIVEN_UP.inc()
+        message = (f"eviction of {victim.namespace}/{victim.name} refused ({refused_why}); "
+                   f"no more evictions for this pod until that pod is gone or "
+                   f"{self.retry_s:.0f} s pass")  # fmt: skip
+        log.warning("preemption for %s/%s given up: %s", preemptor.namespace, preemptor.name,
+                    message)  # fmt: skip
+        await self.announce(preemptor, REASON_GIVEN_UP, message, "Warning")
 
     def _choose(
         self, request: PodGpuRequest, priority: int, refused: list[str], now: datetime

@@ -122,20 +122,32 @@ class Evictions:
     def __init__(self, refuse: str | None = None):
         self.asked: list[str] = []
         self.events: list[tuple[str, str]] = []
+        self.messages: list[tuple[str, str]] = []
         self.refuse = refuse
 
     async def __call__(self, namespace: str, name: str, uid: str) -> str | None:
         self.asked.append(uid)
         return self.refuse
 
-    async def announce(self, pod, reason: str, message: str) -> None:
+    async def announce(self, pod, reason: str, message: str, kind: str = "Normal") -> None:
         self.events.append((pod.uid, reason))
+        self.messages.append((kind, message))
 
 
-def leading_service(pods: list[dict], evictions: Evictions):
+class Clock:
+    """The preemptor's monotonic clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def leading_service(pods: list[dict], evictions: Evictions, clock: Clock | None = None):
     svc = filled_service(pods)
     svc.preemptor = Preemptor(svc.view, "binpack", evictions, evictions.announce, hold_s=60,
-                              monotonic=lambda: 0.0)  # fmt: skip
+                              monotonic=clock or Clock(), retry_s=600)  # fmt: skip
     return svc
 
 
@@ -166,13 +178,40 @@ def test_a_refused_online_pod_evicts_the_fewest_offline_pods_and_its_room_is_hel
     assert filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])["NodeNames"] == ["l4-0"]
 
 
-def test_a_refused_eviction_frees_the_held_room_and_the_next_filter_plans_again():
-    evictions = Evictions(refuse="429 Too Many Requests")  # a PodDisruptionBudget
+def test_a_refused_eviction_frees_the_held_room_and_stops_preemption_with_a_warning():
+    evictions = Evictions(refuse="403 Forbidden")  # RBAC or an admission policy
     svc = leading_service(BUSY, evictions)
     filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
     assert evictions.asked == ["batch-c"]
-    assert evictions.events == [("online", "Preempting")]  # nobody was preempted
+    assert evictions.events == [("online", "Preempting"), ("online", "PreemptionGivenUp")]
+    kind, message = evictions.messages[-1]
+    assert kind == "Warning" and "batch/batch-c" in message and "403 Forbidden" in message
     assert svc.view.cache.tentative("online") is None
+    # The pod is refused again and again while it waits: nobody else is evicted.
+    for _ in range(20):
+        filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
+    assert evictions.asked == ["batch-c"]
+
+
+def test_preemption_that_stopped_plans_again_once_the_refused_victim_is_gone():
+    evictions = Evictions(refuse="403 Forbidden")
+    svc = leading_service(BUSY, evictions)
+    filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
+    evictions.refuse = None
+    victim = next(p for p in BUSY if p["metadata"]["uid"] == "batch-c")
+    svc.view.cache.apply_pod(DELETED, victim)  # gone by other hands: the room is there now
+    assert filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])["NodeNames"] == ["l4-0"]
+    assert evictions.asked == ["batch-c"]
+
+
+def test_preemption_that_stopped_plans_again_after_the_retry_time():
+    evictions, clock = Evictions(refuse="403 Forbidden"), Clock()
+    svc = leading_service(BUSY, evictions, clock)
+    filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
+    clock.now = 599.0
+    filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
+    assert evictions.asked == ["batch-c"]
+    clock.now = 600.0
     filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
     assert evictions.asked == ["batch-c", "batch-c"]
 
