@@ -241,13 +241,11 @@ def test_operator_namespaced_rbac():
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     cluster = {b["metadata"]["name"] for b in by_kind(objects, "ClusterRoleBinding")}
     assert "ig-infergrid-operator" not in cluster  # no cluster-wide rights
-    assert "ig-infergrid-operator-discovery" in cluster  # kopf reads CRDs and namespaces
+    assert "ig-infergrid-operator-discovery" in cluster  # kopf reads CRDs, not namespaces
     discovery = rules_of(objects, "ClusterRole", "-operator-discovery")
     assert discovery == {
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
-        ("", "namespaces", "list"),
-        ("", "namespaces", "watch"),
     }
     config = yaml.safe_load(one(objects, "ConfigMap", "-operator")["data"]["operator.yaml"])
     assert config["namespaces"] == ["team-a", "team-b"]

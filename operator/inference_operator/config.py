@@ -34,6 +34,17 @@ class OperatorConfig:
     gateway_metrics_url: str = ""  # none: no gateway, no pending requests to scale on
 
 
+NAMESPACE_PATTERN_CHARS: Final = "*?[]!"
+"""What makes an entry of `namespaces` one of kopf's patterns rather than a name."""
+
+
+def scans_namespaces(namespaces: tuple[str, ...]) -> bool:
+    """Whether kopf must list and watch the cluster's namespaces to know which it serves: only
+    for patterns. Named ones are served as they are, with no cluster-scope right (the chart
+    gives none) and without kopf's minute of retries when it has none."""
+    return any(ch in name for name in namespaces for ch in NAMESPACE_PATTERN_CHARS)
+
+
 def priority_classes(doc: dict[str, Any], key: str) -> tuple[str, ...]:
     """Names, none of them a system-* class."""
     return refuse_system_classes(names(doc, key), key)

@@ -47,7 +47,7 @@ from .conditions import (
     status_patch,
     transitions,
 )
-from .config import OperatorConfig
+from .config import OperatorConfig, scans_namespaces
 from .configmap_gc import collectable, configmaps_in_use, rollout_settled
 from .gpu_faults import pod_to_replace
 from .kube import Kube
@@ -94,6 +94,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.setdefault("applied", {})
     memo.setdefault("refused", set())
     settings.execution.max_workers = memo.config.max_workers
+    # kopf's scan also watches CRDs; serving named namespaces, it needs neither (scans_namespaces).
+    named = memo.config.namespaces and not scans_namespaces(memo.config.namespaces)
+    settings.scanning.disabled = bool(named)
 
 
 @kopf.on.resume(*RESOURCE)

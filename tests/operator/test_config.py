@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from inference_operator.autoscaler import ScalingPolicy
-from inference_operator.config import SETTINGS, OperatorConfig
+from inference_operator.config import SETTINGS, OperatorConfig, scans_namespaces
 from inference_operator.spec import Autoscaling
 from infergrid.errors import ContractError
 from infergrid.settings import add_flags, load_settings
@@ -98,3 +98,10 @@ def test_policy_reads_percentages_as_fractions():
     policy = ScalingPolicy.from_spec(Autoscaling(tolerance_percent=15, warm_pool=2))
     assert policy.tolerance == 0.15 and policy.warm_pool == 2
     assert (policy.min_replicas, policy.max_replicas, policy.stabilization_s) == (1, 4, 300)
+
+
+def test_named_namespaces_are_served_without_scanning_and_patterns_are_scanned():
+    assert not scans_namespaces(())
+    assert not scans_namespaces(("team-a", "team-b"))
+    assert scans_namespaces(("team-*",))
+    assert scans_namespaces(("team-a", "!team-b"))
