@@ -197,9 +197,9 @@ def release_and_time(core, namespace: str, pods: int, extender: bool | None) -> 
 @contextmanager
 def extender(cluster, log: Path, flags: list[str]) -> Iterator[None]:
     """The extender with `flags`, at the URL the cluster's schedulers call, while inside."""
-    from e2e.extender_support import ExtenderProcess
+    from e2e.extender_support import BENCH_LEASE, ExtenderProcess
 
-    process = ExtenderProcess(cluster.extender_url(), cluster.kubeconfig, log)
+    process = ExtenderProcess(cluster.extender_url(), cluster.kubeconfig, log, BENCH_LEASE)
     process.args = flags
     process.start()
     try:

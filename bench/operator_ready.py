@@ -25,7 +25,7 @@ import yaml
 from kubernetes import client
 
 from e2e.cluster.local_cluster import REPO, LocalCluster
-from e2e.extender_support import ExtenderProcess
+from e2e.extender_support import BENCH_LEASE, ExtenderProcess
 from e2e.operator_support import (
     SERVICE_LABEL,
     OperatorProcess,
@@ -104,7 +104,9 @@ def main() -> None:
     install_crd(api)
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
-    extender = ExtenderProcess(local.extender_url(), local.kubeconfig, logs / "extender.log")
+    extender = ExtenderProcess(
+        local.extender_url(), local.kubeconfig, logs / "extender.log", BENCH_LEASE
+    )
     no_metrics = ("--metrics-url-template", "http://127.0.0.1:1/{pod_name}")
     operator = OperatorProcess(local.kubeconfig, [namespace], logs / "operator.log", *no_metrics)
     extender.start()

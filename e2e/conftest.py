@@ -1,9 +1,13 @@
-"""Session fixtures: one cluster for the whole e2e run.
+"""Session fixtures: one cluster and one install of the chart for the whole e2e run.
 
 By default the suite starts the local cluster (or reuses one that `make
 cluster-up` left running, and then leaves it running). With
 `INFERGRID_E2E_CLUSTER=existing` it uses the cluster that `KUBECONFIG` names
 instead, and starts nothing: the tests read what they need from the API.
+
+The components a test runs beside the cluster hold their chart ServiceAccount's token
+(e2e/identities.py); the admin kubeconfig is for what an admin does. e2e/README.md says
+which fixture runs what, with which identity.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from e2e.cluster.local_cluster import LocalCluster
 from e2e.cluster.processes import wait_until
 from e2e.crds import install_crds
 from e2e.helm_release import cpu_node, helm_ready, make_priority_classes, namespaces, release  # noqa: F401 - fixtures
+from e2e.identities import Identities, install_suite_release, uninstall_suite_release
 from e2e.operator_support import NO_METRICS, OperatorProcess, delete_service
 from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
 
@@ -57,12 +62,36 @@ def cluster() -> Iterator[Cluster]:
             assert local.leftovers == [], "make cluster-down left: " + "; ".join(local.leftovers)
 
 
+@pytest.fixture(scope="session")
+def identities(cluster: Cluster, infsvc_crd, priority_classes) -> Iterator[Identities]:
+    """One install of the chart for the run, whose ServiceAccounts the components run as."""
+    installed = install_suite_release(cluster)
+    try:
+        yield installed
+    finally:
+        uninstall_suite_release(installed)
+
+
+UNPOLICED = "unpoliced"
+"""The marker of a module whose namespaces the chart's admission policies leave alone; its
+argument says why (e2e/README.md lists them)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{UNPOLICED}(why): the chart's admission policies skip this module's namespaces"
+    )
+
+
 @pytest.fixture()
-def namespace(cluster: Cluster) -> Iterator[str]:
-    """A fresh namespace per test, deleted afterwards."""
+def namespace(request, cluster: Cluster, identities: Identities) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards; under the suite release's admission
+    policies unless the module is marked `unpoliced`."""
     core = client.CoreV1Api(cluster.api)
     name = f"e2e-{uuid.uuid4().hex[:8]}"
-    core.create_namespace({"metadata": {"name": name}})
+    policed = request.node.get_closest_marker(UNPOLICED) is None
+    labels = identities.policed if policed else {}
+    core.create_namespace({"metadata": {"name": name, "labels": labels}})
     wait_until(
         lambda: core.read_namespaced_service_account("default", name),
         60,
@@ -75,15 +104,19 @@ def namespace(cluster: Cluster) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def extender(cluster: Cluster, tmp_path_factory):
-    """The scheduler extender at the URL the local infergrid-scheduler calls."""
+def extender(cluster: Cluster, identities: Identities, tmp_path_factory):
+    """The scheduler extender at the URL the local infergrid-scheduler calls, as the chart's
+    extender ServiceAccount (a process, so tests can kill and restart it)."""
     from e2e.cluster.local_cluster import LocalCluster
     from e2e.extender_support import ExtenderProcess
 
     if not cluster.local:
         pytest.skip("needs the local cluster's infergrid-scheduler pointed at this extender")
-    log = tmp_path_factory.mktemp("extender") / "extender.log"
-    process = ExtenderProcess(LocalCluster().extender_url(), cluster.kubeconfig, log)
+    home = tmp_path_factory.mktemp("extender")
+    kubeconfig = identities.kubeconfig("extender", home / "kubeconfig")
+    process = ExtenderProcess(
+        LocalCluster().extender_url(), kubeconfig, home / "extender.log", identities.lease_args()
+    )
     process.start()
     yield process
     process.stop()
@@ -102,8 +135,9 @@ def infsvc_crd(cluster: Cluster) -> None:
 
 
 @pytest.fixture()
-def start_operator(cluster, namespace, infsvc_crd, extender, tmp_path):
-    """Starts operators on the test's namespace; at the end deletes its services first.
+def start_operator(cluster, identities, namespace, infsvc_crd, extender, tmp_path):
+    """Starts operators on the test's namespace, as the chart's operator ServiceAccount; at the
+    end deletes its services first.
 
     A service with autoscaling carries kopf's finalizer, which only a running
     operator removes; left behind, it would hold the namespace in Terminating.
@@ -115,7 +149,8 @@ def start_operator(cluster, namespace, infsvc_crd, extender, tmp_path):
 
     def start(*args: str) -> OperatorProcess:
         log = tmp_path / f"operator-{len(started)}.log"
-        process = OperatorProcess(cluster.kubeconfig, [namespace], log, *(args or NO_METRICS))
+        kubeconfig = identities.kubeconfig("operator", tmp_path / f"operator-{len(started)}.kc")
+        process = OperatorProcess(kubeconfig, [namespace], log, *(args or NO_METRICS))
         process.start()
         started.append(process)
         return process

@@ -23,20 +23,25 @@ from infergrid.fleet import FleetNode, parse_fleet
 from infergrid.inventory import decode_inventory, encode_inventory
 from infergrid.usage import GpuUsage, GpuUsageSample, encode_usage
 
+BENCH_LEASE = ["--lease-namespace", "kube-system"]
+"""A benchmark's extender, run with the admin's kubeconfig on a cluster of its own, elects on
+a Lease in kube-system; the suite's holds its chart identity's Lease (e2e/identities.py)."""
+
 
 class ExtenderProcess(PartProcess):
     """`infergrid-scheduler-extender` on the port infergrid-scheduler calls."""
 
-    def __init__(self, url: str, kubeconfig: Path, log: Path):
+    def __init__(self, url: str, kubeconfig: Path, log: Path, lease: list[str]):
         self.port = urlparse(url).port
         super().__init__("extender", kubeconfig, log, f"http://127.0.0.1:{self.port}/readyz")
+        self.lease = lease  # --lease-namespace, --lease-name: the one its identity may update
         self.args: list[str] = []
 
     def argv(self) -> list[str]:
         return [
             sys.executable, "-m", "scheduler_extender.main",
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--identity", "e2e-extender", "--lease-namespace", "kube-system", *self.args,
+            "--identity", "e2e-extender", *self.lease, *self.args,
         ]  # fmt: skip
 
 

@@ -22,7 +22,9 @@ from kubernetes.client.rest import ApiException
 
 from e2e.cluster import binaries
 from e2e.cluster.fake_nodes import KWOK_TAINT
+from e2e.cluster.local_cluster import DEFAULT_FLEET
 from e2e.cluster.node_configs import REAL_NODE_LABEL
+from e2e.cluster.node_images import LOCAL_VALUES, chart_args
 from e2e.cluster.processes import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +38,7 @@ CPU_NODE = "helm-e2e-cpu"
 INSTANCE = "app.kubernetes.io/instance"
 # The chart's two PriorityClasses, as its values.yaml names them.
 CHART_CLASSES = yaml.safe_load((CHART / "values.yaml").read_text())["priorityClasses"]
+CLASS_NAMES = (CHART_CLASSES["online"]["name"], CHART_CLASSES["offline"]["name"])
 
 
 # --- commands -------------------------------------------------------------------------
@@ -197,6 +200,36 @@ def install(cluster, namespaces, *extra: str) -> Release:
         pytest.fail(f"helm install: {done.stderr}")
     manifest = ok(helm(cluster, "get", "manifest", name, "--namespace", ns))
     return Release(name, ns, served, manifest)
+
+
+CHART_SCHEDULER = "infergrid-chart"
+"""The scheduler name of a release on the real node, beside the local cluster's own
+infergrid-scheduler (which the suite's extender process serves)."""
+
+
+def install_on_real_node(cluster, namespaces, *extra: str) -> Release:
+    """A release whose components run in pods on the real node, from the images built here,
+    as `helm install` with deploy/helm/values/local-cluster.yaml puts them; its scheduler is
+    CHART_SCHEDULER, and its policies cover only its own namespaces. Fails the test, after
+    uninstalling, when the install does not come up."""
+    name = f"ig{uuid.uuid4().hex[:5]}"
+    label = {E2E_LABEL: name}
+    ns, served = namespaces(labels=label), namespaces(labels=label)
+    done = helm(
+        cluster, "install", name, str(CHART), "--namespace", ns,
+        *chart_args(LOCAL_VALUES, DEFAULT_FLEET),
+        "--set", f"schedulerName={CHART_SCHEDULER}", "--set", "priorityClasses.create=false",
+        "--set", f"operator.allowedPriorityClasses={{{','.join(CLASS_NAMES)}}}",
+        "--set", f"operator.watchNamespaces={{{served}}}",
+        "--set", f"gateway.watchNamespaces={{{served}}}",
+        "--set", f"admissionPolicy.namespaceSelector.matchLabels.{SCOPE_KEY}={name}",
+        *extra, "--wait", "--timeout", "300s",
+    )  # fmt: skip
+    if done.returncode != 0:
+        state = kubectl(cluster, "get", "pods,events", "-n", ns)
+        helm(cluster, "uninstall", name, "--namespace", ns, "--wait")
+        pytest.fail(f"helm install on the real node: {done.stderr}\n{state.stdout}")
+    return Release(name, ns, served, "")
 
 
 @pytest.fixture(scope="module")

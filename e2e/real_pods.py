@@ -14,6 +14,7 @@ from e2e.cluster import binaries, model_store
 from e2e.cluster.node_configs import REAL_NODE_LABEL
 from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import wait_until
+from e2e.identities import Identities
 from e2e.operator_support import OperatorProcess, free_port
 
 __all__ = [
@@ -103,17 +104,20 @@ def real_node_name(core: client.CoreV1Api) -> str:
 
 @contextmanager
 def serving_namespace(
-    api: client.ApiClient, kubeconfig: Path, prefix: str, log: Path, *, namespace: str = "",
-    operator_args: tuple[str, ...] = (),
+    api: client.ApiClient, identities: Identities, prefix: str, log: Path, *,
+    namespace: str = "", operator_args: tuple[str, ...] = (),
 ) -> Iterator[str]:  # fmt: skip
-    """A namespace served by an operator with the engine image built here, holding the model
-    store's claim on the real node (what the pvc:// samples name): a fresh one named after
-    `prefix`, or `namespace`, made by the caller. Deleted at the end either way."""
+    """A namespace served by an operator with the engine image built here, as the chart's
+    operator ServiceAccount, holding the model store's claim on the real node (what the pvc://
+    samples name): a fresh one named after `prefix`, or `namespace`, made by the caller.
+    Deleted at the end either way. The admission policies leave it alone: the real node's
+    plugin, which marks its pods allocated, is the cluster's process (e2e/README.md)."""
     core = client.CoreV1Api(api)
     if not namespace:
         namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
         core.create_namespace({"metadata": {"name": namespace}})
     model_store.provide(api, namespace, real_node_name(core))
+    kubeconfig = identities.kubeconfig("operator", log.with_suffix(".kubeconfig"))
     operator = OperatorProcess(kubeconfig, [namespace], log, "--engine-image", image_ref("engine"),
                                *operator_args)  # fmt: skip
     operator.start()

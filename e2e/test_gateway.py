@@ -108,7 +108,9 @@ def install_gateway(cluster, namespace: str) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def routed(cluster, infsvc_crd, extender, helm_ready, tmp_path_factory) -> Iterator[Routed]:
+def routed(
+    cluster, identities, infsvc_crd, extender, helm_ready, tmp_path_factory
+) -> Iterator[Routed]:
     """A namespace with the keys Secret, the gateway, the operator, and three services: a
     chat model (2 pods), an embedding model with a 10% canary, and one at zero replicas."""
     if not cluster.local:
@@ -125,7 +127,7 @@ def routed(cluster, infsvc_crd, extender, helm_ready, tmp_path_factory) -> Itera
         core.delete_namespace(namespace)
         raise
     operator_args = ("--gateway-metrics-url", metrics_url)
-    with serving_namespace(cluster.api, cluster.kubeconfig, "", log, namespace=namespace,
+    with serving_namespace(cluster.api, identities, "", log, namespace=namespace,
                            operator_args=operator_args):  # fmt: skip
         try:
             for body in (chat_service(), sample("embeddings-canary.yaml"),

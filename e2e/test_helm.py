@@ -40,17 +40,16 @@ from kubernetes.client.rest import ApiException
 
 from e2e.cluster import binaries
 from e2e.cluster.local_cluster import DEFAULT_FLEET, LocalCluster
-from e2e.cluster.node_images import chart_args, image_ref
+from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import wait_until
 from e2e.cluster.real_node import capacity_advertised
 from e2e.helm_release import (
     CHART,
+    CHART_SCHEDULER,
     CPU_NODE,
-    E2E_LABEL,
     INSTANCE,
     KWOK_VALUES,
     ROOT,
-    SCOPE_KEY,
     VALUES,
     Release,
     as_token,
@@ -60,6 +59,7 @@ from e2e.helm_release import (
     gpu_nodes,
     helm,
     install,
+    install_on_real_node,
     kubectl,
     ok,
     token,
@@ -324,7 +324,7 @@ def permissions(rel: Release) -> dict[str, list[tuple[bool, ...]]]:
             (True, "watch", "pods", "-n", s),
             (True, "create", "events", "-n", s),
             (True, "watch", "customresourcedefinitions.apiextensions.k8s.io"),
-            (True, "watch", "namespaces"),  # kopf, serving chosen namespaces
+            (False, "watch", "namespaces"),  # kopf serves the named ones as they are
             (False, "get", "namespaces/kube-system"),
             # Only the namespace it serves: not its own, not any other.
             (False, "create", "deployments.apps", "-n", other),
@@ -491,6 +491,14 @@ def test_only_the_extender_may_write_gpu_assignments(cluster, release, namespace
     message = forbidden(lambda: annotate(admin, ns, pod, None))  # nor removes, even the admin
     assert ANNOTATION_GPU_ASSIGNMENT in message
     core.patch_namespaced_pod(pod, ns, {"metadata": {"annotations": {"team": "a"}}})
+
+    # The extender deletes only GPU holders (preemption victims past their budget).
+    bystander = f"bystander-{uuid.uuid4().hex[:5]}"
+    core.create_namespaced_pod(ns, {"metadata": {"name": bystander}, "spec": spec})
+    extender_core = client.CoreV1Api(extender)
+    message = forbidden(lambda: extender_core.delete_namespaced_pod(bystander, ns))
+    assert "holds a GPU assignment" in message
+    extender_core.delete_namespaced_pod(pod, ns, grace_period_seconds=0)
 
     # Its node: only infergrid.io/ labels and annotations of its own node.
     plugin_core = client.CoreV1Api(plugin)
@@ -718,44 +726,56 @@ def test_components_work_with_their_service_accounts(cluster, release, tmp_path)
 
 # --- the chart for real, on the real node ---------------------------------------------
 
-LOCAL_VALUES = VALUES / "local-cluster.yaml"
-CHART_SCHEDULER = "infergrid-chart"  # beside the local cluster's own infergrid-scheduler
-
 
 def test_the_chart_runs_every_component_in_containers_on_the_real_node(
     cluster, helm_ready, namespaces, infsvc_crd
 ):
     """helm install with the images built here: the operator, kube-scheduler with the
     extender, and the device plugin run as containers on the real node, each Ready by its
-    own probe; the device plugin registers with the real kubelet; the chart's own scheduler,
-    extender and device plugin then place and start a GPU pod."""
+    own probe; the device plugin registers with the real kubelet; `helm upgrade` changes the
+    default policy and rolls the scheduler out; the chart's own scheduler, extender and
+    device plugin then place and start a GPU pod; `helm uninstall` leaves the real node
+    serving pods, its GPUs advertised again by the cluster's own plugin."""
     if not cluster.local:
         pytest.skip("installs the images built here on the local cluster's real node")
     local = LocalCluster()
     real = next(n for n in load_fleet(DEFAULT_FLEET).nodes if n.real)
     with local.host_device_plugin_stopped(real):
-        name = f"ig{uuid.uuid4().hex[:5]}"
-        label = {E2E_LABEL: name}
-        ns, served = namespaces(labels=label), namespaces(labels=label)
-        done = helm(
-            cluster, "install", name, str(CHART), "--namespace", ns,
-            *chart_args(LOCAL_VALUES, DEFAULT_FLEET),
-            "--set", f"schedulerName={CHART_SCHEDULER}",
-            "--set", f"operator.watchNamespaces={{{served}}}",
-            "--set", f"gateway.watchNamespaces={{{served}}}",
-            "--set", f"admissionPolicy.namespaceSelector.matchLabels.{SCOPE_KEY}={name}",
-            "--set", "scheduler.extender.exposeMetrics=true",
-            "--wait", "--timeout", "300s",
-        )  # fmt: skip
-        rel = Release(name, ns, served, "")
+        rel = install_on_real_node(
+            cluster, namespaces, "--set", "scheduler.extender.exposeMetrics=true"
+        )
         try:
-            assert done.returncode == 0, done.stderr
             check_running_on_the_real_node(cluster, rel, real)
             check_the_extender_verbs_answer_on_loopback_only(cluster, rel)
             check_the_gateway_routes_the_served_namespace(cluster, rel)
+            check_the_upgrade_rolls_out_a_new_policy(cluster, rel)
             check_a_gpu_pod_through_the_chart(cluster, rel, real)
         finally:
-            helm(cluster, "uninstall", name, "--namespace", ns, "--wait")
+            helm(cluster, "uninstall", rel.name, "--namespace", rel.namespace, "--wait")
+    # Uninstalled: the node runs pods again, and the cluster's plugin advertises its GPUs.
+    core = client.CoreV1Api(cluster.api)
+    assert capacity_advertised(core, real)
+    core.create_namespaced_pod(rel.served, shell_pod("after-uninstall", "echo still here"))
+    wait_phase(core, rel.served, "after-uninstall", "Succeeded")
+
+
+def check_the_upgrade_rolls_out_a_new_policy(cluster, rel: Release) -> None:
+    """`helm upgrade --reuse-values` with another default policy: the scheduler pod is
+    replaced by one reading the new extender config, and it comes up Ready."""
+    (old,) = component_pods(cluster, rel, "scheduler")
+    ok(helm(cluster, "upgrade", rel.name, str(CHART), "--namespace", rel.namespace,
+            "--reuse-values", "--set", "scheduler.extender.defaultPolicy=spread",
+            "--wait", "--timeout", "300s"))  # fmt: skip
+
+    def rolled_out() -> bool:
+        pods = component_pods(cluster, rel, "scheduler")
+        return (len(pods) == 1 and pods[0].metadata.uid != old.metadata.uid
+                and all(s.ready for s in all_statuses(pods[0]).values()))  # fmt: skip
+
+    wait_until(rolled_out, 180, "the upgraded scheduler pod Ready")
+    core = client.CoreV1Api(cluster.api)
+    config = core.read_namespaced_config_map(rel.sa("scheduler"), rel.namespace)
+    assert yaml.safe_load(config.data["extender.yaml"])["defaultPolicy"] == "spread"
 
 
 def all_statuses(pod: client.V1Pod) -> dict[str, client.V1ContainerStatus]:

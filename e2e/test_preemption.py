@@ -1,11 +1,15 @@
 """Preemption that sees GPU shares, through the real kube-scheduler and the extender: an online
 pod that finds every GPU filled by offline shares evicts exactly the offline pods of one GPU,
 binds there, and the evicted work waits, Pending, without preempting back. kube-scheduler's
-own dry run counts no GPU memory, so here the extender leads (scheduler_extender/preemptor.py)."""
+own dry run counts no GPU memory, so here the extender leads (scheduler_extender/preemptor.py).
+
+The first test runs the extender as a process with the chart's extender token; the second
+runs the chart itself, its operator and extender in pods on the real node."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -13,8 +17,14 @@ from kubernetes import client
 
 from e2e.cluster.processes import wait_until
 from e2e.extender_support import assigned_gpus, gpu_pod, idle_nodes, share_pod
-from e2e.helm_release import CHART_CLASSES
-from e2e.operator_support import NO_METRICS, POOL_LABEL, SAMPLES, create_service, in_pool, owned
+from e2e.helm_release import (
+    CHART_CLASSES,
+    CHART_SCHEDULER,
+    Release,
+    helm,
+    install_on_real_node,
+)
+from e2e.operator_support import POOL_LABEL, SAMPLES, create_service, in_pool, owned
 from infergrid import constants
 from infergrid.assignment_annotation import decode_assignment
 
@@ -97,14 +107,30 @@ def assigned_gpus_of(pod: client.V1Pod) -> list[tuple[str, str]]:
     return [(assignment.node, g.uuid) for c in assignment.containers for g in c.gpus]
 
 
-def test_the_online_service_of_the_sample_evicts_two_offline_replicas_past_their_budget(
-    cluster, namespace, extender, priority_classes, start_operator, four_gpus
+@pytest.fixture(scope="module")
+def chart(cluster, helm_ready, namespaces, infsvc_crd, priority_classes) -> Iterator[Release]:
+    """The chart installed as users install it, its components in pods on the real node: the
+    operator, and infergrid-scheduler with the extender, each with only the rights the
+    chart gives it, under its own admission policies. The cluster's own device plugin keeps
+    the real node; the pods here go to KWOK nodes."""
+    if not cluster.local:
+        pytest.skip("installs the images built here on the local cluster's real node")
+    rel = install_on_real_node(cluster, namespaces, "--set", "devicePlugin.enabled=false",
+                               "--set", "gateway.enabled=false")  # fmt: skip
+    yield rel
+    helm(cluster, "uninstall", rel.name, "--namespace", rel.namespace, "--wait")
+
+
+def test_the_charts_extender_evicts_two_offline_replicas_past_their_budget_and_stops(
+    cluster, chart, four_gpus
 ):
-    """deploy/samples/scheduling/online-offline.yaml through the operator. The offline
-    service's own PodDisruptionBudget allows one pod away at a time, so the second eviction
-    is refused and the extender deletes that pod, as kube-scheduler's preemption would."""
-    start_operator(*NO_METRICS, "--allowed-priority-classes", f"{ONLINE},{OFFLINE}")
-    core = client.CoreV1Api(cluster.api)
+    """deploy/samples/scheduling/online-offline.yaml through the installed operator and
+    extender. The offline service's own PodDisruptionBudget (maxUnavailable 1) lets the first
+    eviction through and refuses the second, since the first victim's replacement stays
+    Pending; the extender then deletes that pod, as kube-scheduler's preemption would, which
+    the chart's admission policy allows it for GPU holders only. Two victims, one
+    Preempting event: nothing loops."""
+    namespace, core = chart.served, client.CoreV1Api(cluster.api)
     pool = four_gpus[0].rsplit("-", 1)[1]
     offline, online = (in_pool(doc, pool) for doc in yaml.safe_load_all(SAMPLE.read_text()))
     batch, chat = offline["metadata"]["name"], online["metadata"]["name"]
@@ -116,6 +142,9 @@ def test_the_online_service_of_the_sample_evicts_two_offline_replicas_past_their
 
     replicas = offline["spec"]["replicas"]
     wait_until(lambda: len(pods(batch, True)) == replicas, 180, f"{replicas} offline shares bound")
+    assert all(p.spec.scheduler_name == CHART_SCHEDULER for p in pods(batch, True))
+    (budget,) = owned(cluster.api, namespace, batch)["PodDisruptionBudget"]
+    assert budget.spec.max_unavailable == 1
     before = {p.metadata.name: p for p in pods(batch, True)}
     create_service(cluster.api, namespace, online)
     wait_until(lambda: pods(chat, True), 180, "the online replica bound after preemption")
@@ -127,3 +156,10 @@ def test_the_online_service_of_the_sample_evicts_two_offline_replicas_past_their
     assert all(assigned_gpus_of(before[name]) == [(node, gpu)] for name in evicted)
     wait_until(lambda: len(pods(batch, False)) == 2, 60, "two offline replicas Pending")
     assert len(pods(batch, True)) == replicas - 2
+    reasons = all_event_reasons(core, namespace)
+    assert reasons.count("Preempting") == 1 and reasons.count("Preempted") == 2, reasons
+    assert "PreemptionGivenUp" not in reasons
+
+
+def all_event_reasons(core: client.CoreV1Api, namespace: str) -> list[str]:
+    return [e.reason for e in core.list_namespaced_event(namespace).items]

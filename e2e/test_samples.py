@@ -30,12 +30,12 @@ TEXTS = ["InferGrid packs inference onto shared GPUs.", "A cat sat on the mat.",
 
 
 @pytest.fixture(scope="module")
-def samples_namespace(cluster, infsvc_crd, extender, tmp_path_factory) -> Iterator[str]:
+def samples_namespace(cluster, identities, infsvc_crd, extender, tmp_path_factory) -> Iterator[str]:
     """A namespace with the model store's claim in it and the operator serving it."""
     if not cluster.local:
         pytest.skip("serves on the local cluster's real node")
     log = tmp_path_factory.mktemp("samples") / "operator.log"
-    with serving_namespace(cluster.api, cluster.kubeconfig, "samples", log) as namespace:
+    with serving_namespace(cluster.api, identities, "samples", log) as namespace:
         yield namespace
 
 

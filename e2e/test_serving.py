@@ -34,13 +34,13 @@ READY_TIMEOUT = 600
 
 
 @pytest.fixture(scope="module")
-def served(cluster, infsvc_crd, extender, tmp_path_factory) -> Iterator[str]:
+def served(cluster, identities, infsvc_crd, extender, tmp_path_factory) -> Iterator[str]:
     """A namespace with the operator serving it and the sample applied, unmodified."""
     if not cluster.local:
         pytest.skip("serves on the local cluster's real node")
     core = client.CoreV1Api(cluster.api)
     log = tmp_path_factory.mktemp("serving") / "operator.log"
-    with serving_namespace(cluster.api, cluster.kubeconfig, "serve", log) as namespace:
+    with serving_namespace(cluster.api, identities, "serve", log) as namespace:
         kubectl(cluster.kubeconfig, "apply", "-n", namespace, "-f", str(SAMPLE))
         try:
             yield namespace

@@ -13,6 +13,8 @@ from images.containerd_load import LoadError, load
 from .processes import ClusterError
 
 SANDBOX = "pause"
+LOCAL_VALUES = Path(__file__).resolve().parents[2] / "deploy/helm/values/local-cluster.yaml"
+"""The chart's values for the local cluster's real node: no pulls, every component there."""
 
 
 def node_images() -> tuple[str, Callable[[Path], None]]:
