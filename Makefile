@@ -42,8 +42,9 @@ protos: install
 cluster-build: install
 	$(PY) -m e2e.cluster build
 
+# CHART=1 leaves the real node to the Helm chart (README, "Install on a cluster").
 cluster-up: install
-	$(PY) -m e2e.cluster status >/dev/null || $(PY) -m e2e.cluster up
+	$(PY) -m e2e.cluster status >/dev/null || $(PY) -m e2e.cluster up $(if $(CHART),--for-chart)
 
 cluster-down: install
 	$(PY) -m e2e.cluster down

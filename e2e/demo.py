@@ -1,5 +1,11 @@
 """`make demo`: InferGrid end to end on this machine, in one command.
 
+The system runs as users install it: `helm install` of the chart puts the operator,
+infergrid-scheduler with the extender, the gateway and the real node's device plugin in pods
+on the real node, from the images built here, each with its own ServiceAccount and the
+chart's admission policies. Only the KWOK fleet's device plugins run as processes on fake
+NVML: they stand for hardware, and KWOK nodes start no containers.
+
     python -m e2e.demo [--keep] [--quick]     # run it (make demo, make demo KEEP=1)
     python -m e2e.demo down                   # stop what --keep left running
 
@@ -13,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import subprocess
 import sys
 import time
 import urllib.request
@@ -27,11 +33,10 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import binaries, model_store
-from e2e.cluster.local_cluster import REPO, LocalCluster, url_ok
-from e2e.cluster.node_images import image_ref
-from e2e.cluster.processes import ClusterError, log_tail, wait_until
-from e2e.crds import install_crds
-from e2e.operator_support import SAMPLES, create_service, free_port, kubectl, on_kwok, owned
+from e2e.cluster.local_cluster import REPO, LocalCluster
+from e2e.cluster.node_images import LOCAL_VALUES, chart_args
+from e2e.cluster.processes import ClusterError, wait_until
+from e2e.operator_support import SAMPLES, create_service, kubectl, on_kwok, owned
 from images.build import build as build_images
 from infergrid import placement_table
 from infergrid.cluster_snapshot import Snapshot, read_snapshot
@@ -51,6 +56,11 @@ PROMPTS = (
     "Name three colours of the rainbow.",
 )
 STALE_AFTER = timedelta(seconds=60)
+RELEASE = "infergrid"  # helm install infergrid ... (the chart's names then start infergrid-)
+RELEASE_NAMESPACE = "infergrid-system"
+CHART = REPO / "deploy" / "helm" / "infergrid"
+INSTANCE = "app.kubernetes.io/instance"
+COMPONENT = "app.kubernetes.io/component"
 
 
 class StepFailed(Exception):
@@ -69,7 +79,6 @@ class Demo:
     engine_url: str = ""  # the engine pod's own port (its /metrics)
     gateway_url: str = ""  # the gateway's OpenAI API, what users call
     gateway_metrics: str = ""
-    extender_port: int = 0
 
     def __post_init__(self) -> None:
         self.cluster = LocalCluster(self.state)
@@ -84,7 +93,8 @@ class Demo:
             ("images built here, no registry (first run: minutes, then cached)", self.images),
             ("local cluster: a real node, and a KWOK fleet of H100 NVLink, A100 MIG, T4",
              self.up),
-            ("scheduler extender and operator", self.control_plane),
+            ("helm install: operator, infergrid-scheduler with the extender, gateway and the"
+             " real node's device plugin, in pods on the real node", self.chart),
             ("sample InferenceServices placed on the KWOK fleet by infergrid-scheduler",
              self.services),
             ("placement per GPU, as the API server holds it", self.placements),
@@ -133,29 +143,34 @@ class Demo:
     def up(self) -> None:
         if self.cluster.is_running():
             self.down()
-        seconds = self.cluster.up(FLEET)
-        self.out(f"    control plane, a real node (kubelet + containerd), KWOK nodes, and a"
-                 f" fake-NVML device plugin per node up in {seconds:.1f}s")  # fmt: skip
+        seconds = self.cluster.up(FLEET, for_chart=True)
+        self.out(f"    control plane, a real node (kubelet + containerd), KWOK nodes with a"
+                 f" fake-NVML device plugin each, up in {seconds:.1f}s")  # fmt: skip
 
-    def control_plane(self) -> None:
-        api = self.cluster.api()
-        install_crds(api)
-        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
-        port = int(self.cluster.extender_url().rstrip("/").rsplit(":", 1)[1])
-        self._start("extender", [sys.executable, "-m", "scheduler_extender.main",
-                                 "--host", "127.0.0.1", "--port", str(port),
-                                 "--no-leader-election"], env,
-                    f"http://127.0.0.1:{port}/readyz")  # fmt: skip
-        health = free_port()
-        self._start("operator", [sys.executable, "-m", "inference_operator.main",
-                                 "--namespaces", f"{NAMESPACE},{SERVING}",
-                                 "--engine-image", image_ref("engine"),
-                                 "--liveness-endpoint", f"http://127.0.0.1:{health}/healthz"],
-                    env, f"http://127.0.0.1:{health}/healthz")  # fmt: skip
+    def chart(self) -> None:
+        """The README's install: the chart's own identities, RBAC and admission policies.
+        The operator's rights are Roles in the namespaces it serves, so those come first."""
+        core = client.CoreV1Api(self.cluster.api())
+        for namespace in (NAMESPACE, SERVING):
+            core.create_namespace({"metadata": {"name": namespace}})
+        argv = [str(binaries.paths()["helm"]), "--kubeconfig", str(self.cluster.kubeconfig),
+                "install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE,
+                "--create-namespace", *chart_args(LOCAL_VALUES, FLEET),
+                "--set", f"operator.watchNamespaces={{{NAMESPACE},{SERVING}}}",
+                "--set", f"gateway.watchNamespaces={{{SERVING}}}",
+                "--wait", "--timeout", "300s"]  # fmt: skip
+        self.out(f"    helm install {RELEASE} deploy/helm/infergrid -n {RELEASE_NAMESPACE}"
+                 " $(python -m e2e.cluster helm-args) ...")  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=360, check=False)
+        if done.returncode != 0:
+            raise StepFailed(f"helm install failed: {done.stderr.strip()}\n"
+                             f"{_indent(self._release_state())}")  # fmt: skip
+        wait_until(self._release_ready, 180, "every pod of the release Ready",
+                   on_poll=self._check_parts)  # fmt: skip
+        self.out(_indent(self._release_table()))
 
     def services(self) -> None:
         api = self.cluster.api()
-        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
         model_store.provide(api, NAMESPACE, None)  # the claim the pvc:// samples name
         files = SAMPLE_FILES[:3] if self.quick else SAMPLE_FILES
         for name in files:
@@ -180,7 +195,6 @@ class Demo:
     def engine(self) -> None:
         """The sample as a user applies it: unmodified, so it lands on the real node (KWOK's
         taint keeps it off the fake fleet), then reached through its Service."""
-        client.CoreV1Api(self.cluster.api()).create_namespace({"metadata": {"name": SERVING}})
         kubectl(self.cluster.kubeconfig, "apply", "-n", SERVING, "-f", str(SERVED))
         self.out(f"    kubectl apply -n {SERVING} -f deploy/samples/{SERVED.name}")
         wait_until(self._serving, 600, f"a Ready engine pod of {SERVED_NAME}",
@@ -189,17 +203,15 @@ class Demo:
         self.out(f"    pod {SERVING}/{pod.metadata.name} Ready on {pod.spec.node_name};"
                  f" engine: {self._engine_line(pod)}")  # fmt: skip
         self.engine_url = f"http://{pod.status.pod_ip}:8000"
-        port, metrics = free_port(), free_port()
-        self.gateway_url = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
-        self._start("gateway", [sys.executable, "-m", "gateway.main", "--host", "127.0.0.1",
-                                "--port", str(port), "--metrics-host", "127.0.0.1",
-                                "--metrics-port", str(metrics), "--namespaces", SERVING],
-                    env, f"{self.gateway_url}/readyz")  # fmt: skip
-        self.gateway_metrics = f"http://127.0.0.1:{metrics}/metrics"
+        (gateway,) = self._release_pods("gateway")
+        self.gateway_url = f"http://{gateway.status.pod_ip}:8080"  # this host routes pod IPs
+        self.gateway_metrics = f"http://{gateway.status.pod_ip}:9090/metrics"
         wait_until(lambda: SERVED_NAME in self._models(), 60, "the gateway to route smollm2")
-        self.out(f"    gateway on {self.gateway_url}: one OpenAI endpoint; GET /v1/models ->"
+        self.out(f"    the chart's gateway, pod {RELEASE_NAMESPACE}/{gateway.metadata.name}, on"
+                 f" {self.gateway_url}: one OpenAI endpoint; GET /v1/models ->"
                  f" {', '.join(self._models())}")  # fmt: skip
+        self.out(f"    from anywhere: kubectl port-forward -n {RELEASE_NAMESPACE}"
+                 f" svc/{RELEASE}-gateway 8080:80")  # fmt: skip
         prompts = PROMPTS[:1] if self.quick else PROMPTS
         for prompt in prompts:
             self.out(f"    user> {prompt}")
@@ -244,42 +256,53 @@ class Demo:
     def how_to_reach(self) -> str:
         return "\n".join([
             f"    export KUBECONFIG={self.cluster.kubeconfig}",
+            f"    kubectl get pods -n {RELEASE_NAMESPACE} -o wide   # the chart's components",
             f"    kubectl get inferenceservices,pods -n {NAMESPACE} -o wide",
             f"    kubectl get pods -n {SERVING} -o wide   # served from the real node",
             "    .venv/bin/infergrid placements",
-            f"    curl {self.gateway_url}/v1/models",
+            f"    kubectl port-forward -n {RELEASE_NAMESPACE} svc/{RELEASE}-gateway 8080:80"
+            "   # the gateway's Service, from anywhere",
+            f"    curl {self.gateway_url}/v1/models   # or its pod's IP, from this host",
             f"    curl {self.gateway_url}/v1/chat/completions -H 'Content-Type: application/json'"
             " -d '{\"model\": \"smollm2\", \"messages\": [{\"role\": \"user\", \"content\": "
             "\"Hi\"}]}'",
             f"    curl {self.engine_url}/metrics   # the engine pod's own",
             f"    curl {self.gateway_metrics}",
-            f"    logs: {self.logs}",
+            f"    kubectl logs -n {RELEASE_NAMESPACE} deploy/{RELEASE}-operator   # and the"
+            " other components'",
+            f"    cluster logs: {self.logs}",
             "    stop everything: make demo-down",
         ])  # fmt: skip
 
     def down(self) -> list[str]:
         return self.cluster.down()
 
-    def _start(
-        self, name: str, argv: list[str], env: dict[str, str], ready_url: str,
-        timeout: float = 60, progress: bool = False,
-    ) -> None:  # fmt: skip
-        self.cluster.processes.start(name, argv, env=env)
-        log = self.logs / f"{name}.log"
-        last = [""]
+    def _release_pods(self, component: str | None = None) -> list[client.V1Pod]:
+        selector = f"{INSTANCE}={RELEASE}" + (f",{COMPONENT}={component}" if component else "")
+        core = client.CoreV1Api(self.cluster.api())
+        return core.list_namespaced_pod(RELEASE_NAMESPACE, label_selector=selector).items
 
-        def poll() -> None:
-            self._check_alive(name)
-            if progress:
-                line = log_tail(log, 1).strip()
-                if line and line != last[0]:
-                    last[0] = line
-                    self.out(f"    {name}: {_short(line)}")
+    def _release_ready(self) -> bool:
+        pods = self._release_pods()
+        return bool(pods) and all(_ready(p) for p in pods)
 
+    def _release_table(self) -> str:
+        """The release's pods as `kubectl get pods -o wide` shows them, in short."""
+        rows = [("POD", "READY", "NODE", "SERVICE ACCOUNT")]
+        for pod in sorted(self._release_pods(), key=lambda p: p.metadata.name):
+            statuses = _statuses(pod)
+            ready = f"{sum(s.ready for s in statuses)}/{len(statuses)}"
+            rows.append((pod.metadata.name, ready, pod.spec.node_name or "-",
+                         pod.spec.service_account_name or "-"))  # fmt: skip
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}"
+                         for r in rows)  # fmt: skip
+
+    def _release_state(self) -> str:
         try:
-            wait_until(lambda: url_ok(ready_url), timeout, f"the {name} to be ready", poll)
-        except ClusterError as err:  # timed out
-            raise StepFailed(str(err), log) from err
+            return kubectl(self.cluster.kubeconfig, "get", "pods,events", "-n", RELEASE_NAMESPACE)
+        except RuntimeError as err:
+            return str(err)
 
     def _serving(self) -> client.V1Pod | None:
         """A Ready engine pod of the served sample, if there is one."""
@@ -302,15 +325,29 @@ class Demo:
         return wanted > 0 and len(pods) == wanted and all(p.spec.node_name for p in pods)
 
     def _check_parts(self) -> None:
-        for name in ("extender", "operator", "gateway"):
-            if name in self.cluster.processes.names():
-                self._check_alive(name)
+        """Fails the step, with the end of its log, when a container of the release is
+        crash-looping or has failed: waiting any longer would not help."""
+        core = client.CoreV1Api(self.cluster.api())
+        for pod in self._release_pods():
+            for status in _statuses(pod):
+                waiting = status.state.waiting if status.state else None
+                if status.restart_count or (waiting and waiting.reason in _BROKEN):
+                    log = core.read_namespaced_pod_log(
+                        pod.metadata.name, RELEASE_NAMESPACE, container=status.name,
+                        tail_lines=15, previous=bool(status.restart_count),
+                    )  # fmt: skip
+                    raise StepFailed(f"{pod.metadata.name} ({status.name}) restarted or"
+                                     f" failed:\n{_indent(log)}")  # fmt: skip
 
-    def _check_alive(self, name: str) -> None:
-        """Fails the step, with the end of the process's log, when `name` has exited."""
-        if not self.cluster.processes.alive(name):
-            log = self.logs / f"{name}.log"
-            raise StepFailed(f"the {name} exited:\n{_indent(log_tail(log, 15))}", log)
+
+_BROKEN = {"CrashLoopBackOff", "ErrImageNeverPull", "ImagePullBackOff", "CreateContainerError",
+           "CreateContainerConfigError", "RunContainerError"}  # fmt: skip
+
+
+def _statuses(pod: client.V1Pod) -> list[client.V1ContainerStatus]:
+    """Every container's status, native sidecars (init containers that keep running) too."""
+    status = pod.status
+    return [*(status.container_statuses or []), *(status.init_container_statuses or [])]
 
 
 def summarize_metrics(text: str) -> list[str]:

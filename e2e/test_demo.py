@@ -38,7 +38,13 @@ def test_the_demo_runs_every_step_and_says_so(demo_run):
     for step in range(1, 10):
         assert f"[{step}/9]" in output
     assert "smollm2> " in output and output.split("smollm2> ", 1)[1].strip()
-    # The chat went through the gateway, which counted it.
+    # The chart's pods, each Ready under its own ServiceAccount on the real node.
+    rows = _release_rows(output)
+    for component in ("operator", "scheduler", "gateway", "device-plugin"):
+        ((node, account),) = [v for k, v in rows.items() if k.startswith(f"infergrid-{component}-")]
+        assert node == "local-l4" and account.startswith("infergrid-"), (component, account)
+    # The chat went through the chart's gateway, which counted it.
+    assert "the chart's gateway, pod infergrid-system/infergrid-gateway-" in output
     assert "GET /v1/models -> smollm2" in output
     assert "through the gateway      smollm2 200: 1" in output
     # Served from a pod on the real node, not a process beside the cluster.
@@ -73,10 +79,26 @@ def test_the_placement_table_matches_the_assignments_the_api_server_holds(demo_r
     assert total_holders >= sum(len(p) for p in held.values()) > 0
 
 
+def test_no_component_runs_beside_the_cluster_only_the_kwok_fleets_plugins(demo_run):
+    demo, code, output = demo_run
+    assert code == 0, output
+    processes = demo.cluster.processes.names()
+    for name in ("extender", "operator", "gateway", "infergrid-scheduler"):
+        assert name not in processes
+    plugins = [n for n in processes if n.startswith("device-plugin-")]
+    assert plugins and "device-plugin-local-l4" not in plugins
+
+
 def test_keep_leaves_the_engine_and_cluster_reachable_until_down(demo_run):
     demo, code, output = demo_run
     assert "make demo-down" in output
     assert demo.cluster.is_running()
+
+
+def _release_rows(output: str) -> dict[str, tuple[str, str]]:
+    """The release's pods as the demo printed them: pod name -> (node, ServiceAccount)."""
+    lines = output.split("POD ", 1)[1].split("done in", 1)[0].splitlines()[1:]
+    return {cells[0]: (cells[2], cells[3]) for line in lines if len(cells := line.split()) == 4}
 
 
 def _gpu_indices(core: client.CoreV1Api) -> dict[str, str]:
@@ -90,7 +112,8 @@ def _gpu_indices(core: client.CoreV1Api) -> dict[str, str]:
 
 def _table(output: str) -> dict[tuple[str, str], dict]:
     """The printed table: per (node, GPU index) its holders (namespace/pod)."""
-    lines = output.split("NODE ", 1)[1].split("done in", 1)[0].splitlines()[1:]
+    step = output.split("placement per GPU", 1)[1]
+    lines = step.split("NODE ", 1)[1].split("done in", 1)[0].splitlines()[1:]
     rows: dict[tuple[str, str], dict] = {}
     current = None
     for line in lines:

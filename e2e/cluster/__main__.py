@@ -1,8 +1,14 @@
-"""`python -m e2e.cluster up|down|status`: the local cluster from a shell."""
+"""`python -m e2e.cluster up|down|status|helm-args`: the local cluster from a shell.
+
+    python -m e2e.cluster up --for-chart    # leaves the real node to the Helm chart
+    helm install infergrid deploy/helm/infergrid -n infergrid-system --create-namespace \
+        $(python -m e2e.cluster helm-args) --wait
+"""
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +20,7 @@ from infergrid.errors import ContractError
 
 from . import binaries
 from .local_cluster import DEFAULT_FLEET, LocalCluster
+from .node_images import LOCAL_VALUES, chart_args
 from .processes import ClusterError
 
 
@@ -42,6 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="build (once) and start the local cluster")
     up.add_argument("--fleet", type=Path, default=DEFAULT_FLEET)
     up.add_argument("--extender-url", help="default: a free port on 127.0.0.1")
+    up.add_argument(
+        "--for-chart", action="store_true",
+        help="start no infergrid-scheduler and no device plugin process for the real node:"
+        " the Helm chart's scheduler and DaemonSet take their place",
+    )  # fmt: skip
+    helm_args = sub.add_parser(
+        "helm-args", help="print the helm flags that install the chart on the real node"
+    )
+    helm_args.add_argument("--fleet", type=Path, default=DEFAULT_FLEET)
     sub.add_parser("down", help="stop every process of the local cluster")
     sub.add_parser("status", help="say whether the local cluster runs")
     sub.add_parser("nodes", help="list the nodes with their GPU capacity")
@@ -52,8 +68,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             binaries.ensure_built()
         elif args.command == "up":
-            seconds = cluster.up(args.fleet, args.extender_url)
+            seconds = cluster.up(args.fleet, args.extender_url, args.for_chart)
             print(f"local cluster up in {seconds:.1f}s; export KUBECONFIG={cluster.kubeconfig}")
+            if args.for_chart:
+                print("the real node waits for the chart: helm install ... $(python -m"
+                      " e2e.cluster helm-args)")  # fmt: skip
+        elif args.command == "helm-args":
+            print(" ".join(shlex.quote(a) for a in chart_args(LOCAL_VALUES, args.fleet)))
         elif args.command == "down":
             stopped = cluster.down()
             print(f"stopped: {', '.join(stopped) or 'nothing was running'}")

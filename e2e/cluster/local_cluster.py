@@ -20,7 +20,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from kubernetes import client, config
@@ -91,11 +91,17 @@ class LocalCluster:
         except Exception:  # noqa: BLE001 - anything short of ready means not running
             return False
 
-    def up(self, fleet_file: Path = DEFAULT_FLEET, extender_url: str | None = None) -> float:
+    def up(
+        self, fleet_file: Path = DEFAULT_FLEET, extender_url: str | None = None,
+        for_chart: bool = False,
+    ) -> float:  # fmt: skip
         """Starts the whole cluster and returns the seconds it took.
 
         The extender URL is where infergrid-scheduler looks for the extender;
-        by default a free port on 127.0.0.1, recorded in the layout.
+        by default a free port on 127.0.0.1, recorded in the layout. `for_chart` leaves
+        out what the Helm chart installs itself: the cluster's own infergrid-scheduler and
+        the real node's device plugin process (the chart's DaemonSet serves that node). The
+        KWOK nodes' plugins still run as processes: KWOK starts no containers.
         """
         fleet = load_fleet(fleet_file)
         started = time.monotonic()
@@ -120,21 +126,24 @@ class LocalCluster:
             components.infergrid_scheduler_config(layout)
         )
         try:
-            self._start(layout)
+            self._start(layout, for_chart)
             fake_nodes.create(self.api(), fleet)
             fake_nodes.wait_schedulable(self.api(), self.processes)
             if real := [node for node in fleet.nodes if node.real]:
                 self.real_nodes.up(layout, self.api(), real, *node_images())
                 model_store.provide(self.api(), "default", real[0].name)
-            self._start_device_plugins(fleet, fleet_file)
+            self._start_device_plugins(fleet, fleet_file, for_chart)
         except BaseException:
             self.down()
             raise
         return time.monotonic() - started
 
-    def _start_device_plugins(self, fleet: Fleet, fleet_file: Path) -> None:
+    def _start_device_plugins(self, fleet: Fleet, fleet_file: Path, for_chart: bool) -> None:
         """One device plugin per node on fake NVML. A KWOK node's only publishes (no kubelet
-        dials it); a real node's registers with the kubelet, which then advertises its GPUs."""
+        dials it); a real node's registers with the kubelet, which then advertises its GPUs.
+        With `for_chart`, real nodes get none: the chart's DaemonSet runs there."""
+        if for_chart:
+            fleet = replace(fleet, nodes=tuple(n for n in fleet.nodes if not n.real))
         for node in fleet.nodes:
             self.processes.start(
                 f"device-plugin-{node.name}",
@@ -188,8 +197,10 @@ class LocalCluster:
     def api(self) -> client.ApiClient:
         return config.new_client_from_config(str(self.kubeconfig))
 
-    def _start(self, layout: components.Layout) -> None:
+    def _start(self, layout: components.Layout, for_chart: bool) -> None:
         argv = components.commands(layout)
+        if for_chart:
+            del argv["infergrid-scheduler"]  # the chart's scheduler Deployment takes the name
         ready = {
             "etcd": lambda: url_ok(f"http://127.0.0.1:{layout.etcd_port}/health"),
             "kube-apiserver": lambda: self._apiserver_ready(layout),
