@@ -5,7 +5,8 @@ its admission policies, exactly as `helm install` makes them. A test that runs a
 as a process beside the cluster (to kill it mid-stream, restart it with other flags, or read
 its log) gives it that ServiceAccount's token, minted by TokenRequest, never the cluster
 admin's credentials. The release's policies cover the namespaces labelled with
-`Identities.policed`, which the `namespace` fixture carries.
+`Identities.policed`, which the `namespace` fixture carries. A device plugin run for a
+KWOK node holds a token bound to the release's DaemonSet pod there, as a pod's would be.
 
 The release installs with the KWOK values: its own Deployments' pods go to a CPU node only
 some modules make (e2e/helm_release.py), so here they stay Pending, and nothing but their
@@ -22,10 +23,12 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from e2e.cluster.processes import wait_until
 from e2e.helm_release import (
     CHART,
     E2E_LABEL,
     HELM,
+    INSTANCE,
     KWOK_VALUES,
     SCOPE_KEY,
     Release,
@@ -49,6 +52,22 @@ class Identities:
     def kubeconfig(self, component: str, path: Path) -> Path:
         """A kubeconfig holding a fresh token of the component's ServiceAccount (one hour)."""
         bearer = token(self.cluster, self.release.namespace, self.release.sa(component))
+        return token_kubeconfig(self.cluster, bearer, path)
+
+    def plugin_kubeconfig(self, node: str, path: Path) -> Path:
+        """The device plugin's token bound to the release's DaemonSet pod on `node`, as the
+        kubelet gives it: its admission policy lets it change only that node and its pods."""
+        core, ns = client.CoreV1Api(self.cluster.api), self.release.namespace
+        selector = f"{INSTANCE}={self.release.name},app.kubernetes.io/component=device-plugin"
+
+        def pod_on_node() -> client.V1Pod | None:
+            pods = core.list_namespaced_pod(
+                ns, label_selector=selector, field_selector=f"spec.nodeName={node}"
+            ).items
+            return pods[0] if pods else None
+
+        wait_until(pod_on_node, 60, f"the chart's device plugin pod on {node}")
+        bearer = token(self.cluster, ns, self.release.sa("device-plugin"), pod_on_node())
         return token_kubeconfig(self.cluster, bearer, path)
 
     def lease_args(self) -> list[str]:

@@ -40,9 +40,8 @@ from infergrid.usage import decode_usage
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.unpoliced(
-        "the plugin runs for a KWOK node beside a fake kubelet with the admin's "
-        "kubeconfig (the hardware edge), and the tests write assignments as the "
-        "extender would"
+        "the tests write assignments directly, as the extender would, to test how the "
+        "plugin reads them"
     ),
 ]
 
@@ -50,9 +49,12 @@ NODE = "l4-0"
 
 
 @pytest.fixture()
-def plugin(cluster):
+def plugin(cluster, identities, tmp_path):
+    """The plugin for a KWOK node of the fleet, as the chart's device plugin ServiceAccount
+    (its token bound to the release's DaemonSet pod on that node)."""
     if not cluster.local:
         pytest.skip("runs the plugin for a node of the local fleet")
+    kubeconfig = identities.plugin_kubeconfig(NODE, tmp_path / "plugin.kubeconfig")
     plugin_dir = Path(tempfile.mkdtemp(prefix="dp-e2e-", dir="/tmp"))
     kubelet = FakeKubelet(plugin_dir)
     kubelet.start()
@@ -64,7 +66,7 @@ def plugin(cluster):
             # No kubelet records the fake kubelet's grants: marks go to the plugin's match.
             "--pod-resources-socket", "",
         ],
-        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
     )  # fmt: skip
     try:
         assert kubelet.wait_registered(
@@ -221,7 +223,9 @@ def faulty_plugin(cluster, tmp_path):
     """A plugin whose fake NVML reports RESET_XID on GPU 0 and PASSING_XID on GPU 1.
 
     It publishes onto a bare node of its own (no kubelet, no KWOK, tainted), so the
-    shared fleet nodes never see its faults; the node is deleted afterwards.
+    shared fleet nodes never see its faults; the node is deleted afterwards. No DaemonSet
+    pod reaches that node, so no token can be bound to one there: this plugin holds the
+    admin's kubeconfig (e2e/README.md).
     """
     if not cluster.local:
         pytest.skip("runs the plugin for a node it creates on the local cluster")

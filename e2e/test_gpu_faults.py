@@ -34,9 +34,10 @@ GPUS = {"model": "NVIDIA L4", "count": 1, "memoryMiB": 23034, "smCount": 58,
 
 
 @pytest.fixture()
-def two_nodes(cluster, tmp_path):
-    """(failing, spare, pool): KWOK nodes whose GPUs their own plugins publish; only the
-    failing one is in the pool at first."""
+def two_nodes(cluster, identities, tmp_path):
+    """(failing, spare, pool): KWOK nodes whose GPUs their own plugins publish, each as the
+    chart's device plugin ServiceAccount bound to the release's DaemonSet pod on its node;
+    only the failing one is in the pool at first."""
     if not cluster.local:
         pytest.skip("runs device plugins for nodes it creates on the local cluster")
     suffix = uuid.uuid4().hex[:6]
@@ -53,8 +54,20 @@ def two_nodes(cluster, tmp_path):
     args = ("--usage-interval", "1")
     try:
         with (
-            plugin_process(cluster.kubeconfig, fleet, failing, tmp_path / "a.log", *args),
-            plugin_process(cluster.kubeconfig, fleet, spare, tmp_path / "b.log", *args),
+            plugin_process(
+                identities.plugin_kubeconfig(failing, tmp_path / "a.kubeconfig"),
+                fleet,
+                failing,
+                tmp_path / "a.log",
+                *args,
+            ),
+            plugin_process(
+                identities.plugin_kubeconfig(spare, tmp_path / "b.kubeconfig"),
+                fleet,
+                spare,
+                tmp_path / "b.log",
+                *args,
+            ),
         ):
             yield failing, spare, suffix
     finally:
