@@ -32,6 +32,7 @@ from e2e.helm_release import (
     KWOK_VALUES,
     SCOPE_KEY,
     Release,
+    as_token,
     helm,
     ok,
     token,
@@ -53,6 +54,12 @@ class Identities:
         """A kubeconfig holding a fresh token of the component's ServiceAccount (one hour)."""
         bearer = token(self.cluster, self.release.namespace, self.release.sa(component))
         return token_kubeconfig(self.cluster, bearer, path)
+
+    def api(self, component: str) -> client.ApiClient:
+        """An API client holding a fresh token of the component's ServiceAccount, for its code
+        run inside the test (the extender's watch cache, its Lease elector)."""
+        bearer = token(self.cluster, self.release.namespace, self.release.sa(component))
+        return as_token(self.cluster, bearer)
 
     def plugin_kubeconfig(self, node: str, path: Path) -> Path:
         """The device plugin's token bound to the release's DaemonSet pod on `node`, as the

@@ -64,6 +64,7 @@ def test_a_second_bind_of_a_bound_pod_is_refused_and_changes_nothing(cluster, na
 
 @pytest.fixture()
 def scheduler_account(cluster, namespace) -> str:
+    """A kube-scheduler account of the test's own, for what the API server refuses anyone."""
     core = client.CoreV1Api(cluster.api)
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "kube-scheduler"}})
     return "kube-scheduler"
@@ -78,15 +79,18 @@ def as_token(cluster, token: str) -> client.ApiClient:
 
 
 def test_kube_schedulers_token_is_minted_for_its_account_and_authenticates_as_it(
-    cluster, namespace, scheduler_account, tmp_path
+    cluster, identities, tmp_path
 ):
+    """The extender, as its chart ServiceAccount, mints kube-scheduler's token for the chart's
+    scheduler account: the one TokenRequest its RBAC allows."""
+    namespace, scheduler_account = identities.release.namespace, identities.release.sa("scheduler")
     own, shared = tmp_path / "own", tmp_path / "shared"
     own.mkdir()
     shared.mkdir()
     ca = cluster.api.configuration.ssl_ca_cert
     (own / "ca.crt").write_bytes(Path(ca).read_bytes() if ca else b"")
     minter = SchedulerToken(
-        client.CoreV1Api(cluster.api), scheduler_account, namespace, shared, own
+        client.CoreV1Api(identities.api("extender")), scheduler_account, namespace, shared, own
     )
 
     token = minter.refresh()
