@@ -1,9 +1,10 @@
 """A release of the chart on the local cluster, and the tokens its components hold.
 
-Shared by the chart's tests (test_helm.py) and the attacks on the trust model
-(test_trust.py): each module installs its own release, whose admission policies
-cover only namespaces labelled infergrid.io/helm-e2e=<release name>, so the local
-extender of the other e2e tests, run as the cluster admin, keeps binding.
+Shared by the chart's tests (test_helm.py), the attacks on the trust model
+(test_trust.py), preemption through the installed chart (test_preemption.py) and the
+suite's own release (identities.py): each installs its own release, whose admission
+policies cover only namespaces labelled infergrid.io/helm-e2e=<release name>, so no two
+releases' policies, each allowing only its own extender, cover the same namespace.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@
   the RBAC sufficient, not only free of what it forbids.
 
 The release's admission policy covers only namespaces labelled
-infergrid.io/helm-e2e=true (deploy/helm/values/kwok-e2e.yaml), so the local
-extender of the other e2e tests, run as the cluster admin, keeps binding.
+infergrid.io/helm-e2e=<release name> (deploy/helm/values/kwok-e2e.yaml), so the suite's
+own release (e2e/identities.py), whose extender the other e2e tests run, keeps binding
+in theirs.
 """
 
 from __future__ import annotations
