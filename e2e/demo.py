@@ -36,7 +36,14 @@ from e2e.cluster import binaries, model_store
 from e2e.cluster.local_cluster import REPO, LocalCluster
 from e2e.cluster.node_images import LOCAL_VALUES, chart_args
 from e2e.cluster.processes import ClusterError, wait_until
-from e2e.operator_support import SAMPLES, create_service, kubectl, on_kwok, owned
+from e2e.operator_support import (
+    SAMPLES,
+    container_statuses,
+    create_service,
+    kubectl,
+    on_kwok,
+    owned,
+)
 from images.build import build as build_images
 from infergrid import placement_table
 from infergrid.cluster_snapshot import Snapshot, read_snapshot
@@ -290,7 +297,7 @@ class Demo:
         """The release's pods as `kubectl get pods -o wide` shows them, in short."""
         rows = [("POD", "READY", "NODE", "SERVICE ACCOUNT")]
         for pod in sorted(self._release_pods(), key=lambda p: p.metadata.name):
-            statuses = _statuses(pod)
+            statuses = container_statuses(pod)
             ready = f"{sum(s.ready for s in statuses)}/{len(statuses)}"
             rows.append((pod.metadata.name, ready, pod.spec.node_name or "-",
                          pod.spec.service_account_name or "-"))  # fmt: skip
@@ -329,7 +336,7 @@ class Demo:
         crash-looping or has failed: waiting any longer would not help."""
         core = client.CoreV1Api(self.cluster.api())
         for pod in self._release_pods():
-            for status in _statuses(pod):
+            for status in container_statuses(pod):
                 waiting = status.state.waiting if status.state else None
                 if status.restart_count or (waiting and waiting.reason in _BROKEN):
                     log = core.read_namespaced_pod_log(
@@ -342,12 +349,6 @@ class Demo:
 
 _BROKEN = {"CrashLoopBackOff", "ErrImageNeverPull", "ImagePullBackOff", "CreateContainerError",
            "CreateContainerConfigError", "RunContainerError"}  # fmt: skip
-
-
-def _statuses(pod: client.V1Pod) -> list[client.V1ContainerStatus]:
-    """Every container's status, native sidecars (init containers that keep running) too."""
-    status = pod.status
-    return [*(status.container_statuses or []), *(status.init_container_statuses or [])]
 
 
 def summarize_metrics(text: str) -> list[str]:

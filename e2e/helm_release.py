@@ -180,8 +180,12 @@ class Release:
         return f"system:serviceaccount:{self.namespace}:{self.sa(component)}"
 
 
-def install(cluster, namespaces, *extra: str) -> Release:
-    """A release of the chart with the e2e values; its policies cover only its own namespaces.
+def install(
+    cluster, namespaces, *extra: str, values: tuple[str, ...] = ("-f", str(KWOK_VALUES)),
+    timeout: str = "180s",
+) -> Release:  # fmt: skip
+    """A release of the chart with the e2e values (or `values`); its policies cover only its
+    own namespaces. Fails the test, after uninstalling, when the install does not come up.
 
     Two releases' policies would each allow only their own extender, so each
     release scopes its policies to namespaces labelled with its name.
@@ -190,15 +194,16 @@ def install(cluster, namespaces, *extra: str) -> Release:
     label = {E2E_LABEL: name}
     ns, served = namespaces(labels=label), namespaces(labels=label)
     done = helm(
-        cluster, "install", name, str(CHART), "--namespace", ns, "-f", str(KWOK_VALUES),
+        cluster, "install", name, str(CHART), "--namespace", ns, *values,
         "--set", f"operator.watchNamespaces={{{served}}}",
         "--set", f"gateway.watchNamespaces={{{served}}}",
         "--set", f"admissionPolicy.namespaceSelector.matchLabels.{SCOPE_KEY}={name}",
-        *extra, "--wait", "--timeout", "180s",
+        *extra, "--wait", "--timeout", timeout,
     )  # fmt: skip
     if done.returncode != 0:
+        state = kubectl(cluster, "get", "pods,events", "-n", ns)
         helm(cluster, "uninstall", name, "--namespace", ns, "--wait")
-        pytest.fail(f"helm install: {done.stderr}")
+        pytest.fail(f"helm install: {done.stderr}\n{state.stdout}")
     manifest = ok(helm(cluster, "get", "manifest", name, "--namespace", ns))
     return Release(name, ns, served, manifest)
 
@@ -211,26 +216,13 @@ infergrid-scheduler (which the suite's extender process serves)."""
 def install_on_real_node(cluster, namespaces, *extra: str) -> Release:
     """A release whose components run in pods on the real node, from the images built here,
     as `helm install` with deploy/helm/values/local-cluster.yaml puts them; its scheduler is
-    CHART_SCHEDULER, and its policies cover only its own namespaces. Fails the test, after
-    uninstalling, when the install does not come up."""
-    name = f"ig{uuid.uuid4().hex[:5]}"
-    label = {E2E_LABEL: name}
-    ns, served = namespaces(labels=label), namespaces(labels=label)
-    done = helm(
-        cluster, "install", name, str(CHART), "--namespace", ns,
-        *chart_args(LOCAL_VALUES, DEFAULT_FLEET),
+    CHART_SCHEDULER, and its policies cover only its own namespaces."""
+    return install(
+        cluster, namespaces,
         "--set", f"schedulerName={CHART_SCHEDULER}", "--set", "priorityClasses.create=false",
-        "--set", f"operator.allowedPriorityClasses={{{','.join(CLASS_NAMES)}}}",
-        "--set", f"operator.watchNamespaces={{{served}}}",
-        "--set", f"gateway.watchNamespaces={{{served}}}",
-        "--set", f"admissionPolicy.namespaceSelector.matchLabels.{SCOPE_KEY}={name}",
-        *extra, "--wait", "--timeout", "300s",
+        "--set", f"operator.allowedPriorityClasses={{{','.join(CLASS_NAMES)}}}", *extra,
+        values=tuple(chart_args(LOCAL_VALUES, DEFAULT_FLEET)), timeout="300s",
     )  # fmt: skip
-    if done.returncode != 0:
-        state = kubectl(cluster, "get", "pods,events", "-n", ns)
-        helm(cluster, "uninstall", name, "--namespace", ns, "--wait")
-        pytest.fail(f"helm install on the real node: {done.stderr}\n{state.stdout}")
-    return Release(name, ns, served, "")
 
 
 @pytest.fixture(scope="module")

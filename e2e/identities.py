@@ -28,11 +28,11 @@ from e2e.helm_release import (
     CHART,
     E2E_LABEL,
     HELM,
-    INSTANCE,
     KWOK_VALUES,
     SCOPE_KEY,
     Release,
     as_token,
+    device_plugin_pod,
     helm,
     ok,
     token,
@@ -52,30 +52,23 @@ class Identities:
 
     def kubeconfig(self, component: str, path: Path) -> Path:
         """A kubeconfig holding a fresh token of the component's ServiceAccount (one hour)."""
-        bearer = token(self.cluster, self.release.namespace, self.release.sa(component))
-        return token_kubeconfig(self.cluster, bearer, path)
+        return token_kubeconfig(self.cluster, self._token(component), path)
 
     def api(self, component: str) -> client.ApiClient:
         """An API client holding a fresh token of the component's ServiceAccount, for its code
         run inside the test (the extender's watch cache, its Lease elector)."""
-        bearer = token(self.cluster, self.release.namespace, self.release.sa(component))
-        return as_token(self.cluster, bearer)
+        return as_token(self.cluster, self._token(component))
 
     def plugin_kubeconfig(self, node: str, path: Path) -> Path:
         """The device plugin's token bound to the release's DaemonSet pod on `node`, as the
         kubelet gives it: its admission policy lets it change only that node and its pods."""
-        core, ns = client.CoreV1Api(self.cluster.api), self.release.namespace
-        selector = f"{INSTANCE}={self.release.name},app.kubernetes.io/component=device-plugin"
+        wait_until(lambda: device_plugin_pod(self.cluster, self.release, node), 60,
+                   f"the chart's device plugin pod on {node}")  # fmt: skip
+        pod = device_plugin_pod(self.cluster, self.release, node)
+        return token_kubeconfig(self.cluster, self._token("device-plugin", pod), path)
 
-        def pod_on_node() -> client.V1Pod | None:
-            pods = core.list_namespaced_pod(
-                ns, label_selector=selector, field_selector=f"spec.nodeName={node}"
-            ).items
-            return pods[0] if pods else None
-
-        wait_until(pod_on_node, 60, f"the chart's device plugin pod on {node}")
-        bearer = token(self.cluster, ns, self.release.sa("device-plugin"), pod_on_node())
-        return token_kubeconfig(self.cluster, bearer, path)
+    def _token(self, component: str, pod: client.V1Pod | None = None) -> str:
+        return token(self.cluster, self.release.namespace, self.release.sa(component), pod)
 
     def lease_args(self) -> list[str]:
         """The extender's Lease as the chart names it: its RBAC may update that one only."""

@@ -129,6 +129,13 @@ def owned(api: client.ApiClient, namespace: str, name: str) -> dict[str, list]:
     }
 
 
+def container_statuses(pod: client.V1Pod) -> list[client.V1ContainerStatus]:
+    """Every container's status, native sidecars (init containers that keep running, as the
+    extender beside kube-scheduler) too."""
+    status = pod.status
+    return [*(status.container_statuses or []), *(status.init_container_statuses or [])]
+
+
 def all_bound(api: client.ApiClient, namespace: str, name: str, replicas: int) -> bool:
     """Whether the service has exactly ``replicas`` live pods, every one bound to a node."""
     pods = owned(api, namespace, name)["Pod"]

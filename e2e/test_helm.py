@@ -66,7 +66,7 @@ from e2e.helm_release import (
     token,
     token_kubeconfig,
 )
-from e2e.operator_support import on_kwok
+from e2e.operator_support import container_statuses, on_kwok
 from e2e.part_process import PartProcess
 from e2e.real_pods import logs_of, shell_pod, wait_phase
 from infergrid.assignment_annotation import (
@@ -771,18 +771,12 @@ def check_the_upgrade_rolls_out_a_new_policy(cluster, rel: Release) -> None:
     def rolled_out() -> bool:
         pods = component_pods(cluster, rel, "scheduler")
         return (len(pods) == 1 and pods[0].metadata.uid != old.metadata.uid
-                and all(s.ready for s in all_statuses(pods[0]).values()))  # fmt: skip
+                and all(s.ready for s in container_statuses(pods[0])))  # fmt: skip
 
     wait_until(rolled_out, 180, "the upgraded scheduler pod Ready")
     core = client.CoreV1Api(cluster.api)
     config = core.read_namespaced_config_map(rel.sa("scheduler"), rel.namespace)
     assert yaml.safe_load(config.data["extender.yaml"])["defaultPolicy"] == "spread"
-
-
-def all_statuses(pod: client.V1Pod) -> dict[str, client.V1ContainerStatus]:
-    """Every container's status, the extender's (a native sidecar, an init container) too."""
-    found = [*(pod.status.container_statuses or []), *(pod.status.init_container_statuses or [])]
-    return {s.name: s for s in found}
 
 
 def check_running_on_the_real_node(cluster, rel: Release, real) -> None:
@@ -793,16 +787,16 @@ def check_running_on_the_real_node(cluster, rel: Release, real) -> None:
 
         def ready(component: str = component) -> bool:
             (pod,) = component_pods(cluster, rel, component)
-            statuses = all_statuses(pod)
-            return bool(statuses) and all(s.ready for s in statuses.values())
+            statuses = container_statuses(pod)
+            return bool(statuses) and all(s.ready for s in statuses)
 
         # helm --wait may return before a DaemonSet's pod passes its readiness probe.
         wait_until(ready, 120, f"the {component} Ready by its own probe")
         (pod,) = component_pods(cluster, rel, component)
         assert pod.spec.node_name == real.name, component
-        statuses = all_statuses(pod)
-        assert all(s.started and s.restart_count == 0 for s in statuses.values()), component
-        assert image_ref(image) in {s.image for s in statuses.values()}, component
+        statuses = container_statuses(pod)
+        assert all(s.started and s.restart_count == 0 for s in statuses), component
+        assert image_ref(image) in {s.image for s in statuses}, component
     scheduler = component_pods(cluster, rel, "scheduler")[0]
     images = {s.name: s.image for s in scheduler.status.container_statuses}
     assert images["kube-scheduler"] == image_ref("kube-scheduler")
