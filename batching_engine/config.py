@@ -72,6 +72,7 @@ class EngineConfig:
     max_queue_delay_ms: int = BY_ATTR["max_queue_delay_ms"].default
     quantization: str = BY_ATTR["quantization"].default
     tensor_parallel_size: int = BY_ATTR["tensor_parallel_size"].default
+    gpu_memory_utilization: float = BY_ATTR["gpu_memory_utilization"].default
 
     def __post_init__(self) -> None:
         values = asdict(self)
@@ -134,7 +135,6 @@ class Settings:
     device: str = AUTO
     dtype: str | None = None
     kv_cache_memory: str | None = None
-    gpu_memory_utilization: float | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     cpu_threads: int | None = None  # None: every usable CPU
@@ -162,8 +162,6 @@ PROCESS_SETTINGS: Final = (
     Setting("dtype", "dtype", choice(DTYPES), f"one of {', '.join(DTYPES)}"),
     Setting("kvCacheMemory", "kv_cache_memory", text,
             "KV-cache size on CPU (or a cap on GPU), e.g. 1GiB"),
-    Setting("gpuMemoryUtilization", "gpu_memory_utilization", number(),
-            "share of the GPU budget to use"),
     Setting("maxBodyBytes", "max_body_bytes", whole(1), "largest request body"),
     Setting("readTimeoutS", "read_timeout_s", number(0.01, 3600),
             "seconds a client may take to send a request, headers and body (a 408 after "

@@ -19,7 +19,7 @@ import torch
 
 from batching_engine.async_engine import AsyncEngine
 from batching_engine.config import EngineConfig, Settings
-from batching_engine.device import DeviceChoice, choose_device, use_device
+from batching_engine.device import DeviceChoice, choose_device
 from batching_engine.engine import LLMEngine
 from batching_engine.memory_budget import resolve_memory_budget
 from batching_engine.metrics import EngineMetrics
@@ -118,11 +118,10 @@ def _runner(
     if choice.is_cuda:
         total = torch.cuda.get_device_properties(torch.device(device)).total_memory
     log.info("device %s (%s): %s", device, settings.dtype or choice.dtype, choice.reason)
-    use_device(device)  # this loader thread builds the model, profiles it and captures graphs
     budget = resolve_memory_budget(
         device=device,
         environ=os.environ,
-        gpu_memory_utilization=settings.gpu_memory_utilization,
+        gpu_memory_utilization=engine_config.gpu_memory_utilization,
         kv_cache_memory=settings.kv_cache_memory,
         device_total_bytes=total,
     )

@@ -7,10 +7,9 @@ the allocator's slack. On a CPU the weights live in ordinary memory and `--kv-ca
 sizes the KV cache alone. These are pure functions: the caller passes the environment and the
 card's size, so they are tested without a GPU.
 
-Once the engine has started (weights loaded, a step profiled), part of the device is held
-outside torch's allocator: the CUDA context, cuBLAS workspaces, loaded Triton modules. That
-can be most of a small MPS share or a 1g MIG slice, so the runner reads the device's numbers
-(`DeviceMemory`) and gives torch only what is left (`torch_budget_bytes`).
+What part of the budget torch's allocator may take is decided later, once the engine has
+started: own_memory.py measures what its process holds outside torch (CUDA context, cuBLAS
+workspaces, Triton modules), which can be most of a small MPS share or a 1g MIG slice.
 """
 
 from __future__ import annotations
@@ -49,36 +48,6 @@ class MemoryBudget:
     source: str
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceMemory:
-    """A device's memory as seen after start-up, in bytes: `free` and `total` from
-    `torch.cuda.mem_get_info()` (under an MPS share, within the client's pinned memory
-    limit; on a MIG instance, the instance's), `reserved` from `torch.cuda.memory_reserved()`
-    (everything torch's caching allocator holds)."""
-
-    free: int
-    total: int
-    reserved: int
-
-    @property
-    def outside_torch(self) -> int:
-        """In use on the device but not by torch's allocator: the CUDA context, cuBLAS
-        workspaces, Triton's modules."""
-        return max(0, self.total - self.free - self.reserved)
-
-
-def read_device_memory(cuda: object, device: object) -> DeviceMemory:
-    """The numbers of `device` from `cuda`: torch.cuda, or a fake with the same two calls."""
-    free, total = cuda.mem_get_info(device)
-    return DeviceMemory(free=free, total=total, reserved=cuda.memory_reserved(device))
-
-
-def torch_budget_bytes(budget_bytes: int, memory: DeviceMemory) -> int:
-    """What torch's allocator may hold in all (weights, activations, KV cache): the budget
-    less what is held outside torch, and never more than torch holds now plus what is free."""
-    return min(budget_bytes - memory.outside_torch, memory.reserved + memory.free)
-
-
 def parse_memory_size(text: str, field: str) -> int:
     """Bytes in "512MiB", "2GiB", "1.5G", "750MB" or "1048576"; binary units are powers of 2."""
     match = _SIZE.match(text) if isinstance(text, str) else None
@@ -100,13 +69,12 @@ def resolve_memory_budget(
     device_total_bytes: int | None = None,
 ) -> MemoryBudget:
     """The budget for `device` ("cpu" or "cuda[:N]"); `device_total_bytes` is the card's size,
-    needed on a GPU when the device plugin set no share."""
+    needed on a GPU when the device plugin set no share. On a CPU `gpu_memory_utilization`
+    is ignored: every serving file carries the CRD's default, CPU engines' too."""
     if device.split(":")[0] == "cuda":
         return _gpu_budget(environ, gpu_memory_utilization, kv_cache_memory, device_total_bytes)
     if device != "cpu":
         raise ContractError("device", f"expected cpu, cuda or cuda:N, got {device!r}")
-    if gpu_memory_utilization is not None:
-        raise ContractError(UTILIZATION_FLAG, f"applies to GPUs only; on CPU use {KV_CACHE_FLAG}")
     text = kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY
     return MemoryBudget(None, parse_memory_size(text, KV_CACHE_FLAG), f"{KV_CACHE_FLAG} {text}")
 

@@ -8,8 +8,10 @@ BERT encoder), with no cache; `embed` pools as the model's own sentence-transfor
 
 The KV cache is sized once, at start, to what the memory budget leaves: on a GPU the budget
 covers weights, the activation peak (measured with a worst-case dummy step), the memory pool of
-the decode CUDA graphs, what the process then holds outside torch's allocator (CUDA context,
-cuBLAS, Triton modules) and the cache; on a CPU the caller gives the cache size directly.
+the decode CUDA graphs, what this process then holds outside torch's allocator (CUDA context,
+cuBLAS, Triton modules; never a neighbour's memory, see own_memory.py) and the cache; on a CPU
+the caller gives the cache size directly. A device with less free memory than the budget still
+needs is refused, not served by a smaller engine.
 
 On CUDA (where dispatch takes the Triton path, which never syncs with the host) decode-only
 steps replay CUDA graphs captured at a ladder of batch sizes; prefill steps, batches past the
@@ -19,14 +21,16 @@ ladder and any device where capture is unavailable or failed run eagerly, with t
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
+from batching_engine.device import use_device
 from batching_engine.kernels.cuda_graphs import Capture, DecodeGraphs, batch_size_ladder
-from batching_engine.memory_budget import read_device_memory, torch_budget_bytes
+from batching_engine.memory_meter import SYSTEM_NVML, MemoryMeter
 from batching_engine.model.activation_profile import ActivationPeaks, activation_peaks
 from batching_engine.model.attention import (
     PagedAttentionMetadata,
@@ -53,6 +57,7 @@ from batching_engine.model.tensor_parallel import (
     receive_step,
     send_step,
 )
+from batching_engine.own_memory import DeviceMemory, OwnMemory, check_device_room
 from batching_engine.sampler import sample
 from batching_engine.sequence import Sequence
 from infergrid.errors import ContractError
@@ -60,13 +65,16 @@ from infergrid.errors import ContractError
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MIB = 1 << 20
 CLASSIFIERS = (LlamaForSequenceClassification, BertForSequenceClassification)
+log = logging.getLogger("infergrid.engine")
 
 
 class ModelRunner:
     """Model, KV cache and sampling for one engine; `num_kv_blocks` is what the cache holds."""
 
-    # Where the budget reads the device's memory on CUDA: torch.cuda, or a test's fake.
+    # Where the budget reads the device's memory on CUDA: torch.cuda and NVML for this process,
+    # or a simulated GPU's client (harness/simulated_gpu.py).
     cuda_memory: ClassVar[Any] = torch.cuda
+    nvml_memory: ClassVar[Any] = SYSTEM_NVML
 
     def __init__(
         self,
@@ -85,6 +93,8 @@ class ModelRunner:
         workers: Followers | None = None,
     ) -> None:
         self.device = torch.device(device)
+        self.memory_meter = self._open_memory_meter()  # before this process's CUDA context
+        use_device(self.device)  # this thread builds the model, profiles it, captures graphs
         self.dtype = _dtype(dtype)
         self.block_size = block_size
         self.workers = workers  # rank 0 of a tensor-parallel engine: the other ranks
@@ -265,20 +275,21 @@ class ModelRunner:
             raise ContractError(field, f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
         return len(ids)
 
+    def _open_memory_meter(self) -> MemoryMeter | None:
+        if self.device.type != "cuda":
+            return None
+        return MemoryMeter(self.device.index or 0, self.cuda_memory, self.nvml_memory)
+
     def _kv_cache_bytes(self, kv_bytes: int | None, budget_bytes: int | None, graphs: bool) -> int:
         """The cache's size: given directly, or what the budget leaves after weights and (on a
         GPU) the measured activation peak, plus a decode step's worth kept by the graphs' pool,
-        and what the process then holds outside torch (CUDA context, cuBLAS, Triton)."""
+        and what this process then holds outside torch (CUDA context, cuBLAS, Triton)."""
         if budget_bytes is None:
             if kv_bytes is None:
                 raise ContractError("kv_cache_memory_bytes", "set it, or memory_budget_bytes")
             return kv_bytes
-        activations = outside = 0
-        if self.device.type == "cuda":
-            peaks = self._activation_peaks()  # loads the step's kernels and cuBLAS first
-            activations = peaks.step + (peaks.decode_forward if graphs else 0)
-            memory = read_device_memory(self.cuda_memory, self.device)
-            outside = budget_bytes - torch_budget_bytes(budget_bytes, memory)
+        activations, measured = self._gpu_overheads(graphs) if self.memory_meter else (0, None)
+        outside = measured[1].outside_torch if measured else 0
         free = budget_bytes - outside - self.weight_bytes - activations
         if free <= 0 or (kv_bytes is not None and kv_bytes > free):
             raise ContractError(
@@ -288,7 +299,22 @@ class ModelRunner:
                 + (f" + memory outside torch ({outside // MIB} MiB)" if outside else "")
                 + (f" + the KV cache asked for ({kv_bytes // MIB} MiB)" if kv_bytes else ""),
             )
-        return kv_bytes if kv_bytes is not None else free
+        kv = kv_bytes if kv_bytes is not None else free
+        if measured is not None:
+            check_device_room(budget_bytes, self.weight_bytes + activations + kv, *measured)
+            log.info("memory plan: budget %d MiB = weights %d + activations %d + outside torch"
+                     " %d + KV cache %d MiB", budget_bytes // MIB, self.weight_bytes // MIB,
+                     activations // MIB, outside // MIB, kv // MIB)  # fmt: skip
+        return kv
+
+    def _gpu_overheads(self, graphs: bool) -> tuple[int, tuple[DeviceMemory, OwnMemory]]:
+        """The activation peak (with the graphs' pool), then what the device and this process
+        hold: measured after the profile, which loads the step's kernels and cuBLAS."""
+        peaks = self._activation_peaks()
+        memory, own = self.memory_meter.measure(self.device)
+        say = log.warning if own.neighbours_included else log.info
+        say("memory outside torch: %d MiB (%s)", own.outside_torch // MIB, own.method)
+        return peaks.step + (peaks.decode_forward if graphs else 0), (memory, own)
 
     def _activation_peaks(self) -> ActivationPeaks:
         return activation_peaks(

@@ -7,9 +7,13 @@
 # Steps: the versions found; the NVML probe (bench/nvml_probe.py); the real-NVML tests
 # (pytest, when installed); the kernels' correctness and the engine's token parity, CUDA-graph
 # capture with the decode-step timing, the engine's ModelRunner decode step, and the engine's
-# memory budget on SmolLM2-135M's shape (sections of bench/kernels_gpu.py). It needs only the
-# machine's own Python with torch, Triton and nvidia-ml-py (parity, engine and memory_budget
-# also need transformers); the project is imported from this tree, not installed.
+# memory budget on SmolLM2-135M's shape (sections of bench/kernels_gpu.py); then two engines
+# sharing the GPU: two 4 GiB shares and two time slices, then 30/70 core shares and a pinned
+# limit under an MPS daemon of its own (bench/shared_gpu.py; its dry run goes through a
+# simulated GPU). It needs only the machine's own Python with torch, Triton and nvidia-ml-py
+# (parity, engine and memory_budget also need transformers; the shared-GPU steps need the
+# engine server's packages, and skip saying so without them); the project is imported from
+# this tree, not installed.
 #
 # Each step writes its own log under $OUT (default ./gpu-first-contact-out), runs under its
 # own timeout, and a failing step does not stop the others. The summary (pass, FAIL, TIMEOUT
@@ -154,6 +158,10 @@ run_step engine_decode 60 "$PYTHON" -m bench.kernels_gpu ${KERNEL_FLAGS[@]+"${KE
     --sections engine
 run_step memory_budget 90 "$PYTHON" -m bench.kernels_gpu ${KERNEL_FLAGS[@]+"${KERNEL_FLAGS[@]}"} \
     --sections memory_budget
+run_step shared_gpu_memory 150 "$PYTHON" -m bench.shared_gpu ${KERNEL_FLAGS[@]+"${KERNEL_FLAGS[@]}"} \
+    --sections two_shares,time_sliced
+run_step shared_gpu_mps 120 "$PYTHON" -m bench.shared_gpu ${KERNEL_FLAGS[@]+"${KERNEL_FLAGS[@]}"} \
+    --sections mps_cores,pinned_limit
 
 echo
 echo "summary ($((SECONDS - STARTED)) s; logs in $OUT):"

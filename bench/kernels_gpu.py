@@ -23,7 +23,8 @@ Sections, each guarded (an error is printed and recorded, and the next section r
 - memory_budget: the engine's memory budget on the card as its loader computes it (the device
   plugin's share or the whole card, times the default utilisation) for a model of
   SmolLM2-135M's shape (random weights): weights, measured activation peaks, the KV cache the
-  rest holds, and what the device reports allocated and free once the runner is loaded.
+  rest holds, what the device reports allocated and free once the runner is loaded, and what
+  the process holds outside torch (and how the runner measured it).
 
 It runs from the repository root with whatever Python is there (the project needs no install)
 and prints first the versions it found ("missing" for what is not installed). Without torch
@@ -921,15 +922,18 @@ def memory_budget(report: Report, clock: Clock, s: Sizes) -> None:
     if clock.cuda:
         peaks = runner._activation_peaks()  # measured again, after the cache: the same steps
         free, _ = torch.cuda.mem_get_info(device)
+        _, own = runner.memory_meter.measure(device)
         row |= {"activation_step_MiB": peaks.step // mib,
                 "graph_pool_MiB": peaks.decode_forward // mib,
                 "allocated_MiB": torch.cuda.memory_allocated(device) // mib,
                 "reserved_MiB": torch.cuda.memory_reserved(device) // mib,
-                "device_free_MiB": free // mib}  # fmt: skip
+                "device_free_MiB": free // mib, "outside_MiB": own.outside_torch // mib,
+                "outside_measured_by": own.method}  # fmt: skip
         report.say("activations: step peak {activation_step_MiB} MiB, decode graphs' pool "
                    "{graph_pool_MiB} MiB; torch allocated {allocated_MiB} MiB, reserved "
                    "{reserved_MiB} MiB of the {budget_MiB} MiB budget; device free "
-                   "{device_free_MiB} MiB".format(**row))  # fmt: skip
+                   "{device_free_MiB} MiB; outside torch {outside_MiB} MiB "
+                   "({outside_measured_by})".format(**row))  # fmt: skip
     spare = budget.total_bytes - runner.weight_bytes - kv_bytes
     report.say(f"budget - weights - KV cache = {spare // mib} MiB left for activations and graphs")
     del runner

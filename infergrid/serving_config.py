@@ -45,9 +45,10 @@ class EngineSetting:
     flag: str
     help: str
     in_crd: bool
-    low: int = 0  # bounds of an integer, and `high` of a number of seconds
+    low: int = 0  # bounds of an integer, and `high` of a number in (0, high]
     high: int = 0
     choices: tuple[Any, ...] = ()
+    unit: str = ""  # what a number counts, for the message: "seconds"
 
     def check(self, value: object, where: str) -> Any:
         """`value` checked against this setting alone; the error names `where`."""
@@ -81,11 +82,10 @@ def _choice(spec: EngineSetting, value: object, where: str) -> str:
     return value
 
 
-def _seconds(spec: EngineSetting, value: object, where: str) -> float:
+def _number(spec: EngineSetting, value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= spec.high:
-        raise ContractError(
-            where, f"must be a number of seconds in (0, {spec.high}], got {value!r}"
-        )
+        what = f"a number of {spec.unit}" if spec.unit else "a number"
+        raise ContractError(where, f"must be {what} in (0, {spec.high}], got {value!r}")
     return float(value)
 
 
@@ -111,7 +111,7 @@ def _comma_list(text: str, where: str) -> list[int]:
 
 _READERS: Final[dict[type, Callable[[EngineSetting, object, str], Any]]] = {
     int: _integer,
-    float: _seconds,
+    float: _number,
     bool: _boolean,
     tuple: _sizes,
     str: _choice,
@@ -143,12 +143,17 @@ ENGINE_SETTINGS: Final = (
     EngineSetting("quantization", "quantization", str, "auto", "--quantization",
                   "linear weights: auto (a GGUF's own, where fast), none, int8 or int4", True,
                   choices=QUANTIZATIONS),
+    EngineSetting("gpuMemoryUtilization", "gpu_memory_utilization", float, 0.9,
+                  "--gpu-memory-utilization",
+                  "fraction of the GPU memory budget (the share, or the card) the engine uses; "
+                  "GPUs only", True, high=1),
     EngineSetting("tensorParallelSize", "tensor_parallel_size", int, 0,
                   "--tensor-parallel-size",
                   "ranks splitting each layer (0: one per visible GPU, 1 on the CPU); the "
                   "operator sets the replica's GPU count", False, 0, 64),
     EngineSetting("queueTimeoutSeconds", "queue_timeout_s", float, 60.0, "--queue-timeout",
-                  "seconds a request may wait to start", False, high=MAX_QUEUE_TIMEOUT_S),
+                  "seconds a request may wait to start", False, high=MAX_QUEUE_TIMEOUT_S,
+                  unit="seconds"),
     EngineSetting("enablePrefixCaching", "enable_prefix_caching", bool, True,
                   "--prefix-caching", "reuse KV-cache blocks of shared prompt prefixes", False),
     EngineSetting("priorityLevels", "priority_levels", int, 2, "--priority-levels",

@@ -151,6 +151,7 @@ CONTRACT_DEFAULTS = {
     "spec.engine.maxQueueDelayMs": 5,
     "spec.engine.maxQueueSize": 256,
     "spec.engine.quantization": "auto",
+    "spec.engine.gpuMemoryUtilization": 0.9,
     "spec.scheduling.policy": "fgd-cluster-aware",
     "spec.replicas": 1,
     "spec.autoscaling.enabled": False,
@@ -212,6 +213,8 @@ def violations(value, node: dict, path: str) -> list[str]:
         errors.append(f"{path}: {value!r} not in {node['enum']}")
     if "minimum" in node and value < node["minimum"]:
         errors.append(f"{path}: {value} < {node['minimum']}")
+    if node.get("exclusiveMinimum") and value == node["minimum"]:
+        errors.append(f"{path}: {value} is the exclusive minimum")
     if "maximum" in node and value > node["maximum"]:
         errors.append(f"{path}: {value} > {node['maximum']}")
     if "maxLength" in node and len(value) > node["maxLength"]:
@@ -283,6 +286,8 @@ def expected_node(setting: EngineSetting) -> dict:
     node = {"type": KINDS[setting.kind], "default": setting.default}
     if setting.choices:
         node["enum"] = list(setting.choices)
+    elif setting.kind is float:  # a number in (0, high]
+        node |= {"exclusiveMinimum": True, "minimum": 0, "maximum": setting.high}
     else:
         node |= {"minimum": setting.low, "maximum": setting.high}
     return node

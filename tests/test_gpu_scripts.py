@@ -21,6 +21,8 @@ STEPS = (
     "cuda_graphs_decode",
     "engine_decode",
     "memory_budget",
+    "shared_gpu_memory",
+    "shared_gpu_mps",
 )
 # What a GPU machine may lack; the real-NVML tests and the NVML probe's fake path need none.
 NOT_ON_A_GPU_MACHINE = ("grpc_tools", "grpc", "google", "yaml", "kopf", "kubernetes")
@@ -106,6 +108,13 @@ def test_the_dry_run_logs_show_what_each_step_did(dry_run):
     for name in STEPS[3:]:
         assert "sections with errors: none" in next(out.glob(f"*-{name}.log")).read_text(), name
     assert "KV cache" in (out / "07-memory_budget.log").read_text()
+    memory = (out / "08-shared_gpu_memory.log").read_text()
+    assert "simulated GPU" in memory and "time_sliced" in memory
+    assert memory.count("since before this process's context") == 4  # A and B, twice
+    mps = (out / "09-shared_gpu_mps.log").read_text()
+    assert mps.count("an MPS client within its pinned limit") == 2
+    assert "simulated: CPU engines and no MPS" in mps
+    assert "OutOfMemoryError" in mps and mps.count("completion 200") == 2
 
 
 def test_an_unknown_argument_is_refused():

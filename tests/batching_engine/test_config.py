@@ -73,6 +73,16 @@ def test_engine_only_settings_load(tmp_path):
     assert engine.priority_levels == 3 and engine.preferred_batch_sizes == (4, 8)
 
 
+def test_the_gpu_memory_utilization_comes_from_the_file_and_a_flag_overrides_it(tmp_path):
+    """Two engines on one time-sliced GPU: the CRD's spec.engine.gpuMemoryUtilization reaches
+    the file the operator writes; the flag still wins for a hand-run engine."""
+    served, engine = load(tmp_path, serving_doc(gpuMemoryUtilization=0.45))
+    assert engine.gpu_memory_utilization == 0.45
+    flagged = engine_config(served.engine, {"gpu_memory_utilization": 0.3})
+    assert flagged.gpu_memory_utilization == 0.3
+    assert EngineConfig().gpu_memory_utilization == 0.9
+
+
 @pytest.mark.parametrize(
     ("engine", "message"),
     [
@@ -92,6 +102,9 @@ def test_engine_only_settings_load(tmp_path):
         ({"preferredBatchSizes": [4, 4]}, "engine.preferredBatchSizes: must not repeat a size"),
         ({"preferredBatchSizes": 4}, "engine.preferredBatchSizes: must be a list of integers"),
         ({"queueTimeoutSeconds": 0}, "engine.queueTimeoutSeconds: must be a number of seconds"),
+        ({"gpuMemoryUtilization": 0}, "engine.gpuMemoryUtilization: must be a number in (0, 1]"),
+        ({"gpuMemoryUtilization": 1.5}, "engine.gpuMemoryUtilization: must be a number in (0, 1]"),
+        ({"gpuMemoryUtilization": "90%"}, "engine.gpuMemoryUtilization: must be a number"),
         ({"enablePrefixCaching": "yes"}, "engine.enablePrefixCaching: must be true or false"),
         ({"maxNumSeq": 8}, "engine.maxNumSeq: unknown field"),
     ],

@@ -1,13 +1,14 @@
 """Where the engine runs: the GPU the pod was given, else the CPU, said once."""
 
-import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from batching_engine import loading
+from batching_engine import loading, model_runner
 from batching_engine.device import choose_device, use_device
+from batching_engine.model_runner import ModelRunner
+from batching_engine.own_memory import NvmlReading
 from infergrid.errors import ContractError
 
 GIB = 1 << 30
@@ -51,35 +52,52 @@ def test_use_device_makes_a_cuda_device_current_and_leaves_the_cpu_alone(monkeyp
     assert calls == [1, 2, 0]
 
 
-def test_the_loader_thread_makes_the_chosen_gpu_current_before_it_builds_the_model(monkeypatch):
-    """The runner (weights, activation profile, CUDA-graph capture) is built on the loader
-    thread, whose current device is 0 until set: with --device cuda:1 it must be 1 first."""
-    current = threading.local()
+def test_the_loader_hands_the_runner_the_chosen_gpu_and_its_budget(monkeypatch):
+    """--device cuda:1 on a 1 GiB card: the runner gets cuda:1 and the card times the
+    utilisation (the runner makes cuda:1 current itself, once its memory meter is open)."""
     built = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(
         torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=GIB)
     )
-    monkeypatch.setattr(torch.cuda, "set_device", lambda index: setattr(current, "index", index))
 
-    def runner(model_dir, *, device, **kwargs):
-        built.append((device, getattr(current, "index", None)))
+    def runner(model_dir, *, device, memory_budget_bytes, **kwargs):
+        built.append((device, memory_budget_bytes))
         return SimpleNamespace(device=torch.device(device))
 
     monkeypatch.setattr(loading, "ModelRunner", runner)
-    settings = SimpleNamespace(
-        device="cuda:1", dtype=None, gpu_memory_utilization=None, kv_cache_memory=None
-    )
+    settings = SimpleNamespace(device="cuda:1", dtype=None, kv_cache_memory=None)
     engine_config = SimpleNamespace(
         block_size=16, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64,
-        quantization="none", tensor_parallel_size=0,
+        quantization="none", tensor_parallel_size=0, gpu_memory_utilization=0.9,
     )  # fmt: skip
-    thread = threading.Thread(
-        target=loading._runner,
-        args=(settings, "model", engine_config, print),
-        name="model-loader",
-    )
-    thread.start()
-    thread.join()
-    assert built == [("cuda:1", 1)]
+    loading._runner(settings, "model", engine_config, print)
+    assert built == [("cuda:1", int(GIB * 0.9))]
+
+
+class Built(Exception):
+    """Stops the runner once it starts building the model."""
+
+
+def test_the_runner_makes_its_gpu_current_before_it_builds_the_model(monkeypatch):
+    """The runner (weights, activation profile, CUDA-graph capture) is built on the loader
+    thread, whose current device is 0 until set: with --device cuda:1 it must be 1 first, and
+    only after NVML's baseline of the device is read (before the process's CUDA context)."""
+    events = []
+
+    def load_model(model_dir, **kwargs):
+        events.append(("build", kwargs["device"]))
+        raise Built
+
+    def nvml_read(cuda_index):
+        events.append(("baseline", cuda_index))
+        return NvmlReading(card_total=GIB, is_mig=False, used=0, processes={})
+
+    nvml = SimpleNamespace(pid=1, environ={}, read=nvml_read)
+    monkeypatch.setattr(ModelRunner, "nvml_memory", nvml)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: events.append(("current", index)))
+    monkeypatch.setattr(model_runner, "load_model", load_model)
+    with pytest.raises(Built):
+        ModelRunner("model", device="cuda:1")
+    assert events == [("baseline", 1), ("current", 1), ("build", "cuda:1")]

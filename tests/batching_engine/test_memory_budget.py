@@ -1,20 +1,18 @@
-"""The engine's memory budget from its flags and the device plugin's environment."""
+"""The engine's memory budget from its flags and the device plugin's environment, and the
+runner's KV cache on a simulated GPU shared with other processes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from batching_engine.memory_budget import (
-    MIB,
-    DeviceMemory,
-    parse_memory_size,
-    read_device_memory,
-    resolve_memory_budget,
-    torch_budget_bytes,
-)
+from batching_engine.memory_budget import MIB, parse_memory_size, resolve_memory_budget
 from batching_engine.model.activation_profile import ActivationPeaks
 from batching_engine.model_runner import ModelRunner
+from harness.simulated_engine import SMOLLM2, EngineShape, start_engine
+from harness.simulated_gpu import CONTEXT_BYTES, DRIVER_RESERVED_BYTES, SimulatedGpu
 from infergrid.errors import ContractError
 
 GIB = 1 << 30
@@ -75,7 +73,10 @@ def test_an_explicit_kv_cache_size_on_a_gpu_must_fit_inside_the_budget():
 
 
 def test_on_a_cpu_the_flag_sizes_the_kv_cache_alone():
-    budget = resolve_memory_budget(device="cpu", environ={}, kv_cache_memory="512MiB")
+    """gpuMemoryUtilization has a default in every serving file, CPU engines' too: ignored."""
+    budget = resolve_memory_budget(
+        device="cpu", environ={}, kv_cache_memory="512MiB", gpu_memory_utilization=0.5
+    )
     assert budget.kv_cache_bytes == 512 * MIB and budget.total_bytes is None
     assert resolve_memory_budget(device="cpu", environ={}).kv_cache_bytes == GIB
 
@@ -111,10 +112,6 @@ def test_on_a_cpu_the_flag_sizes_the_kv_cache_alone():
             },
             "^--gpu-memory-utilization: ",
         ),
-        (
-            {"device": "cpu", "environ": {}, "gpu_memory_utilization": 0.9},
-            "^--gpu-memory-utilization: applies to GPUs only",
-        ),
         ({"device": "tpu", "environ": {}}, "^device: expected cpu, cuda or cuda:N, got 'tpu'"),
     ],
 )
@@ -123,85 +120,108 @@ def test_bad_settings_name_the_flag_or_variable(kwargs, message):
         resolve_memory_budget(**kwargs)
 
 
-class FakeAllocator:
-    """torch.cuda's two memory calls, answering with a device's numbers after start-up: the
-    process holds `outside` bytes the allocator did not reserve (context, cuBLAS, Triton)."""
-
-    def __init__(self, total: int, reserved: int, outside: int, others: int = 0) -> None:
-        self.total, self.reserved = total, reserved
-        self.free = total - reserved - outside - others
-        self.asked: list[object] = []
-
-    def mem_get_info(self, device=None) -> tuple[int, int]:
-        self.asked.append(device)
-        return self.free, self.total
-
-    def memory_reserved(self, device=None) -> int:
-        self.asked.append(device)
-        return self.reserved
+# The runner's budget on a simulated GPU: its real code, CUDA's and NVML's numbers from the fake.
+SHARE_BUDGET = int(4 * GIB * 0.9)
+SHAPE = SMOLLM2  # 270 MiB of weights, activation peaks 400 + 60 MiB
+OWN_OUTSIDE = CONTEXT_BYTES + SHAPE.kernels_bytes  # the context, cuBLAS and Triton
+OWN_KV = SHARE_BUDGET - SHAPE.weight_bytes - 460 * MIB - OWN_OUTSIDE
 
 
-def test_memory_outside_torch_is_what_the_device_uses_beyond_the_allocators_reserve():
-    fake = FakeAllocator(total=10 * GIB, reserved=3 * GIB, outside=700 * MIB)
-    memory = read_device_memory(fake, "cuda:1")
-    assert memory == DeviceMemory(
-        free=10 * GIB - 3 * GIB - 700 * MIB, total=10 * GIB, reserved=3 * GIB
-    )
-    assert memory.outside_torch == 700 * MIB
-    assert fake.asked == ["cuda:1", "cuda:1"]
-    assert DeviceMemory(free=GIB, total=2 * GIB, reserved=GIB + MIB).outside_torch == 0
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"host_pids": True}, {"per_process_memory": False}],
+    ids=["own-pid", "host-pids", "not-available"],
+)
+def test_two_engines_on_one_gpu_each_get_their_share_less_their_own_memory(options):
+    """Two 4 GiB shares of an 80 GiB card; the second starts once the first holds its cache.
+    NVML finds each engine by its pid, or (host pids, no per-process figure) each measures
+    the device's rise since before its own context."""
+    gpu = SimulatedGpu.create(80 * GIB, **options)
+    first = start_engine(gpu.client(101), SHARE_BUDGET, SHAPE)
+    second = start_engine(gpu.client(102), SHARE_BUDGET, SHAPE)
+    assert first.kv_bytes == second.kv_bytes == OWN_KV
+    assert first.outside_torch == second.outside_torch == OWN_OUTSIDE
+    assert first.held_bytes == second.held_bytes <= SHARE_BUDGET
+    expected = "NVML's used memory of pid 102" if not options else "since before"
+    assert expected in second.method
 
 
-def test_torch_gets_the_budget_less_what_is_held_outside_it():
-    """A 2 GiB MPS share: 0.9 of it leaves 205 MiB, less than a CUDA context; the measured
-    context, cuBLAS and Triton memory comes off the budget instead."""
-    budget = int(2 * GIB * 0.9)
-    memory = read_device_memory(FakeAllocator(2 * GIB, reserved=GIB, outside=400 * MIB), "cuda")
-    assert torch_budget_bytes(budget, memory) == budget - 400 * MIB
+@settings(max_examples=50, deadline=None)
+@given(
+    neighbours=st.lists(st.integers(1, 12 * GIB), max_size=6).filter(lambda n: sum(n) < 70 * GIB),
+    options=st.fixed_dictionaries(
+        {"host_pids": st.booleans(), "per_process_memory": st.booleans()}
+    ),
+)
+def test_an_engines_kv_plan_never_depends_on_its_neighbours(neighbours, options):
+    """Whatever the neighbours hold on a device with room, and whatever NVML lists."""
+    gpu = SimulatedGpu.create(80 * GIB, **options)
+    for pid, nbytes in enumerate(neighbours, start=10):
+        gpu.client(pid).allocate(nbytes, outside_torch=pid % 2 == 0)
+    assert start_engine(gpu.client(1), SHARE_BUDGET, SHAPE).kv_bytes == OWN_KV
 
 
-def test_torch_never_gets_more_than_it_holds_plus_what_is_free():
-    """A budget that overstates the device (a share larger than the card) is cut to what the
-    allocator holds plus what is free."""
-    fake = FakeAllocator(8 * GIB, reserved=GIB, outside=300 * MIB)
-    memory = read_device_memory(fake, "cuda")
-    assert torch_budget_bytes(12 * GIB, memory) == GIB + fake.free == 8 * GIB - 300 * MIB
-
-
-def test_other_processes_on_an_unlimited_device_count_as_outside_torch():
-    fake = FakeAllocator(8 * GIB, reserved=GIB, outside=300 * MIB, others=5 * GIB)
-    memory = read_device_memory(fake, "cuda")
-    assert (
-        torch_budget_bytes(int(8 * GIB * 0.9), memory) == int(8 * GIB * 0.9) - 5 * GIB - 300 * MIB
-    )
-
-
-def runner_on_a_fake_gpu(allocator: FakeAllocator, peaks: ActivationPeaks) -> ModelRunner:
-    """The runner's budget arithmetic alone: a 64 MiB "model" on cuda:1, no GPU touched."""
-    runner = object.__new__(ModelRunner)
-    runner.device = torch.device("cuda:1")
-    runner.model = torch.nn.Linear(4096, 4096, bias=False)  # 64 MiB of float32
-    runner._activation_peaks = lambda: peaks
-    runner.cuda_memory = allocator
-    return runner
+def test_under_mps_each_engine_measures_within_its_pinned_limit():
+    gpu = SimulatedGpu.create(80 * GIB, host_pids=True)
+    gpu.set_mps_server(True)
+    gpu.client(7).allocate(50 * GIB)  # a neighbour outside MPS's limits
+    pinned = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M"}
+    started = [start_engine(gpu.client(pid, pinned), SHARE_BUDGET, SHAPE) for pid in (1, 2)]
+    assert [s.kv_bytes for s in started] == [OWN_KV, OWN_KV]
+    assert all("an MPS client within its pinned limit of 4096 MiB" in s.method for s in started)
 
 
 def test_the_runner_sizes_the_kv_cache_so_everything_fits_on_a_1g_mig_slice():
-    total = 10 * GIB  # a 1g MIG instance
-    outside = 600 * MIB  # CUDA context, cuBLAS workspaces, Triton modules
-    peaks = ActivationPeaks(step=300 * MIB, decode_forward=100 * MIB)
-    allocator = FakeAllocator(total, reserved=64 * MIB, outside=outside)
-    runner = runner_on_a_fake_gpu(allocator, peaks)
-    assert runner.weight_bytes == 64 * MIB
-    budget = int(total * 0.9)
-    kv = runner._kv_cache_bytes(None, budget, graphs=True)
-    assert kv == budget - outside - 64 * MIB - 400 * MIB
-    assert outside + 64 * MIB + 400 * MIB + kv <= total
-    assert allocator.asked == [torch.device("cuda:1")] * 2
+    """A 10 GiB instance of an 80 GiB card: CUDA's view is the instance's, whatever NVML lists."""
+    gpu = SimulatedGpu.create(10 * GIB, mig_card_bytes=80 * GIB, host_pids=True)
+    budget = int(10 * GIB * 0.9)
+    started = start_engine(gpu.client(1), budget, SHAPE)
+    assert started.kv_bytes == budget - SHAPE.weight_bytes - 460 * MIB - OWN_OUTSIDE
+    assert started.method == "isolated view: a MIG instance of 10240 MiB"
+    assert gpu.used() + 460 * MIB <= 10 * GIB
+
+
+def test_an_over_committed_gpu_is_refused_naming_the_numbers_not_served_smaller():
+    """Someone holds 77 GiB of the 80: a 4 GiB share cannot be had."""
+    gpu = SimulatedGpu.create(80 * GIB)
+    gpu.client(7).allocate(77 * GIB)
+    with pytest.raises(ContractError) as refused:
+        start_engine(gpu.client(1), SHARE_BUDGET, SHAPE)
+    held = SHAPE.weight_bytes + OWN_OUTSIDE
+    assert str(refused.value) == (
+        "memory_budget_bytes: the device cannot give this engine its budget of 3686 MiB: it"
+        f" still needs {(SHARE_BUDGET - held) // MIB} MiB on top of the {held // MIB} MiB it"
+        f" holds, but {(3 * GIB - held) // MIB} MiB are free and other processes hold 78848 MiB"
+        " (an over-committed GPU, or a share larger than the MPS pinned limit)"
+    )
+
+
+def test_a_share_larger_than_its_mps_pinned_limit_is_refused_not_shrunk_to_fit():
+    gpu = SimulatedGpu.create(80 * GIB)
+    gpu.set_mps_server(True)
+    client = gpu.client(1, {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M"})
+    with pytest.raises(ContractError, match="its budget of 7372 MiB: it still needs 6738 MiB"):
+        start_engine(client, int(8 * GIB * 0.9), SHAPE)
 
 
 def test_a_share_that_cannot_hold_the_memory_outside_torch_is_refused_naming_it():
-    peaks = ActivationPeaks(step=100 * MIB, decode_forward=50 * MIB)
-    runner = runner_on_a_fake_gpu(FakeAllocator(GIB, 64 * MIB, outside=800 * MIB), peaks)
+    gpu = SimulatedGpu.create(GIB, mig_card_bytes=80 * GIB)
+    small = EngineShape(64 * MIB, ActivationPeaks(step=100 * MIB, decode_forward=50 * MIB),
+                        kernels_bytes=500 * MIB)  # fmt: skip
     with pytest.raises(ContractError, match=r"memory outside torch \(800 MiB\)"):
-        runner._kv_cache_bytes(None, int(GIB * 0.9), graphs=True)
+        start_engine(gpu.client(1), int(GIB * 0.9), small)
+
+
+def test_the_runners_memory_meter_reads_its_baseline_on_a_gpu_only():
+    """The baseline is NVML's used memory before the context: it holds none of ours."""
+    gpu = SimulatedGpu.create(80 * GIB, host_pids=True)
+    gpu.client(7).allocate(5 * GIB)
+    runner = object.__new__(ModelRunner)
+    runner.device = torch.device("cuda:0")
+    client = gpu.client(1)
+    runner.cuda_memory, runner.nvml_memory = client, client.nvml
+    meter = runner._open_memory_meter()
+    assert meter.baseline_used == 5 * GIB + DRIVER_RESERVED_BYTES and meter.missing == ""
+    cpu = object.__new__(ModelRunner)
+    cpu.device = torch.device("cpu")
+    assert cpu._open_memory_meter() is None
