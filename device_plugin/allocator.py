@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from device_plugin.config import PluginConfig
 from device_plugin.devices import Device
 from device_plugin.ledger import Ledger, Pending, explains, pending_on, widest
+from device_plugin.mps import default_cores, mps_client
 from device_plugin.visibility import Mount, visibility
 from infergrid.placement import recheck
 from infergrid.records import PodRecord
@@ -136,23 +137,37 @@ def _check_fit(
         )
 
 
-def _limits(
-    devices: list[Device], candidates: list[Pending], config: PluginConfig
-) -> dict[str, str]:
-    """The memory (and MPS) limits of the smallest candidate, so no pod gets more than its own."""
+def _memory(devices: list[Device], candidates: list[Pending], config: PluginConfig) -> int:
+    """The MiB the container may use, so no pod gets more than its own.
+
+    A MIG instance has its own memory. A time slice gets the card's memory split by
+    the GPU's time slices, so that all of them fit, though each sees the whole GPU.
+    Otherwise the assignment's memory; of several candidates, the smallest.
+    """
     first = candidates[0].container
     if first.mig is not None:
         mig = first.mig.uuid
-        memory = next(m.memory_mib for m in devices[0].gpu.mig_instances if m.uuid == mig)
-    else:
-        memory = min(g.memory_mib for p in candidates for g in p.container.gpus)
+        return next(m.memory_mib for m in devices[0].gpu.mig_instances if m.uuid == mig)
+    if devices[0].kind == "whole":
+        return min(d.gpu.memory_mib for d in devices) // config.gpu_replicas
+    return min(g.memory_mib for p in candidates for g in p.container.gpus)
+
+
+def _cores(candidates: list[Pending], config: PluginConfig) -> int:
+    """The share's thread percentage, the default where it set none; of several, the smallest."""
+    return min(p.container.gpus[0].cores or default_cores(config) for p in candidates)
+
+
+def _limits(
+    devices: list[Device], candidates: list[Pending], config: PluginConfig
+) -> tuple[dict[str, str], tuple[Mount, ...]]:
+    """The container's memory budget, and on an MPS GPU its daemon and the limits that hold it."""
+    memory = _memory(devices, candidates, config)
     envs = {"INFERGRID_GPU_MEMORY_MIB": str(memory)}
-    if config.mps and first.kind == "share":
-        envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory}M"
-        cores = min(p.container.gpus[0].cores for p in candidates)
-        if cores:
-            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cores)
-    return envs
+    if not (config.mps and devices[0].kind == "share"):
+        return envs, ()
+    client = mps_client(config.mps_root, devices[0].gpu.uuid, memory, _cores(candidates, config))
+    return {**envs, **client.envs}, client.mounts
 
 
 def grant(
@@ -171,5 +186,12 @@ def grant(
     guess = ledger.guess(candidates)
     ledger.honour(device_ids, candidates)
     seen = visibility([d.target for d in devices], config.device_list_strategy)
-    envs = {**seen.envs, **_limits(devices, candidates, config)}
-    return Grant(guess, envs, seen.cdi_devices, seen.mounts, device_ids, tuple(candidates))
+    envs, mounts = _limits(devices, candidates, config)
+    return Grant(
+        guess,
+        {**seen.envs, **envs},
+        seen.cdi_devices,
+        seen.mounts + mounts,
+        device_ids,
+        tuple(candidates),
+    )

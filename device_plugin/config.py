@@ -35,11 +35,35 @@ from infergrid.settings import (
 MIG_STRATEGIES: Final = ("none", "single", "mixed")
 DEVICE_LIST_STRATEGIES: Final = ("volume-mounts", "cdi", "envvar")
 """How a container is told its GPUs; see device_plugin/visibility.py."""
+MPS_ROOT: Final = "/run/infergrid/mps"
+"""Where the MPS control daemons keep their pipes and logs, a folder per GPU (device_plugin/mps.py).
+
+Under /run, a tmpfs on systemd hosts, so the shared memory folder beside them is in memory too.
+"""
+MPS_CONTROL: Final = "nvidia-cuda-mps-control"
+_LONGEST_MPS_SOCKET: Final = "/GPU-00000000-0000-0000-0000-000000000000/pipe/control_privileged"
+"""The longest unix socket a control daemon makes under the MPS root: its privileged control."""
+MAX_MPS_ROOT_CHARS: Final = 107 - len(_LONGEST_MPS_SOCKET)
+"""A unix socket's path holds at most 107 bytes; a longer root makes the daemons fail to bind."""
 
 
 def _path_or_off(doc: dict, key: str) -> str:
     """A path, or "" to turn the thing off: the one setting where empty means something."""
     return "" if doc.get(key) == "" else text(doc, key)
+
+
+def _mps_root(doc: dict, key: str) -> Path:
+    """An absolute folder short enough that every socket the daemons make under it can bind."""
+    root = path(doc, key)
+    if not root.is_absolute():
+        raise ContractError(key, f"must be an absolute path, got {str(root)!r}")
+    if len(str(root)) > MAX_MPS_ROOT_CHARS:
+        raise ContractError(
+            key,
+            f"is {len(str(root))} characters; at most {MAX_MPS_ROOT_CHARS} leave room for the "
+            "control daemons' unix sockets under it",
+        )
+    return root
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +79,10 @@ class PluginConfig:
     vgpu_slots_per_gpu: int = DEFAULT_VGPU_SLOTS_PER_GPU
     mig_strategy: str = "mixed"
     mps: bool = False
+    mps_root: Path = Path(MPS_ROOT)
+    mps_control: str = MPS_CONTROL
+    # The thread percentage of a share that set no gpu-cores; None: 100 / vgpu_slots_per_gpu.
+    mps_default_cores: int | None = None
     device_list_strategy: str = "volume-mounts"
     # The kubelet's PodResources socket; "" turns identity confirmation off.
     pod_resources_socket: str = POD_RESOURCES_SOCKET
@@ -74,7 +102,14 @@ SETTINGS: Final = (
               "time slices per GPU: nvidia.com/gpu pods that may share one GPU"),
     Setting("vgpuSlotsPerGpu", "vgpu_slots_per_gpu", whole(1, 128), "share slots per GPU"),
     Setting("migStrategy", "mig_strategy", choice(MIG_STRATEGIES), "none, single or mixed"),
-    Setting("mps", "mps", boolean, "return MPS limits for shares", boolean=True),
+    Setting("mps", "mps", boolean,
+              "enforce shares with MPS: one control daemon per GPU (device_plugin/mps_daemon.py)",
+              boolean=True),
+    Setting("mpsRoot", "mps_root", _mps_root,
+              "host folder of the MPS daemons' pipes, logs and shared memory"),
+    Setting("mpsControl", "mps_control", text, "the MPS control program"),
+    Setting("mpsDefaultCores", "mps_default_cores", whole(1, 100),
+              "thread percentage of a share without gpu-cores (default 100 / vgpuSlotsPerGpu)"),
     Setting("deviceListStrategy", "device_list_strategy", choice(DEVICE_LIST_STRATEGIES),
               "volume-mounts, cdi or envvar: how a container is given its GPUs"),
     Setting("podResourcesSocket", "pod_resources_socket", _path_or_off,

@@ -54,6 +54,11 @@ def _migs(gpu: Gpu, healthy: bool) -> list[Device]:
     ]
 
 
+def offered_as_mig(gpu: Gpu, config: PluginConfig) -> bool:
+    """Whether the GPU is offered as its MIG instances only: in MIG mode, and MIG not ignored."""
+    return gpu.mig_enabled and config.mig_strategy != "none"
+
+
 def resource_devices(
     inventory: GpuInventory, config: PluginConfig, is_healthy: Callable[[str], bool]
 ) -> dict[str, list[Device]]:
@@ -66,7 +71,7 @@ def resource_devices(
     out: dict[str, list[Device]] = {RESOURCE_GPU: [], RESOURCE_VGPU: []}
     for gpu in sorted(inventory.gpus, key=lambda g: g.index):
         healthy = gpu.healthy and is_healthy(gpu.uuid)
-        if gpu.mig_enabled and config.mig_strategy != "none":
+        if offered_as_mig(gpu, config):
             for dev in _migs(gpu, healthy):
                 name = (
                     RESOURCE_GPU

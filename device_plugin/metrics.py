@@ -71,3 +71,14 @@ PODS_MARKED = Counter(
     "unhealthy) or True (healthy again).",
     ["status"],
 )
+MPS_DAEMON_UP = Gauge(
+    "infergrid_device_plugin_mps_daemon_up",
+    "1 while the MPS control daemon of a GPU that offers shares answers its probe, 0 while "
+    "not (the GPU is then unhealthy); only with mps on.",
+    ["gpu"],
+)
+MPS_DAEMON_RESTARTS = Counter(
+    "infergrid_device_plugin_mps_daemon_restarts_total",
+    "MPS control daemons seen answering under a new pid: restarted, their clients cut off.",
+    ["gpu"],
+)

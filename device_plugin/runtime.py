@@ -1,10 +1,11 @@
 """One node's device plugin, assembled: backend, health, manager, endpoints, publisher.
 
-`DevicePluginRuntime.start()` discovers the GPUs, starts the health monitor,
-the publisher, the pods' health reporter (when given a way to write pod
-conditions) and the kubelet-facing endpoints in threads; `stop()` ends them
-all and removes the sockets. Tests build it with a FakeNvml and their own pod
-source; the CLI builds it from the config.
+`DevicePluginRuntime.start()` discovers the GPUs, waits for their MPS control
+daemons when MPS is on, starts the health monitor, the MPS watch, the publisher,
+the pods' health reporter (when given a way to write pod conditions) and the
+kubelet-facing endpoints in threads; `stop()` ends them all and removes the
+sockets. Tests build it with a FakeNvml and their own pod source; the CLI builds
+it from the config.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from device_plugin.discovery import discover
 from device_plugin.endpoint import PluginEndpoint
 from device_plugin.health import HealthMonitor, HealthTracker
 from device_plugin.manager import DeviceManager, HeldSource, PodSource
+from device_plugin.mps import mps_gpus
+from device_plugin.mps_health import MpsWatch
 from device_plugin.nvml.backend import NvmlBackend
 from device_plugin.plugin import NodePlugins
 from device_plugin.pod_health import PodConditions, PodHealthReporter
@@ -58,6 +61,17 @@ class DevicePluginRuntime:
         on_grants = on_grants or (lambda grants: None)
         self.on_grants = Confirmer(self.manager, on_grants) if held is not None else on_grants
         self.monitor = HealthMonitor(backend, self.tracker, self.stop_event)
+        self.mps = (
+            MpsWatch(
+                config.mps_control,
+                config.mps_root,
+                lambda: mps_gpus(self.manager.inventory, config),
+                self.tracker,
+                self.stop_event,
+            )
+            if config.mps
+            else None
+        )
         self.publisher = NodePublisher(
             backend,
             self.tracker,
@@ -106,6 +120,9 @@ class DevicePluginRuntime:
         ]
         if self.reporter is not None:
             loops.append(("pod-health", self.reporter.run))
+        if self.mps is not None:
+            self.mps.wait_ready()  # before registering: offer no share its daemon does not hold
+            loops.append(("mps-health", self.mps.run))
         for name, target in loops:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()

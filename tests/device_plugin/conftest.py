@@ -6,7 +6,12 @@ PyYAML."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import shutil
+import signal
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -87,6 +92,66 @@ def short_dir():
     path = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fake_mps_control(tmp_path_factory) -> str:
+    """The fake MPS control program as an executable file, as its console script installs it."""
+    program = tmp_path_factory.mktemp("bin") / "infergrid-fake-mps-control"
+    program.write_text(f'#!/bin/sh\nexec {sys.executable} -m device_plugin.fake_mps_control "$@"\n')
+    program.chmod(0o755)
+    return str(program)
+
+
+@dataclass
+class FakeDaemons:
+    """Fake MPS control daemons under ``root``, started and killed as a test says."""
+
+    control: str
+    root: Path
+    started: list[int] = field(default_factory=list)
+
+    @property
+    def settings(self) -> dict:
+        """The plugin settings that turn MPS on over these daemons."""
+        return {"mps": True, "mps_root": self.root, "mps_control": self.control}
+
+    def start(self, *uuids: str) -> None:
+        from device_plugin.mps import daemon_env
+        from device_plugin.mps_control import start_daemon
+
+        for uuid in uuids:
+            start_daemon(self.control, daemon_env(os.environ, self.root, uuid))
+            self.started.append(self.pid(uuid))
+
+    def pid(self, uuid: str) -> int:
+        from device_plugin.mps import gpu_paths
+
+        return int(gpu_paths(self.root, uuid).pid_file.read_text())
+
+    def kill(self, uuid: str, sig: int = signal.SIGKILL) -> None:
+        """SIGKILL: the daemon crashed; SIGSTOP: it is stuck (takes connections, never answers)."""
+        os.kill(self.pid(uuid), sig)
+
+    def records(self, uuid: str) -> list[dict]:
+        """What GPU ``uuid``'s daemons were told, in order, each with the daemon's pid."""
+        from device_plugin.fake_mps_control import RECORD
+        from device_plugin.mps import gpu_paths
+
+        lines = (gpu_paths(self.root, uuid).log / RECORD).read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+    def kill_all(self) -> None:
+        for pid in self.started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture()
+def mps_daemons(short_dir, fake_mps_control):
+    daemons = FakeDaemons(fake_mps_control, short_dir / "mps")
+    yield daemons
+    daemons.kill_all()
 
 
 @pytest.fixture()

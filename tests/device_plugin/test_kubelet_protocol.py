@@ -13,9 +13,12 @@ from device_plugin.kube import API_TIMEOUT_S, KubePods
 from device_plugin.kubelet import API_VERSION, HEALTHY, UNHEALTHY, api_pb2
 from device_plugin.visibility import MOUNT_DIR
 from infergrid.constants import RESOURCE_GPU, RESOURCE_VGPU, SCHEDULER_NAME
-from tests.device_plugin.conftest import mig, pod, share, whole
+from infergrid.fleet import load_fleet
+from tests.device_plugin.conftest import SAMPLE, mig, pod, share, whole
 from tests.device_plugin.test_kube import FakeCore, timed_out
 from tests.device_plugin.test_pod_health import FakeConditions
+
+L4_0 = [g.uuid for n in load_fleet(SAMPLE).nodes if n.name == "l4-0" for g in n.inventory.gpus]
 
 
 def allocate(stub, *device_lists):
@@ -226,20 +229,6 @@ def test_allocate_whole_gpus_mounts_their_device_list_and_marks_the_container(st
     ]
 
 
-def test_allocate_a_share_returns_its_memory_budget_and_mps_limits(start_plugin):
-    p = start_plugin("l4-0", mps=True)
-    p.kubelet.wait_registered({RESOURCE_VGPU})
-    target = p.gpu(3).uuid
-    p.pods.items = [pod("llm", "l4-0", share("engine", target, 8192, cores=30))]
-    envs = (
-        allocate(p.kubelet.plugin(RESOURCE_VGPU), [f"{target}::vgpu-4"]).container_responses[0].envs
-    )
-    assert envs["NVIDIA_VISIBLE_DEVICES"] == MOUNT_DIR
-    assert envs["INFERGRID_GPU_MEMORY_MIB"] == "8192"
-    assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
-    assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
-
-
 def test_allocate_a_mig_device(start_plugin):
     p = start_plugin("a100-1")
     p.kubelet.wait_registered({"nvidia.com/mig-3g.40gb"})
@@ -260,10 +249,12 @@ def test_allocate_a_mig_device(start_plugin):
     ],
 )
 def test_each_device_list_strategy_shows_the_container_exactly_its_gpus(
-    start_plugin, strategy, envs, mounts, cdi
+    start_plugin, mps_daemons, strategy, envs, mounts, cdi
 ):
-    """volume-mounts (default) and cdi do not trust the pod's env; envvar does."""
-    p = start_plugin("l4-0", device_list_strategy=strategy, mps=True)
+    """volume-mounts (default) and cdi do not trust the pod's env; envvar does. Whole GPUs
+    get no MPS, even with it on."""
+    mps_daemons.start(*L4_0)
+    p = start_plugin("l4-0", device_list_strategy=strategy, **mps_daemons.settings)
     p.kubelet.wait_registered({RESOURCE_GPU})
     a, b = sorted([p.gpu(0).uuid, p.gpu(2).uuid])
     p.pods.items = [pod("train", "l4-0", whole("main", a, b))]

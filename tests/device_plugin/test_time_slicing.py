@@ -1,7 +1,7 @@
 """Time slices at the kubelet's gate: with ``gpuReplicas: N`` Allocate hands one GPU to up to N
-``nvidia.com/gpu`` containers, each a replica device ``<uuid>::<r>`` that shows the whole GPU,
-and refuses the next with the placement core's reason; GetPreferredAllocation steers the
-kubelet to a free replica of the GPU the extender assigned."""
+``nvidia.com/gpu`` containers, each a replica device ``<uuid>::<r>`` that shows the whole GPU
+with a memory budget of 1/N of it, and refuses the next with the placement core's reason;
+GetPreferredAllocation steers the kubelet to a free replica of the GPU the extender assigned."""
 
 from __future__ import annotations
 
@@ -47,14 +47,15 @@ def confirmed(*pods) -> Ledger:
     return Ledger({(p.uid, c.name): c for p in pods for c in p.assignment.containers})
 
 
-def test_two_pods_get_time_slices_of_one_gpu_each_seeing_all_of_it_without_mps_limits():
+def test_two_pods_get_time_slices_of_one_gpu_each_seeing_all_of_it_with_half_its_memory():
+    """Both engines start: each sizes itself to half the card, and neither gets MPS limits."""
     pods = [sliced("a", A), sliced("b", A, age_s=1)]
     ledger = Ledger()
     grants = [grant([replica(A, r)], DEVICES, "n", pods, ledger, CONFIG) for r in (0, 1)]
     for granted in grants:
         assert granted.envs == {
             "NVIDIA_VISIBLE_DEVICES": MOUNT_DIR,
-            "INFERGRID_GPU_MEMORY_MIB": "1000",
+            "INFERGRID_GPU_MEMORY_MIB": "500",
         }
         assert [m.container_path for m in granted.mounts] == [f"{MOUNT_DIR}/{A}"]
     assert sorted(g.pending.pod.name for g in grants) == ["a", "b"]
@@ -165,7 +166,9 @@ def test_through_grpc_two_pods_share_the_assigned_gpu_by_its_replicas(start_plug
         )
         (chosen,) = stub.GetPreferredAllocation(request, timeout=5).container_responses[0].deviceIDs
         assert chosen.startswith(f"{target}::")
-        assert mounted(allocate(stub, [chosen]).container_responses[0]) == [target]
+        response = allocate(stub, [chosen]).container_responses[0]
+        assert mounted(response) == [target]
+        assert response.envs["INFERGRID_GPU_MEMORY_MIB"] == str(p.gpu(2).memory_mib // 2)
         free.remove(chosen)
     assert sorted(g.pending.pod.name for g in p.granted) == ["a", "b"]
     with pytest.raises(grpc.RpcError) as refused:
