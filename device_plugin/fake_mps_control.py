@@ -34,6 +34,7 @@ DEFAULT_PIPE: Final = "/tmp/nvidia-mps"
 DEFAULT_LOG: Final = "/var/log/nvidia-mps"
 RECORD: Final = "fake-mps-control.jsonl"
 NO_DAEMON: Final = "Cannot find MPS control daemon process"
+USAGE: Final = "usage: infergrid-fake-mps-control [-d]  (commands on stdin)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,8 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE)
     if args == ["-d"]:
         return _daemonize(pipe, Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY") or DEFAULT_LOG))
+    if args in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
     if args:
-        print("usage: infergrid-fake-mps-control [-d]  (commands on stdin)", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     return _client(pipe, sys.stdin)
 

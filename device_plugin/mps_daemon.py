@@ -77,7 +77,7 @@ class Supervisor:
 
     def run(self, stop: threading.Event, interval_s: float = CHECK_INTERVAL_S) -> None:
         """Start every daemon, keep them up until ``stop``, then stop them."""
-        shm_dir(self._root).mkdir(parents=True, exist_ok=True)
+        _make_shared_memory(shm_dir(self._root))
         for daemon in self._daemons:
             self._start(daemon)
         while not stop.wait(interval_s):
@@ -194,6 +194,13 @@ def share_gpus(config: PluginConfig) -> tuple[Gpu, ...]:
     finally:
         backend.close()
     return mps_gpus(inventory, config)
+
+
+def _make_shared_memory(path: Path) -> None:
+    """The node's MPS shared memory, mode 1777 as /dev/shm always is: every holder mounts it
+    there, and holders run as any user (the kubelet's hostPath makes it 0755, root's)."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o1777)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -107,11 +107,14 @@ def _python_image(
     env: tuple[tuple[str, str], ...] = (),
     port: int,
     checks: tuple[tuple[str, ...], ...] = (),
+    more_scripts: tuple[str, ...] = (),
 ) -> PythonImage:
+    """`more_scripts` are the part's other programs, each run with --help as a check."""
     project = pyproject["project"]
     scripts = project["scripts"]
-    if script not in scripts:
-        raise ValueError(f"pyproject.toml [project.scripts] has no {script!r}")
+    missing = [s for s in (script, *more_scripts) if s not in scripts]
+    if missing:
+        raise ValueError(f"pyproject.toml [project.scripts] has no {missing[0]!r}")
     groups = [PipGroup("deps", tuple(project["dependencies"]))]
     if engine:
         groups.append(PipGroup("engine", tuple(project["optional-dependencies"]["engine"])))
@@ -121,14 +124,14 @@ def _python_image(
         debian_packages=base,
         pip_groups=tuple(groups),
         packages=("infergrid", part),
-        scripts=tuple((s, scripts[s]) for s in ("infergrid", script)),
+        scripts=tuple((s, scripts[s]) for s in ("infergrid", script, *more_scripts)),
         run=RunConfig(
             entrypoint=(f"{VENV}/bin/{script}",),
             env=PYTHON_ENV + env,
             user=NONROOT,
             ports=(port,),
         ),
-        checks=((f"{VENV}/bin/{script}", "--help"), *checks),
+        checks=tuple((f"{VENV}/bin/{s}", "--help") for s in (script, *more_scripts)) + checks,
     )
 
 
@@ -144,6 +147,8 @@ def images(pyproject: dict) -> dict[str, Image]:
             # devices (utility capability only). The chart runs it as uid 0, no capabilities.
             env=(("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "utility")),
             port=9400,
+            # The chart's MPS container, and the control program's stand-in on fake NVML.
+            more_scripts=("infergrid-mps-daemon", "infergrid-fake-mps-control"),
         ),
         _python_image(
             "scheduler-extender",

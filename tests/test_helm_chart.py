@@ -579,13 +579,57 @@ def test_device_plugin_gets_mig_monitoring_privileges_only_when_asked(default):
     assert container["securityContext"] == {"privileged": True}
 
 
+def test_with_mps_a_control_daemon_container_runs_beside_the_plugin(default):
+    """mps: true adds the daemons' container, sharing the plugin's config; both mount the
+    daemons' host folder at its own path (Allocate hands holders the same paths) and its
+    shared memory at /dev/shm. Without MPS neither exists, and the plugin keeps utility only."""
+    (plain,) = pod_spec(one(default, "DaemonSet", "-device-plugin"))["containers"]
+    assert {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"} in plain["env"]
+    objects = render("--set", "devicePlugin.config.mps=true",
+                     "--set", "devicePlugin.config.mpsDefaultCores=20")  # fmt: skip
+    spec = pod_spec(one(objects, "DaemonSet", "-device-plugin"))
+    plugin, daemon = spec["containers"]
+    assert (plugin["name"], daemon["name"]) == ("device-plugin", "mps-control-daemon")
+    assert daemon["image"] == plugin["image"]
+    assert daemon["command"] == ["infergrid-mps-daemon"]
+    assert "--config=/etc/infergrid/device-plugin.yaml" in daemon["args"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for container in (plugin, daemon):
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        root = volumes[mounts["/run/infergrid/mps"]]["hostPath"]
+        shm = volumes[mounts["/dev/shm"]]["hostPath"]
+        assert root == {"path": "/run/infergrid/mps", "type": "DirectoryOrCreate"}
+        assert shm == {"path": "/run/infergrid/mps/shm", "type": "DirectoryOrCreate"}
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility", container["name"]
+    assert daemon["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    config = yaml.safe_load(
+        one(objects, "ConfigMap", "-device-plugin")["data"]["device-plugin.yaml"]
+    )
+    settings = parse_settings(config, PLUGIN_SETTINGS)
+    assert settings["mps"] is True and settings["mps_default_cores"] == 20
+    assert settings["mps_control"] == "nvidia-cuda-mps-control"
+
+
+def test_on_fake_nvml_the_mps_daemons_are_the_stand_in(default):
+    """A fleet file means no driver: the control program is the fake one, unless named."""
+    fleet = ("--set", "devicePlugin.fakeFleet=nodes: []", "--set", "devicePlugin.config.mps=true")
+    for extra, control in (
+        ((), "infergrid-fake-mps-control"),
+        (("--set", "devicePlugin.config.mpsControl=/opt/mps"), "/opt/mps"),
+    ):
+        objects = render(*fleet, *extra)
+        config = one(objects, "ConfigMap", "-device-plugin")["data"]["device-plugin.yaml"]
+        assert yaml.safe_load(config)["mpsControl"] == control  # fmt: skip
+
+
 def test_only_the_device_plugin_runs_as_root(default):
     for workload in by_kind(default, "Deployment") + by_kind(default, "DaemonSet"):
         for c in pod_spec(workload)["containers"]:
             security = c["securityContext"]
             assert security["readOnlyRootFilesystem"] is True, c["name"]
             assert security["allowPrivilegeEscalation"] is False, c["name"]
-            if c["name"] != "device-plugin":
+            if c["name"] not in ("device-plugin", "mps-control-daemon"):
                 assert security["runAsNonRoot"] is True and security["runAsUser"] != 0
 
 
