@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.nvml_probe import print_versions
+from bench.sections import add_sections_flag, chosen_sections
 
 if __name__ == "__main__":  # the versions first, even where torch is missing
     print_versions(file=sys.stderr if "--json" in sys.argv else sys.stdout)
@@ -957,15 +958,12 @@ SECTION_RUNS = {
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="JSON to stdout, tables to stderr")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset")
+    add_sections_flag(parser, SECTIONS)
     parser.add_argument(
         "--dry-run", action="store_true", help="CPU, Triton's interpreter, toy shapes"
     )
     args = parser.parse_args(argv)
-    args.sections = [name.strip() for name in args.sections.split(",") if name.strip()]
-    unknown = set(args.sections) - set(SECTIONS)
-    if unknown:
-        parser.error(f"--sections: unknown {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    args.sections = chosen_sections(parser, args, SECTIONS)
     return args
 
 

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.nvml_probe import print_versions
+from bench.sections import add_sections_flag, chosen_sections
 from bench.shared_gpu_machines import (
     GPU_MEMORY_ENV,
     PINNED_ENV,
@@ -244,13 +245,10 @@ def run_sections(machine: Machine, report: Report, plan: Plan, sections: list[st
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset")
+    add_sections_flag(parser, SECTIONS)
     parser.add_argument("--dry-run", action="store_true", help="CPU engines, a simulated GPU")
     args = parser.parse_args(argv)
-    args.sections = [name.strip() for name in args.sections.split(",") if name.strip()]
-    unknown = set(args.sections) - set(SECTIONS)
-    if unknown:
-        parser.error(f"--sections: unknown {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    args.sections = chosen_sections(parser, args, SECTIONS)
     return args
 
 
