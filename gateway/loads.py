@@ -83,7 +83,7 @@ async def _one(
 ) -> None:
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.get(f"{backend.url}/metrics") as response:
+            async with session.get(f"{backend.url}/metrics", allow_redirects=False) as response:
                 if response.status != 200:
                     return
                 body = await read_capped(response.content, MAX_METRICS_BYTES)

@@ -59,13 +59,18 @@ async def forward(
     headers = {k: v for k in FORWARDED_HEADERS if (v := request.headers.get(k))}
     try:
         upstream = await session.post(
-            f"{backend.url}{request.path}", data=body, headers=headers, timeout=timeouts
-        )
+            f"{backend.url}{request.path}", data=body, headers=headers, timeout=timeouts,
+            allow_redirects=False,
+        )  # fmt: skip
     except UPSTREAM_FAILURES as err:
         raise Retryable("connect", _describe(err)) from None
     async with upstream:
         if upstream.status == 503:  # draining or not ready yet: another pod may be ready
             raise Retryable("unavailable", "the pod answered 503")
+        if 300 <= upstream.status < 400:
+            # An engine never redirects: a pod that does points the gateway elsewhere (the
+            # cloud's metadata address, another tenant's engine), so it is an upstream fault.
+            raise Retryable("redirect", f"the pod answered {upstream.status}, not followed")
         answer_headers = {k: v for k in ANSWER_HEADERS if (v := upstream.headers.get(k))}
         if upstream.content_type == "text/event-stream":
             return await _stream(upstream, request, answer_headers, backend, on_first_byte)

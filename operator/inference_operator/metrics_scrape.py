@@ -40,7 +40,6 @@ from infergrid.engine_metrics import (
 log = logging.getLogger("infergrid.operator.metrics")
 
 OVER_CAP: Final = f"/metrics is over the {MAX_METRICS_BYTES}-byte cap"
-_REASON_CHARS: Final = 200  # of a parse error, in an event: the parser quotes whole lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +165,7 @@ def parse_bodies(
             samples[pod] = parse_engine_metrics(body.decode())
         except ValueError as err:  # UnicodeDecodeError is one
             log.warning("pod %s: unreadable metrics: %s", pod, err)
-            unreadable[pod] = f"/metrics is not Prometheus text: {str(err)[:_REASON_CHARS]}"
+            unreadable[pod] = f"/metrics is not Prometheus text: {unreadable_reason(err)}"
     return samples, unreadable
 
 
@@ -180,7 +179,7 @@ class _Refused:
 async def _fetch(session: aiohttp.ClientSession, pod: str, url: str) -> bytes | _Refused | None:
     """The body, a body refused unread (over the cap), or None for no answer."""
     try:
-        async with session.get(url) as resp:
+        async with session.get(url, allow_redirects=False) as resp:  # a 3xx: no answer
             if resp.status != 200:
                 return None
             body = await read_capped(resp.content, MAX_METRICS_BYTES)
@@ -226,7 +225,10 @@ async def gateway_pending(url: str, namespace: str, service: str, timeout_s: flo
     a worker thread). Raises MetricsUnreadable."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     try:
-        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(url, allow_redirects=False) as resp,
+        ):
             if resp.status != 200:
                 raise MetricsUnreadable(f"HTTP status {resp.status}")
             body = await read_capped(resp.content, MAX_METRICS_BYTES)
@@ -237,4 +239,12 @@ async def gateway_pending(url: str, namespace: str, service: str, timeout_s: flo
     try:
         return await asyncio.to_thread(parse_gateway_pending, body.decode(), namespace, service)
     except ValueError as err:  # UnicodeDecodeError is one
-        raise MetricsUnreadable(f"unusable: {str(err)[:_REASON_CHARS]}") from err
+        raise MetricsUnreadable(f"unusable: {unreadable_reason(err)}") from err
+
+
+def unreadable_reason(err: ValueError) -> str:
+    """Why a body is unusable, in words of our own: the parser's message quotes the body's
+    lines, and the reason goes into events a tenant's engine must not write."""
+    if isinstance(err, UnicodeDecodeError):
+        return "not UTF-8"
+    return f"the parser refused it ({type(err).__name__})"

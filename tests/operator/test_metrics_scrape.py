@@ -295,3 +295,48 @@ def unused_tcp_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+async def scrape_a_redirecting_pod(port: int) -> tuple[ScrapeRound, list[str], str]:
+    """A tenant's pod whose /metrics redirects to another address it wants read for it (a
+    cloud's metadata service, another tenant's engine), here a path of the same server that
+    records each hit; and the gateway's /metrics redirecting the same way."""
+    hits: list[str] = []
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(f"http://127.0.0.1:{port}/secret")
+
+    async def secret(request: web.Request) -> web.Response:
+        hits.append(request.path)
+        return web.Response(text=engine_text(queue=9))
+
+    app = web.Application()
+    app.router.add_get("/metrics", redirect)
+    app.router.add_get("/secret", secret)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        scraped = await scrape({"tenant": f"http://127.0.0.1:{port}/metrics"}, timeout_s=2)
+        try:
+            await gateway_pending(f"http://127.0.0.1:{port}/metrics", "ml", "chat", 2)
+        except MetricsUnreadable as err:
+            refused = str(err)
+        return scraped, hits, refused
+    finally:
+        await runner.cleanup()
+
+
+def test_a_scrape_never_follows_a_redirect(unused_tcp_port):
+    scraped, hits, refused = asyncio.run(scrape_a_redirecting_pod(unused_tcp_port))
+    assert hits == []
+    assert scraped.samples == {} and scraped.ignored == {}  # as a pod that did not answer
+    assert refused == "HTTP status 307"
+
+
+@pytest.mark.parametrize("body", [b"stolen_token s3cr3t-of-another-tenant\n", b"s3cr3t\xff\xfe"])
+def test_no_byte_of_an_unusable_body_reaches_the_reason_an_event_carries(unused_tcp_port, body):
+    scraped = asyncio.run(serve_and_scrape(unused_tcp_port, {"tenant": body}))
+    (reason,) = scraped.ignored.values()
+    assert reason.startswith("/metrics is not Prometheus text: ")
+    assert "s3cr3t" not in reason and "token" not in reason
