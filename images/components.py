@@ -176,6 +176,8 @@ def images(pyproject: dict) -> dict[str, Image]:
                 ("CUDA_CACHE_PATH", "/tmp/cuda"),  # the driver's JIT cache, else under HOME
                 ("INFERGRID_CACHE_DIR", "/tmp/infergrid"),  # models converted from GGUF
                 ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+                # Not the CUDA images' "all": no GPU unless Allocate's env names one.
+                ("NVIDIA_VISIBLE_DEVICES", "void"),
             ),
             port=8000,
             checks=(

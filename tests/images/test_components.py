@@ -63,7 +63,8 @@ def test_engine_env_keeps_caches_in_tmp_and_leaves_gpu_choice_to_the_plugin(pypr
     assert env["HF_HOME"] == "/tmp/hf" and env["TRITON_CACHE_DIR"] == "/tmp/triton"
     assert env["INFERGRID_CACHE_DIR"] == "/tmp/infergrid"  # GGUF conversions
     assert env["HOME"] == "/home/infergrid"
-    assert "NVIDIA_VISIBLE_DEVICES" not in env
+    # No GPU from the image itself: only Allocate's env or device-list mounts give one.
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 
 def test_binary_images(pyproject):
