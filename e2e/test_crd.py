@@ -93,6 +93,7 @@ def test_defaults_are_filled_in(cluster, namespace, infsvc_crd):
         "maxQueueDelayMs": 5,
         "maxQueueSize": 256,
         "quantization": "auto",
+        "gpuMemoryUtilization": 0.9,
     }
     assert spec["scheduling"] == {
         "policy": "fgd-cluster-aware"
@@ -187,6 +188,18 @@ INVALID = [
     ),
     ("maxNumSeqs-0", {"spec.engine": {"maxNumSeqs": 0}}, "spec.engine.maxNumSeqs", "1"),
     ("blockSize-12", {"spec.engine": {"blockSize": 12}}, "spec.engine.blockSize", "32"),
+    (
+        "gpuMemoryUtilization-0",
+        {"spec.engine": {"gpuMemoryUtilization": 0}},
+        "spec.engine.gpuMemoryUtilization",
+        "greater than 0",
+    ),
+    (
+        "gpuMemoryUtilization-1.5",
+        {"spec.engine": {"gpuMemoryUtilization": 1.5}},
+        "spec.engine.gpuMemoryUtilization",
+        "less than or equal to 1",
+    ),
     ("missing-model-name", {"spec.model.name": DELETE}, "spec.model.name", "Required"),
     ("missing-resources", {"spec.resources": DELETE}, "spec.resources", "Required"),
     ("replicas-minus-1", {"spec.replicas": -1}, "spec.replicas", "0"),

@@ -100,6 +100,11 @@ def unchanged(core: client.CoreV1Api, namespace: str, name: str, version: str) -
          "spec.initContainers[init].env[CUDA_MPS_PINNED_DEVICE_MEM_LIMIT]"),
         (pod("share", [{"name": "INFERGRID_GPU_MEMORY_MIB", "value": "81920"}]),
          "spec.containers[app].env[INFERGRID_GPU_MEMORY_MIB]"),
+        (pod("imex", [{"name": "NVIDIA_IMEX_CHANNELS", "value": "all"}]),
+         "spec.containers[app].env[NVIDIA_IMEX_CHANNELS]"),
+        (pod("require", [{"name": "NVIDIA_REQUIRE_CUDA", "value": "cuda>=99"},
+                         {"name": "NVIDIA_DISABLE_REQUIRE", "value": "true"}]),
+         "spec.containers[app].env[NVIDIA_DISABLE_REQUIRE]"),
         (pod("mount", volumes=[{"name": "v", "emptyDir": {}}], containers=[{
             "name": "app", "image": "infergrid/pause",
             "volumeMounts": [{"name": "v", "mountPath": f"{DEVICES}/all"}]}]),
@@ -108,7 +113,7 @@ def unchanged(core: client.CoreV1Api, namespace: str, name: str, version: str) -
                                serviceAccountName="{plugin}"),
          "spec.containers[app].env[NVIDIA_VISIBLE_DEVICES]"),
     ],
-    ids=["env", "capabilities", "mps", "share", "mount", "plugin-account"],
+    ids=["env", "capabilities", "mps", "share", "imex", "require", "mount", "plugin-account"],
 )  # fmt: skip
 def test_1_a_pod_cannot_give_itself_gpus_by_env_or_device_list_mount(
     cluster, release, tenant, body, named
