@@ -20,6 +20,8 @@ from typing import Any
 from infergrid.tracks import CANARY, STABLE, track_of_pod
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+ENDPOINT_CONTROLLER = "endpointslice-controller.k8s.io"
 PORT_NAME = "http"  # the engine port's name in the operator's Service
 
 Key = tuple[str, str]  # (namespace, name)
@@ -129,7 +131,7 @@ def _endpoints_by_service(slices: Iterable[dict[str, Any]]) -> dict[Key, list[Ba
     found: dict[Key, dict[str, Backend]] = {}
     for eps in slices:
         meta = eps.get("metadata") or {}
-        service = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL)
+        service = _controllers_service(meta)
         port = _port(eps.get("ports") or [])
         if not service or port is None:
             continue
@@ -140,6 +142,21 @@ def _endpoints_by_service(slices: Iterable[dict[str, Any]]) -> dict[Key, list[Ba
             if backend is not None:
                 seen[backend.pod] = backend
     return {key: list(pods.values()) for key, pods in found.items()}
+
+
+def _controllers_service(meta: dict[str, Any]) -> str | None:
+    """The Service whose slice this is, if Kubernetes' endpoint controller made it for that
+    Service (its label, and the Service as its controlling owner); None for a slice someone
+    wrote by hand, whose addresses could send a model's callers anywhere. The controller
+    rewrites or deletes a slice that carries its label but does not match the Service."""
+    labels = meta.get("labels") or {}
+    service = labels.get(SERVICE_NAME_LABEL)
+    if not service or labels.get(MANAGED_BY_LABEL) != ENDPOINT_CONTROLLER:
+        return None
+    owners = meta.get("ownerReferences") or []
+    owned = any(o.get("kind") == "Service" and o.get("name") == service and o.get("controller")
+                for o in owners if isinstance(o, dict))  # fmt: skip
+    return service if owned else None
 
 
 def _port(ports: list[dict[str, Any]]) -> int | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.catalog import build_catalog
 from infergrid.tracks import CANARY, STABLE
 
@@ -23,12 +25,49 @@ def endpoint(pod, ip, ready=True, terminating=False):
 
 
 def endpoint_slice(service_name, *endpoints, namespace="ml", port=8000, port_name="http"):
+    """A slice as Kubernetes' endpoint controller writes it for the Service."""
     return {
         "metadata": {"namespace": namespace, "name": f"{service_name}-abcde",
-                     "labels": {"kubernetes.io/service-name": service_name}},
+                     "labels": {"kubernetes.io/service-name": service_name,
+                                "endpointslice.kubernetes.io/managed-by":
+                                    "endpointslice-controller.k8s.io"},
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "Service",
+                                          "name": service_name, "uid": "u1",
+                                          "controller": True}]},
         "ports": [{"name": port_name, "port": port}],
         "endpoints": list(endpoints),
     }  # fmt: skip
+
+
+def forged(slice_: dict, *, label: str | None = None, owner: dict | None = None) -> dict:
+    """The slice with its managed-by label replaced (None: removed) and its owners `owner`."""
+    meta = {**slice_["metadata"], "labels": dict(slice_["metadata"]["labels"])}
+    meta["labels"].pop("endpointslice.kubernetes.io/managed-by")
+    if label is not None:
+        meta["labels"]["endpointslice.kubernetes.io/managed-by"] = label
+    meta["ownerReferences"] = [owner] if owner else []
+    return {**slice_, "metadata": meta}
+
+
+@pytest.mark.parametrize(
+    ("label", "owner"),
+    [
+        (None, {"kind": "Service", "name": "chat", "controller": True}),
+        ("someone-else", {"kind": "Service", "name": "chat", "controller": True}),
+        ("endpointslice-controller.k8s.io", None),
+        ("endpointslice-controller.k8s.io", {"kind": "Service", "name": "web", "controller": True}),
+        ("endpointslice-controller.k8s.io", {"kind": "Service", "name": "chat"}),
+    ],
+    ids=["no-label", "other-manager", "no-owner", "other-service", "not-controller"],
+)
+def test_a_slice_the_endpoint_controller_did_not_make_for_the_service_routes_nothing(label, owner):
+    """A tenant who may write EndpointSlices labels one with the service's name, pointing at
+    an address it wants the gateway to call (another tenant's engine, a metadata service)."""
+    real = endpoint_slice("chat", endpoint("chat-7d9f8b6c5-x2kzq", "10.0.0.5"))
+    fake = forged(endpoint_slice("chat", endpoint("chat-7d9f8b6c5-evil1", "169.254.169.254")),
+                  label=label, owner=owner)  # fmt: skip
+    route = build_catalog([service("chat", "m")], [real, fake]).routes["m"]
+    assert [b.url for b in route.backends] == ["http://10.0.0.5:8000"]
 
 
 def test_a_model_is_served_by_the_ready_pods_of_its_service_with_their_tracks():
