@@ -137,14 +137,21 @@ def scale_up(api: client.ApiClient, namespace: str, name: str) -> bool:
         return False
 
 
+class KeysSecretGone(ContractError):
+    """The keys Secret does not exist (any more): every key it held is revoked."""
+
+
 def read_keys(api: client.ApiClient, namespace: str, name: str) -> KeyTable:
-    """The key table of the Secret; ContractError names what is wrong with it."""
+    """The key table of the Secret; ContractError names what is wrong with it, and is a
+    KeysSecretGone when the API server says the Secret is not there."""
     where = f"Secret {namespace}/{name}"
     try:
         secret = client.CoreV1Api(api).read_namespaced_secret(
             name, namespace, _request_timeout=API_TIMEOUT_S
         )
     except ApiException as err:
+        if err.status == 404:
+            raise KeysSecretGone(where, "not found: every API key is refused") from None
         raise ContractError(where, f"cannot be read: {err.status} {err.reason}") from None
     encoded = (secret.data or {}).get(SECRET_KEY)
     if encoded is None:

@@ -22,8 +22,9 @@ from kubernetes import client, config
 
 from gateway.app import Gateway
 from gateway.config import SETTINGS, GatewayConfig, check
-from gateway.kube import CatalogFeed, read_keys, scale_up
+from gateway.kube import CatalogFeed, KeysSecretGone, read_keys, scale_up
 from gateway.live_catalog import LiveCatalog
+from gateway.tenants import KeyTable
 from infergrid.errors import ContractError
 from infergrid.process import configure_logging, kube_api
 from infergrid.settings import add_flags, load_settings
@@ -98,8 +99,9 @@ async def _site(app: web.Application, host: str, port: int) -> web.AppRunner:
 
 
 async def _refresh_keys(gateway: Gateway, api: client.ApiClient) -> None:
-    """Reads the keys Secret now and every secretRefreshSeconds. A bad Secret keeps the last
-    good table (and, before the first, keeps the gateway unready), with the field named."""
+    """Reads the keys Secret now and every secretRefreshSeconds. A bad or unreadable Secret
+    keeps the last good table (and, before the first, keeps the gateway unready), with the
+    field named; a deleted one revokes every key, as deleting it means."""
     assert gateway.cfg.secret is not None
     namespace, name = gateway.cfg.secret
     last_error = ""
@@ -107,6 +109,12 @@ async def _refresh_keys(gateway: Gateway, api: client.ApiClient) -> None:
         try:
             gateway.keys = await asyncio.to_thread(read_keys, api, namespace, name)
             last_error = ""
+        except KeysSecretGone as err:
+            if gateway.keys is not None:  # before a first table, the gateway stays unready
+                gateway.keys = KeyTable({})
+            if str(err) != last_error:
+                log.error("API keys revoked: %s", err)
+            last_error = str(err)
         except ContractError as err:
             if str(err) != last_error:
                 log.error("API keys not (re)loaded: %s", err)

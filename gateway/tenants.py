@@ -6,7 +6,9 @@ The keys live in a Secret the operator of the gateway writes, under the data key
     version: v1
     tenants:
       - name: team-a
-        keys: [sk-team-a-1]          # what clients send as `Authorization: Bearer <key>`
+        keys: [sk-team-a-1]          # what clients send as `Authorization: Bearer <key>`,
+                                     # or sha256:<64 hex digits> of it, so the Secret
+                                     # holds no key a reader of it could use
         requestsPerSecond: 5         # token bucket of requests: refill rate...
         burst: 10                    # ...and size (default: requestsPerSecond, at least 1)
         tokensPerMinute: 20000       # token bucket of model tokens (default: no limit)
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -46,6 +49,8 @@ TENANT_FIELDS: Final = (
     "namespaces",
 )  # fmt: skip
 ANONYMOUS: Final = "anonymous"  # the tenant of every request when no keys are configured
+HASHED: Final = "sha256:"
+_HEX_DIGEST: Final = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +105,11 @@ def parse_tenants(text: str, path: str = SECRET_KEY) -> KeyTable:
         raise ContractError(join(path, "tenants"), f"at most {MAX_TENANTS} tenants")
     tenants = [(_tenant(entry, where), where, entry) for entry, where in entries]
     unique(((t.name, join(w, "name")) for t, w, _ in tenants), "tenant name")
-    keyed = [(key, kpath, t) for t, w, e in tenants for key, kpath in _keys(e, w)]
-    unique(((k, p) for k, p, _ in keyed), "API key")
-    return KeyTable.of({key: tenant for key, _, tenant in keyed})
+    keyed = [(digest, kpath, t) for t, w, e in tenants for digest, kpath in _keys(e, w)]
+    # Named by digest: an error must not print a key, and a key listed both plainly and
+    # hashed is the same key.
+    unique(((HASHED + d.hex(), p) for d, p, _ in keyed), "API key")
+    return KeyTable({digest: tenant for digest, _, tenant in keyed})
 
 
 def _tenant(doc: dict[str, Any], path: str) -> TenantLimits:
@@ -128,16 +135,25 @@ def _tenant(doc: dict[str, Any], path: str) -> TenantLimits:
     )
 
 
-def _keys(doc: dict[str, Any], path: str) -> list[tuple[str, str]]:
+def _keys(doc: dict[str, Any], path: str) -> list[tuple[bytes, str]]:
+    """Each key's SHA-256 digest, with where it was listed: a plain key, or its digest."""
     keys = each(doc, "keys", str, path)
     if not keys:
         raise ContractError(join(path, "keys"), "must name at least one key")
-    for key, where in keys:
-        if len(key) < MIN_KEY_CHARS or not key.isascii() or not key.isprintable() or " " in key:
-            raise ContractError(
-                where, f"a key is at least {MIN_KEY_CHARS} printable ASCII characters, no spaces"
-            )
-    return keys
+    return [(_listed_digest(key, where), where) for key, where in keys]
+
+
+def _listed_digest(key: str, where: str) -> bytes:
+    if key.startswith(HASHED):
+        hexits = key.removeprefix(HASHED)
+        if not _HEX_DIGEST.fullmatch(hexits):
+            raise ContractError(where, f"{HASHED} is followed by 64 lowercase hex digits")
+        return bytes.fromhex(hexits)
+    if len(key) < MIN_KEY_CHARS or not key.isascii() or not key.isprintable() or " " in key:
+        raise ContractError(
+            where, f"a key is at least {MIN_KEY_CHARS} printable ASCII characters, no spaces"
+        )
+    return _digest(key)
 
 
 def _positive(doc: dict[str, Any], key: str, path: str) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import pytest
@@ -22,6 +23,9 @@ tenants:
     keys: [sk-team-b-0123456789, sk-team-b-abcdefghij]
     namespaces: [team-b, shared]
 """
+
+# The digest of k123456789abcdefg, as `printf %s KEY | sha256sum` gives it.
+DIGEST = hashlib.sha256(b"k123456789abcdefg").hexdigest()
 
 
 def test_keys_map_to_their_tenants_limits():
@@ -60,7 +64,13 @@ def test_a_rate_without_a_burst_allows_one_second_of_it():
          "tenants.yaml.tenants[0].tokensPerMinute", "expected a number"),
         ("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg]}, "
          "{name: b, keys: [k123456789abcdefg]}]", "tenants.yaml.tenants[1].keys[0]",
-         "API key 'k123456789abcdefg' appears more than once"),
+         f"API key 'sha256:{DIGEST}' appears more than once"),
+        (f"version: v1\ntenants: [{{name: a, keys: [k123456789abcdefg, 'sha256:{DIGEST}']}}]",
+         "tenants.yaml.tenants[0].keys[1]", "appears more than once"),
+        ("version: v1\ntenants: [{name: a, keys: ['sha256:abc']}]",
+         "tenants.yaml.tenants[0].keys[0]", "64 lowercase hex digits"),
+        (f"version: v1\ntenants: [{{name: a, keys: ['sha256:{DIGEST.upper()}']}}]",
+         "tenants.yaml.tenants[0].keys[0]", "64 lowercase hex digits"),
         ("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg]}, "
          "{name: a, keys: [k123456789abcdefh]}]", "tenants.yaml.tenants[1].name",
          "more than once"),
@@ -86,3 +96,15 @@ def test_keys_are_held_only_as_digests():
     assert isinstance(table, KeyTable)
     assert all(len(d) == 32 for d in table.digests)
     assert "sk-team-a-0123456789" not in repr(table)
+
+
+def test_a_key_may_be_listed_by_its_digest_and_no_error_prints_a_key():
+    """A Secret of digests holds nothing a reader could call with; the key still works."""
+    table = parse_tenants(f"version: v1\ntenants: [{{name: a, keys: ['sha256:{DIGEST}']}}]")
+    tenant = table.tenant("k123456789abcdefg")
+    assert tenant is not None and tenant.name == "a"
+    assert table.tenant(f"sha256:{DIGEST}") is None  # the digest is no key
+    with pytest.raises(ContractError) as caught:
+        parse_tenants("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg]}, "
+                      "{name: b, keys: [k123456789abcdefg]}]")  # fmt: skip
+    assert "k123456789abcdefg" not in str(caught.value)
