@@ -27,7 +27,7 @@ from gateway.config import GatewayConfig
 from gateway.live_catalog import LiveCatalog
 from gateway.loads import Loads, scrape
 from gateway.metrics import GatewayMetrics
-from gateway.proxy import Answer, Retryable, forward
+from gateway.proxy import Answer, Retryable, UpstreamTimeout, forward
 from gateway.request_body import CHAT, COMPLETIONS, EMBEDDINGS, ParsedRequest, parse_request
 from gateway.split import TrackSplit
 from gateway.tenants import UNLIMITED, KeyTable, TenantLimits
@@ -289,6 +289,15 @@ class Gateway:
             served.track = backend.track
             try:
                 answer = await self._forward(request, raw, backend, route, parsed, arrived, tenant)
+            except UpstreamTimeout as err:
+                self.loads.failed(backend.key, self.clock())
+                self.metrics.upstream_errors.labels(route.model, backend.track, "timeout").inc()
+                log.warning("pod %s/%s gave no answer in time (%s); not retried",
+                            backend.namespace, backend.pod, err)  # fmt: skip
+                served.track = ""
+                raise Refusal(504, "upstream_timeout",
+                              f"no answer from the model within {self.cfg.upstream_timeout_s:g} s",
+                              kind="timeout") from None  # fmt: skip
             except Retryable as err:
                 tried.add(backend.key)
                 self.loads.failed(backend.key, self.clock())

@@ -29,6 +29,7 @@ from infergrid.errors import ContractError
 from infergrid.process import configure_logging, kube_api
 from infergrid.settings import add_flags, load_settings
 
+KEEPALIVE_S = 30.0
 log = logging.getLogger("infergrid.gateway")
 QUIET_S = 1.0  # after SIGTERM, at least this long before exiting with nothing in flight
 
@@ -63,9 +64,9 @@ async def serve(cfg: GatewayConfig, api: client.ApiClient) -> None:
     gateway = Gateway(cfg, live, scaler=scaler)
     feed = CatalogFeed(live.publish)
     feed.start(api, cfg.namespaces, stop)
-    runners = [await _site(gateway.app(), cfg.host, cfg.port)]
+    runners = [await start_site(gateway.app(), cfg.host, cfg.port)]
     if cfg.metrics_port:
-        runners.append(await _site(gateway.metrics_app(), cfg.metrics_host, cfg.metrics_port))
+        runners.append(await start_site(gateway.metrics_app(), cfg.metrics_host, cfg.metrics_port))
     keys = asyncio.ensure_future(_refresh_keys(gateway, api)) if cfg.secret else None
     log.info("serving the OpenAI API on %s:%d, metrics on %s:%d", cfg.host, cfg.port,
              cfg.metrics_host, cfg.metrics_port)  # fmt: skip
@@ -91,8 +92,13 @@ async def drain(gateway: Gateway, limit_s: float) -> None:
     log.info("drained; %d requests still in flight", gateway.in_flight)
 
 
-async def _site(app: web.Application, host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+async def start_site(app: web.Application, host: str, port: int) -> web.AppRunner:
+    # A client that goes away cancels its handler, so its upstream request is closed and
+    # the engine stops generating for nobody; an idle kept-alive connection lasts 30 s.
+    runner = web.AppRunner(
+        app, handle_signals=False, access_log=None, handler_cancellation=True,
+        keepalive_timeout=KEEPALIVE_S,
+    )  # fmt: skip
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner

@@ -32,6 +32,12 @@ USAGE_PARSE_BYTES: Final = 4 << 20  # larger answers are not parsed for their to
 UPSTREAM_FAILURES: Final = (aiohttp.ClientError, OSError, TimeoutError, asyncio.IncompleteReadError)
 
 
+class UpstreamTimeout(Exception):
+    """The pod took the request but gave no answer in time. It may still be working on it,
+    so the request is not tried on another pod: that would double the work a slow engine
+    already cannot keep up with, and the client's wait."""
+
+
 class Retryable(Exception):
     """The pod failed before the client saw a byte; another pod may answer."""
 
@@ -62,6 +68,10 @@ async def forward(
             f"{backend.url}{request.path}", data=body, headers=headers, timeout=timeouts,
             allow_redirects=False,
         )  # fmt: skip
+    except aiohttp.ConnectionTimeoutError as err:  # never connected: nothing was sent
+        raise Retryable("connect", _describe(err)) from None
+    except TimeoutError as err:  # sent, and no answer came within the upstream timeout
+        raise UpstreamTimeout(_describe(err)) from None
     except UPSTREAM_FAILURES as err:
         raise Retryable("connect", _describe(err)) from None
     async with upstream:

@@ -8,12 +8,11 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from aiohttp import web
-
 from gateway.app import Gateway, Scaler
 from gateway.catalog import Backend, Catalog, Route
 from gateway.config import GatewayConfig
 from gateway.live_catalog import LiveCatalog
+from gateway.main import start_site
 from harness.engine_process import EngineProcess, free_port, requests_seen
 from harness.tiny_model_dir import write_tiny_model
 from infergrid.tracks import STABLE
@@ -49,9 +48,7 @@ async def gateway_serving(
     live = LiveCatalog(asyncio.get_running_loop())
     live.set(catalog)
     gateway = Gateway(cfg, live, scaler=scaler)
-    runner = web.AppRunner(gateway.app(), handle_signals=False)
-    await runner.setup()
-    await web.TCPSite(runner, cfg.host, cfg.port).start()
+    runner = await start_site(gateway.app(), cfg.host, cfg.port)  # as infergrid-gateway serves
     try:
         yield gateway, f"http://{cfg.host}:{cfg.port}"
     finally:
