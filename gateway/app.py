@@ -24,6 +24,7 @@ from gateway.admission import Admission
 from gateway.balancer import Balancer, prefix_key
 from gateway.catalog import Backend, Key, Route
 from gateway.config import GatewayConfig
+from gateway.failed_keys import FailedKeys
 from gateway.live_catalog import LiveCatalog
 from gateway.loads import Loads, scrape
 from gateway.metrics import GatewayMetrics
@@ -101,6 +102,7 @@ class Gateway:
         self.draining = False
         self.session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task] = set()
+        self.failed_keys = FailedKeys()
         self.timeouts = aiohttp.ClientTimeout(
             total=cfg.upstream_timeout_s, sock_connect=cfg.connect_timeout_s
         )
@@ -228,11 +230,20 @@ class Gateway:
         scheme, _, key = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             message = "an API key is required: Authorization: Bearer <key>"
-            raise Refusal(401, "unauthorized", message, code="missing_api_key")
+            raise self._unauthorized(request, message, "missing_api_key")
         limits = self.keys.tenant(key.strip()) if self.keys is not None else None
         if limits is None:
-            raise Refusal(401, "unauthorized", "the API key is not valid", code="invalid_api_key")
+            raise self._unauthorized(request, "the API key is not valid", "invalid_api_key")
         return limits
+
+    def _unauthorized(self, request: web.Request, message: str, code: str) -> Refusal:
+        """A 401, or a 429 once the client's address has failed too often (failed_keys.py)."""
+        wait = self.failed_keys.failed(request.remote or "", self.clock())
+        if wait > 0:
+            return Refusal(429, "auth_failures", "too many requests with a missing or invalid"
+                           " API key from this address", kind="rate_limit_error",
+                           code="auth_failures", retry_after=wait)  # fmt: skip
+        return Refusal(401, "unauthorized", message, code=code)
 
     def _parse(self, raw: bytes, endpoint: str) -> ParsedRequest:
         try:
