@@ -42,6 +42,15 @@ def send(control: str, paths: MpsPaths, command: str, timeout_s: float = TIMEOUT
     return _run([control], env, command + "\n", timeout_s)
 
 
+def probe_daemon(control: str, paths: MpsPaths, timeout_s: float = TIMEOUT_S) -> str | None:
+    """None when the daemon of ``paths`` answers the health probe in time; else why not."""
+    try:
+        send(control, paths, PROBE, timeout_s)
+    except MpsControlError as err:
+        return str(err)
+    return None
+
+
 def read_pid(paths: MpsPaths) -> int | None:
     """The pid the daemon wrote into its pid file; None when there is none, or it is garbled.
 

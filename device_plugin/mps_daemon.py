@@ -30,7 +30,7 @@ from device_plugin.config import PluginConfig, add_flags, load_config
 from device_plugin.discovery import discover
 from device_plugin.main import make_backend
 from device_plugin.mps import MpsPaths, daemon_env, gpu_paths, mps_gpus, shm_dir
-from device_plugin.mps_control import PROBE, MpsControlError, read_pid, send, start_daemon
+from device_plugin.mps_control import MpsControlError, probe_daemon, read_pid, send, start_daemon
 from device_plugin.nvml.backend import NvmlError
 from infergrid.errors import ContractError
 from infergrid.inventory import Gpu
@@ -148,11 +148,7 @@ class Supervisor:
         daemon.pid, daemon.up = None, False
 
     def _answers(self, paths: MpsPaths) -> bool:
-        try:
-            send(self._control, paths, PROBE)
-        except MpsControlError:
-            return False
-        return True
+        return probe_daemon(self._control, paths) is None
 
     def _wait(self, paths: MpsPaths, answering: bool) -> None:
         """Until the daemon answers (or has gone); MpsControlError after ``ANSWER_WAIT_S``."""

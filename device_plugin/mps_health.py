@@ -33,7 +33,7 @@ from typing import Final
 from device_plugin import metrics
 from device_plugin.health import HealthTracker
 from device_plugin.mps import gpu_paths
-from device_plugin.mps_control import PROBE, TIMEOUT_S, MpsControlError, read_pid, send
+from device_plugin.mps_control import TIMEOUT_S, probe_daemon, read_pid
 from infergrid.inventory import Gpu
 
 log = logging.getLogger(__name__)
@@ -112,10 +112,9 @@ class MpsWatch:
         paths = gpu_paths(self._root, uuid)
         if not paths.control_socket.exists():
             return Probe(None, f"no MPS control daemon: {paths.control_socket} does not exist")
-        try:
-            send(self._control, paths, PROBE, self._timeout_s)
-        except MpsControlError as err:
-            return Probe(None, f"its MPS control daemon does not answer: {err}")
+        silent = probe_daemon(self._control, paths, self._timeout_s)
+        if silent is not None:
+            return Probe(None, f"its MPS control daemon does not answer: {silent}")
         return Probe(read_pid(paths), None)
 
     def _judge(self, uuid: str, probe: Probe) -> None:
