@@ -10,14 +10,11 @@ client, and counts what the engines received from their own /metrics.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import aiohttp
 import openai
@@ -25,86 +22,34 @@ import pytest
 import yaml
 from kubernetes import client
 
-from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import wait_until
-from e2e.helm_release import CHART, helm
-from e2e.operator_support import SAMPLES, kubectl, read_service
+from e2e.gateway_support import (
+    GATEWAY_SAMPLES,
+    TEAM_A,
+    TEAM_B,
+    chat_service,
+    engine_metrics,
+    engine_pods,
+    install_gateway,
+    kill_pod_processes,
+    running,
+    sample,
+    wait_ready_pods,
+)
+from e2e.helm_release import helm
+from e2e.operator_support import kubectl, read_service
 from e2e.real_pods import port_forward, serving_namespace
 from harness.engine_process import requests_seen
-from infergrid.constants import LABEL_INFERENCESERVICE
-from infergrid.engine_metrics import parse_engine_metrics
 from infergrid.tracks import CANARY, STABLE, track_of_pod
 
 pytestmark = pytest.mark.e2e
 
-GATEWAY_SAMPLES = SAMPLES / "gateway"
-KEYS = "infergrid-gateway-keys"
-TEAM_A, TEAM_B = "sk-team-a-example-0001", "sk-team-b-example-0001"
-READY_TIMEOUT = 900  # a first start unpacks the engine image; several pods load at once
 CANARY_REQUESTS = 1000
-
-
-def sample(name: str) -> dict:
-    return yaml.safe_load((GATEWAY_SAMPLES / name).read_text())
-
-
-def chat_service() -> dict:
-    """The shared-GPU SmolLM2 sample with two fixed replicas, so one can die mid-stream."""
-    body = yaml.safe_load((SAMPLES / "smollm2-shared.yaml").read_text())
-    body["spec"]["autoscaling"] = {"enabled": False}
-    body["spec"]["replicas"] = 2
-    return body
 
 
 class Routed:
     def __init__(self, namespace: str, url: str, metrics_url: str):
         self.namespace, self.url, self.metrics_url = namespace, url, metrics_url
-
-
-def _ready(pod: client.V1Pod) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-
-
-def engine_pods(core: client.CoreV1Api, namespace: str, service: str) -> list[client.V1Pod]:
-    selector = f"{LABEL_INFERENCESERVICE}={service}"
-    pods = core.list_namespaced_pod(namespace, label_selector=selector).items
-    return [p for p in pods if not p.metadata.deletion_timestamp]
-
-
-def wait_ready_pods(core, namespace: str, service: str, count: int) -> list[client.V1Pod]:
-    def ready() -> list[client.V1Pod]:
-        return [p for p in engine_pods(core, namespace, service) if _ready(p)]
-
-    wait_until(lambda: len(ready()) >= count, READY_TIMEOUT, f"{count} Ready pods of {service}")
-    return ready()
-
-
-def install_gateway(cluster, namespace: str) -> tuple[str, str]:
-    """A release of the chart with only the gateway on, serving `namespace`; returns the
-    release name and the gateway pod's metrics URL (the operator reads it from the host)."""
-    name = f"gw{uuid.uuid4().hex[:5]}"
-    repository, tag = image_ref("gateway").removeprefix("docker.io/").rsplit(":", 1)
-    done = helm(
-        cluster, "install", name, str(CHART), "--namespace", namespace, "--skip-crds",
-        "--set", "operator.enabled=false", "--set", "scheduler.enabled=false",
-        "--set", "devicePlugin.enabled=false", "--set", "admissionPolicy.enabled=false",
-        "--set", "priorityClasses.create=false",
-        "--set", f"gateway.image.repository={repository}", "--set", f"gateway.image.tag={tag}",
-        "--set", "gateway.replicas=1",
-        "--set", f"gateway.watchNamespaces={{{namespace}}}",
-        "--set", f"gateway.apiKeysSecret.name={KEYS}",
-        "--set", "gateway.holdTimeoutSeconds=600",
-        "--wait", "--timeout", "300s",
-    )  # fmt: skip
-    if done.returncode != 0:
-        helm(cluster, "uninstall", name, "--namespace", namespace, "--wait")
-        pytest.fail(f"helm install of the gateway: {done.stderr}")
-    core = client.CoreV1Api(cluster.api)
-    pods = core.list_namespaced_pod(
-        namespace, label_selector=f"app.kubernetes.io/instance={name}"
-    ).items
-    assert len(pods) == 1 and _ready(pods[0])
-    return name, f"http://{pods[0].status.pod_ip}:9090/metrics"
 
 
 @pytest.fixture(scope="module")
@@ -276,33 +221,3 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_and_the_next_
         model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
     )
     assert answer.choices[0].message.content is not None
-
-
-def engine_metrics(pod: client.V1Pod) -> str:
-    """The text of the pod's engine's /metrics (this machine reaches the node's pod IPs)."""
-    with urllib.request.urlopen(f"http://{pod.status.pod_ip}:8000/metrics", timeout=10) as r:
-        return r.read().decode()
-
-
-def running(pod: client.V1Pod) -> float:
-    """Sequences the pod's engine is generating now."""
-    return parse_engine_metrics(engine_metrics(pod)).running or 0.0
-
-
-def kill_pod_processes(uid: str) -> list[int]:
-    """SIGKILL every process of the pod's containers (found by the pod's cgroup, on this
-    machine, where the real node's containers run): an engine dying without a drain."""
-    forms = (uid, uid.replace("-", "_"))
-    killed = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            groups = (proc / "cgroup").read_text()
-            command = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if any(f in groups for f in forms) and b"pause" not in command.split(b"\0")[0]:
-            os.kill(int(proc.name), signal.SIGKILL)
-            killed.append(int(proc.name))
-    return killed
