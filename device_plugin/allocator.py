@@ -8,6 +8,16 @@ and the container is limited to the smallest memory, so neither the GPU nor
 the pod is over-committed whichever it is, until PodResources says (see
 ledger.py). The charge is re-checked against the ledger by the placement core,
 so no annotation can make the plugin hand out more of a GPU than it has.
+
+A pod that reached the node past the extender (created with `spec.nodeName`)
+carries no assignment, so it is never granted one; but while it waits, a request
+for as many of the same resource as it asks may be its, not the assigned pod's.
+The request does not say, the kubelet's PodResources does: it lists a pod from
+the moment it starts admitting it and drops it once rejected, and admits one pod
+at a time. So of the waiting pods, the one it lists is the one asking. Only the
+assigned pods listed: the grant is theirs. An unassigned one listed: refused,
+naming it. None listed, or no PodResources: refused, naming both, and the kubelet
+fails whichever it was admitting; the intruder never holds another pod's GPUs.
 """
 
 from __future__ import annotations
@@ -17,8 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from device_plugin.config import PluginConfig
-from device_plugin.devices import Device
-from device_plugin.ledger import Ledger, Pending, explains, pending_on, widest
+from device_plugin.devices import Device, resource_of
+from device_plugin.ledger import Ledger, Pending, explains, pending_on, unassigned_on, widest
 from device_plugin.mps import default_cores, mps_client
 from device_plugin.visibility import Mount, visibility
 from infergrid.placement import recheck
@@ -114,6 +124,53 @@ def _no_match(
     return message
 
 
+def _check_unambiguous(
+    devices: list[Device],
+    candidates: list[Pending],
+    node: str,
+    pods: list[PodRecord],
+    ledger: Ledger,
+    config: PluginConfig,
+    listed: set[tuple[str, str]] | None,
+) -> None:
+    """Refuses a request that a container without an assignment may be making.
+
+    The kubelet asks for `len(devices)` of one resource; a waiting container that
+    asks for that many of it, with no assignment, may be the one being admitted,
+    and a grant would hand it a candidate's GPUs. `listed` (the pods the kubelet's
+    PodResources lists; None when it cannot say) tells which of them it is.
+    """
+    resource, count = resource_of(devices[0], config), len(devices)
+    rivals = [
+        u
+        for u in unassigned_on(node, pods, ledger)
+        if (u.request.resource, u.request.count) == (resource, count)
+    ]
+    if not rivals:
+        return
+    admitting = set() if listed is None else listed
+    asking = [u for u in rivals if (u.pod.namespace, u.pod.name) in admitting]
+    assigned_asking = any((p.pod.namespace, p.pod.name) in admitting for p in candidates)
+    if assigned_asking and not asking:
+        return
+    if asking and not assigned_asking:
+        who = ", ".join(f"{u.pod.key}/{u.request.container}" for u in asking)
+        raise AllocationError(
+            f"{count} {resource} on node {node} is asked for by {who}, which the kubelet is "
+            f"admitting with no GPU assignment (a pod gets GPUs through "
+            f"{config.scheduler_name}, not by setting spec.nodeName)"
+        )
+    unassigned = ", ".join(f"{u.pod.key}/{u.request.container}" for u in rivals)
+    assigned = ", ".join(f"{p.pod.key}/{p.container.name}" for p in candidates)
+    raise AllocationError(
+        f"{count} {resource} on node {node} may be for {unassigned}, which has no GPU "
+        f"assignment, or for {assigned}, which is assigned these devices: the kubelet "
+        "names devices, not pods, and its PodResources does not tell them apart, so neither "
+        f"is granted while both wait (pods get GPUs through {config.scheduler_name}, not by "
+        "setting spec.nodeName)"
+    )
+
+
 def _check_fit(
     devices: list[Device], candidates: list[Pending], ledger: Ledger, config: PluginConfig
 ) -> None:
@@ -177,11 +234,16 @@ def grant(
     pods: Iterable[PodRecord],
     ledger: Ledger,
     config: PluginConfig,
+    listed: set[tuple[str, str]] | None = None,
 ) -> Grant:
-    """Decides one container request; records it in `ledger` only when it succeeds."""
+    """Decides one container request; records it in `ledger` only when it succeeds.
+
+    `listed`: the pods the kubelet's PodResources lists now, None when it cannot say.
+    """
     pods, device_ids = list(pods), tuple(device_ids)
     devices = _devices(device_ids, known)
     candidates = match(devices, node, pods, ledger, config.scheduler_name)
+    _check_unambiguous(devices, candidates, node, pods, ledger, config, listed)
     _check_fit(devices, candidates, ledger, config)
     guess = ledger.guess(candidates)
     ledger.honour(device_ids, candidates)

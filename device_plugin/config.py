@@ -13,6 +13,7 @@ from typing import Final
 
 from device_plugin.kubelet import DEVICE_PLUGIN_DIR
 from device_plugin.kubelet.podresources import POD_RESOURCES_SOCKET
+from device_plugin.toolkit import TOOLKIT_CONFIG
 from infergrid import settings
 from infergrid.constants import (
     DEFAULT_VGPU_SLOTS_PER_GPU,
@@ -86,6 +87,8 @@ class PluginConfig:
     device_list_strategy: str = "volume-mounts"
     # The kubelet's PodResources socket; "" turns identity confirmation off.
     pod_resources_socket: str = POD_RESOURCES_SOCKET
+    # The NVIDIA container toolkit's config, read at start (device_plugin/toolkit.py); "" skips it.
+    toolkit_config: str = TOOLKIT_CONFIG
     health_quiet_period_s: float = 60.0
     usage_interval_s: float = 5.0
     metrics_port: int = 9400
@@ -114,6 +117,8 @@ SETTINGS: Final = (
               "volume-mounts, cdi or envvar: how a container is given its GPUs"),
     Setting("podResourcesSocket", "pod_resources_socket", _path_or_off,
               "the kubelet's PodResources socket; empty turns it off"),
+    Setting("containerToolkitConfig", "toolkit_config", _path_or_off,
+              "the NVIDIA toolkit's config.toml, told as a node condition; empty: none"),
     Setting("healthQuietPeriodSeconds", "health_quiet_period_s", number(0, 86400),
               "a GPU recovers after this long without a fault"),
     Setting("usageIntervalSeconds", "usage_interval_s", number(0.1, 10),

@@ -72,17 +72,22 @@ def resource_devices(
     for gpu in sorted(inventory.gpus, key=lambda g: g.index):
         healthy = gpu.healthy and is_healthy(gpu.uuid)
         if offered_as_mig(gpu, config):
-            for dev in _migs(gpu, healthy):
-                name = (
-                    RESOURCE_GPU
-                    if config.mig_strategy == "single"
-                    else mig_resource(dev.mig_profile or "")
-                )
-                out.setdefault(name, []).append(dev)
-            continue
-        out[RESOURCE_GPU] += _whole(gpu, config.gpu_replicas, healthy)
-        out[RESOURCE_VGPU] += _slots(gpu, config.vgpu_slots_per_gpu, healthy)
+            devices = _migs(gpu, healthy)
+        else:
+            devices = _whole(gpu, config.gpu_replicas, healthy)
+            devices += _slots(gpu, config.vgpu_slots_per_gpu, healthy)
+        for dev in devices:
+            out.setdefault(resource_of(dev, config), []).append(dev)
     return out
+
+
+def resource_of(device: Device, config: PluginConfig) -> str:
+    """The resource name the kubelet knows ``device`` by, and a container asks for it by."""
+    if device.kind == "share":
+        return RESOURCE_VGPU
+    if device.kind == "mig" and config.mig_strategy != "single":
+        return mig_resource(device.mig_profile or "")
+    return RESOURCE_GPU
 
 
 def by_id(resources: dict[str, list[Device]]) -> dict[str, Device]:

@@ -30,6 +30,10 @@ class FakePodResources(api_pb2_grpc.PodResourcesListerServicer):
         with self._lock:
             self.held.append(Held(namespace, pod, container, resource, frozenset(ids)))
 
+    def admit(self, namespace: str, pod: str, container: str) -> None:
+        """The kubelet starts admitting the pod: it lists the container, holding nothing yet."""
+        self.hold(namespace, pod, container, "")
+
     def release(self, namespace: str, pod: str) -> None:
         """The pod's containers ended: the kubelet lists them no more."""
         with self._lock:
@@ -43,14 +47,12 @@ class FakePodResources(api_pb2_grpc.PodResourcesListerServicer):
                 pod = pods.setdefault(
                     (h.namespace, h.pod), api_pb2.PodResources(name=h.pod, namespace=h.namespace)
                 )
+                devices = [
+                    api_pb2.ContainerDevices(resource_name=h.resource, device_ids=sorted(h.devices))
+                ]
                 pod.containers.append(
                     api_pb2.ContainerResources(
-                        name=h.container,
-                        devices=[
-                            api_pb2.ContainerDevices(
-                                resource_name=h.resource, device_ids=sorted(h.devices)
-                            )
-                        ],
+                        name=h.container, devices=devices if h.resource else []
                     )
                 )
             return api_pb2.ListPodResourcesResponse(pod_resources=list(pods.values()))

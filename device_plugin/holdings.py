@@ -29,6 +29,16 @@ def ours(held: Iterable[Held], resources: Iterable[str]) -> list[Held]:
     return [h for h in held if h.resource in names and h.devices]
 
 
+def listed(held: Iterable[Held]) -> set[tuple[str, str]]:
+    """(namespace, name) of every pod the kubelet lists, devices or not.
+
+    The kubelet adds a pod to the pods it lists before it admits it, and drops it
+    once it rejected it: so of the pods that wait for devices, the one it lists is
+    the one whose Allocate is under way.
+    """
+    return {(h.namespace, h.pod) for h in held}
+
+
 def holding(held: Iterable[Held], devices: Iterable[str]) -> Held | None:
     """The container the kubelet shows holding every one of `devices`, if any."""
     wanted = frozenset(devices)

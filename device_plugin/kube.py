@@ -1,5 +1,6 @@
 """The device plugin's Kubernetes I/O: its node's pods, node annotations, allocation marks,
-and the GPUHealthy conditions and events of pods on unhealthy GPUs.
+the GPUHealthy conditions and events of pods on unhealthy GPUs, and its node's toolkit
+condition.
 
 Every call has a deadline: Allocate runs while the kubelet waits to start a
 container, so an API server that does not answer must become a refusal the
@@ -27,8 +28,10 @@ from device_plugin.pod_health import (
     ObservedPod,
     condition_patch,
     gpu_condition,
+    timestamp,
     warning_event,
 )
+from device_plugin.toolkit import NodeCondition
 from infergrid.assignment_annotation import decode_assignment, encode_assignment, mark_allocated
 from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT, CONDITION_GPU_HEALTHY
 from infergrid.errors import ContractError
@@ -167,3 +170,40 @@ def patch_node(core: client.CoreV1Api, node: str, annotations: dict, labels: dic
     if labels:
         body["metadata"]["labels"] = labels
     core.patch_node(node, body, _request_timeout=API_TIMEOUT_S)
+
+
+def node_condition_patch(condition: NodeCondition, now: datetime) -> dict[str, Any]:
+    """The strategic-merge patch of ``nodes/status`` that writes one condition.
+
+    Conditions merge by type, so the kubelet's own (Ready, MemoryPressure...) stay.
+    """
+    stamp = timestamp(now)
+    written = {
+        "type": condition.type,
+        "status": condition.status,
+        "reason": condition.reason,
+        "message": condition.message,
+        "lastHeartbeatTime": stamp,
+        "lastTransitionTime": stamp,
+    }
+    return {"status": {"conditions": [written]}}
+
+
+def set_node_condition(
+    core: client.CoreV1Api, node: str, condition: NodeCondition, now: datetime
+) -> bool:
+    """Writes `condition` on this node; False, logged and counted, when it was not taken."""
+    try:
+        core.patch_node_status(
+            node,
+            node_condition_patch(condition, now),
+            _request_timeout=API_TIMEOUT_S,
+            _content_type=STRATEGIC_MERGE,
+        )
+    except UNANSWERED as err:
+        metrics.PUBLISH_ERRORS.labels("node-condition").inc()
+        log.warning("could not set %s=%s on node %s: %s", condition.type, condition.status,
+                    node, err)  # fmt: skip
+        return False
+    log.info("%s=%s on node %s: %s", condition.type, condition.status, node, condition.message)
+    return True

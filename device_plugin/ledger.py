@@ -29,7 +29,7 @@ from infergrid.assignment_annotation import (
 )
 from infergrid.inventory import Gpu, GpuInventory
 from infergrid.placement import NodeState, build_node_state, idle_usage
-from infergrid.records import PodRecord
+from infergrid.records import DeviceRequest, PodRecord, is_live
 
 _NODE: Final = "granted"
 """The name of the node the ledger builds: the gate's reasons name GPUs, never it."""
@@ -304,6 +304,34 @@ def pending_on(node: str, pods: Iterable[PodRecord], ledger: Ledger) -> list[Pen
             if not c.allocated and item.ref not in ledger.honoured:
                 found.append(item)
     return sorted(found, key=lambda p: p.sort_key)
+
+
+@dataclass(frozen=True, slots=True)
+class Unassigned:
+    """A container that waits on the node for devices with no assignment there to match."""
+
+    pod: PodRecord
+    request: DeviceRequest
+
+
+def unassigned_on(node: str, pods: Iterable[PodRecord], ledger: Ledger) -> list[Unassigned]:
+    """Live containers bound to `node` that ask for devices no assignment for `node` names,
+    and hold none the kubelet has shown: pods that reached the node past the extender.
+
+    Allocate never grants them anything, yet the kubelet may be admitting one of them
+    when it asks for the devices an assigned container was placed on.
+    """
+    found = []
+    for pod in pods:
+        if pod.node_name != node or not is_live(pod):
+            continue
+        held = pod.assignment if pod.assignment and pod.assignment.node == node else None
+        assigned = {c.name for c in held.containers} if held else set()
+        for request in pod.device_requests:
+            ref = (pod.uid, request.container)
+            if request.container not in assigned and ref not in ledger.honoured:
+                found.append(Unassigned(pod, request))
+    return found
 
 
 def holder_of(held: Held | None, pods: Iterable[PodRecord]) -> Pending | None:

@@ -12,11 +12,12 @@ import os
 import signal
 import sys
 import threading
+from datetime import UTC, datetime
 
 from kubernetes import client, config
 
 from device_plugin.config import PluginConfig, add_flags, load_config
-from device_plugin.kube import KubePods, patch_node
+from device_plugin.kube import KubePods, patch_node, set_node_condition
 from device_plugin.nvml.backend import NvmlBackend, NvmlError
 from device_plugin.ops_server import serve_ops
 from device_plugin.pod_resources import PodResourcesClient
@@ -57,6 +58,11 @@ def build(cfg: PluginConfig) -> DevicePluginRuntime:
         on_grants=pods.mark_allocated,
         held=held,
         pod_conditions=pods if cfg.publish else None,
+        node_condition=(
+            (lambda c: set_node_condition(core, cfg.node_name, c, datetime.now(UTC)))
+            if cfg.publish
+            else None
+        ),
     )
 
 

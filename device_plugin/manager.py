@@ -17,7 +17,7 @@ from device_plugin import metrics
 from device_plugin.allocator import AllocationError, Grant, grant
 from device_plugin.config import PluginConfig
 from device_plugin.devices import Device, by_id, resource_devices
-from device_plugin.holdings import Held, holding, ours
+from device_plugin.holdings import Held, holding, listed, ours
 from device_plugin.ledger import Ledger, Pending, holder_of, pending_on
 from device_plugin.preferred import preferred_devices
 from infergrid.inventory import GpuInventory
@@ -62,6 +62,8 @@ class DeviceManager:
         self.ledger = Ledger()
         self._seeded = False
         self._last_pods: list[PodRecord] = []
+        self._listed: set[tuple[str, str]] | None = None
+        """The pods the kubelet listed at the last read; None when it could not say."""
         self.fallback = ""
         """Why the ledger was seeded from marks rather than the kubelet; empty when it was not."""
 
@@ -86,9 +88,10 @@ class DeviceManager:
             trial = self.ledger.copy()
             try:
                 grants = [
-                    grant(ids, known, self.config.node_name, pods, trial, self.config)
+                    grant(ids, known, self.config.node_name, pods, trial, self.config,
+                          self._listed)
                     for ids in requests
-                ]
+                ]  # fmt: skip
             except AllocationError as err:
                 if self.fallback:
                     raise AllocationError(f"{err}; {self.fallback}") from err
@@ -139,10 +142,12 @@ class DeviceManager:
 
     def _held_now(self) -> list[Held] | None:
         """This plugin's devices as the kubelet shows them held; None when off or unanswered."""
-        if self._held is None:
-            return None
-        held = self._held.list()
-        return None if held is None else ours(held, self.resources())
+        listing = self._listing()
+        return None if listing is None else ours(listing, self.resources())
+
+    def _listing(self) -> list[Held] | None:
+        """Every container the kubelet lists; None when PodResources is off or unanswered."""
+        return None if self._held is None else self._held.list()
 
     def _fresh_pods(self) -> list[PodRecord]:
         """Reads the node's pods and what the kubelet shows held; forgets pods that left.
@@ -151,7 +156,9 @@ class DeviceManager:
         or, when it cannot say, seeded from the marks in the pods' annotations.
         """
         pods = self._pods.pods()
-        held = self._held_now()
+        listing = self._listing()
+        held = None if listing is None else ours(listing, self.resources())
+        self._listed = None if listing is None else listed(listing)
         known = by_id(self.resources())
         if not self._seeded:
             self._start_ledger(pods, held, known)

@@ -149,13 +149,13 @@ def condition_patch(change: ConditionChange, now: datetime) -> dict[str, Any]:
         "message": change.condition.message,
     }
     if change.transition:
-        condition["lastTransitionTime"] = _timestamp(now)
+        condition["lastTransitionTime"] = timestamp(now)
     return {"status": {"conditions": [condition]}}
 
 
 def warning_event(change: ConditionChange, node: str, now: datetime) -> dict[str, Any]:
     """The core/v1 Event that tells ``kubectl describe pod`` readers of the fault."""
-    pod, stamp = change.pod, _timestamp(now)
+    pod, stamp = change.pod, timestamp(now)
     return {
         "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
         "involvedObject": {
@@ -177,7 +177,7 @@ def warning_event(change: ConditionChange, node: str, now: datetime) -> dict[str
     }
 
 
-def _timestamp(now: datetime) -> str:
+def timestamp(now: datetime) -> str:
     """RFC 3339 to the second, as Kubernetes writes its times."""
     return encode_time(now.replace(microsecond=0), "now")
 

@@ -23,13 +23,15 @@ LIST_TIMEOUT_S: Final = 2.0
 
 
 def holdings(response: api_pb2.ListPodResourcesResponse) -> list[Held]:
-    """A List answer as plain data, one entry per container and resource."""
+    """A List answer as plain data, one entry per container and resource, and one with no
+    resource for a container that holds no devices: the kubelet lists a pod from the moment
+    it starts admitting it, before any Allocate returned."""
     return [
         Held(pod.namespace, pod.name, container.name, devices.resource_name,
              frozenset(devices.device_ids))
         for pod in response.pod_resources
         for container in pod.containers
-        for devices in container.devices
+        for devices in container.devices or [api_pb2.ContainerDevices()]
     ]  # fmt: skip
 
 

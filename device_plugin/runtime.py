@@ -1,6 +1,7 @@
 """One node's device plugin, assembled: backend, health, manager, endpoints, publisher.
 
-`DevicePluginRuntime.start()` discovers the GPUs, waits for their MPS control
+`DevicePluginRuntime.start()` discovers the GPUs, tells the node's container
+toolkit condition (device_plugin/toolkit.py), waits for their MPS control
 daemons when MPS is on, starts the health monitor, the MPS watch, the publisher,
 the pods' health reporter (when given a way to write pod conditions) and the
 kubelet-facing endpoints in threads; `stop()` ends them all and removes the
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from pathlib import Path
 
 from device_plugin.config import PluginConfig
 from device_plugin.confirmation import Confirmer
@@ -26,6 +29,7 @@ from device_plugin.plugin import NodePlugins
 from device_plugin.pod_health import PodConditions, PodHealthReporter
 from device_plugin.publisher import NodePublisher, PatchNode
 from device_plugin.server import DevicePluginServicer
+from device_plugin.toolkit import NodeCondition, read_toolkit_condition
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +45,12 @@ class DevicePluginRuntime:
         tracker: HealthTracker | None = None,
         held: HeldSource | None = None,
         pod_conditions: PodConditions | None = None,
+        node_condition: Callable[[NodeCondition], object] | None = None,
     ):
         """`held` is the kubelet's PodResources API; without it, grants are marked at once.
 
         `pod_conditions` writes the GPUHealthy condition of pods; without it, none is written.
+        `node_condition` writes a condition of this node; without it, the toolkit's is logged.
         """
         self.config = config
         self.backend = backend
@@ -92,6 +98,7 @@ class DevicePluginRuntime:
                 self.stop_event,
             )
         )
+        self.node_condition = node_condition
         self._threads: list[threading.Thread] = []
 
     def _endpoints(self) -> list[PluginEndpoint]:
@@ -113,6 +120,7 @@ class DevicePluginRuntime:
         ]
 
     def start(self) -> None:
+        self._tell_toolkit()
         loops = [
             ("health", self.monitor.run),
             ("publisher", self.publisher.run),
@@ -127,6 +135,16 @@ class DevicePluginRuntime:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def _tell_toolkit(self) -> None:
+        """Says, once, whether this node's container toolkit lets pods pick GPUs by env var."""
+        if not self.config.toolkit_config:
+            return
+        condition = read_toolkit_condition(Path(self.config.toolkit_config))
+        if condition.status != "True":
+            log.warning("%s=%s: %s", condition.type, condition.status, condition.message)
+        if self.node_condition is not None:
+            self.node_condition(condition)
 
     def stop(self, timeout: float = 10.0) -> None:
         self.stop_event.set()

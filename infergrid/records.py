@@ -17,6 +17,9 @@ from infergrid.constants import (
     ANNOTATION_GPU_ASSIGNMENT,
     ANNOTATION_GPU_INVENTORY,
     ANNOTATION_GPU_USAGE,
+    RESOURCE_GPU,
+    RESOURCE_MIG_PREFIX,
+    RESOURCE_VGPU,
 )
 from infergrid.errors import ContractError
 from infergrid.inventory import GpuInventory, decode_inventory
@@ -50,6 +53,20 @@ class NodeRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceRequest:
+    """A container's count of one resource the device plugin hands out as devices.
+
+    The plugin reads these to see a pod that waits for its devices without an
+    assignment: the kubelet's Allocate names devices, not pods, so such a pod could
+    be mistaken for one that holds an assignment to the same devices.
+    """
+
+    container: str
+    resource: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class PodRecord:
     """A pod and the assignment in its annotation, if one decodes (else ``problem`` says why)."""
 
@@ -68,6 +85,10 @@ class PodRecord:
     """The pod's effective memory request in MiB."""
     priority: int = 0
     """``spec.priority``, which the API server fills from the pod's PriorityClass."""
+    device_requests: tuple[DeviceRequest, ...] = ()
+    """What its containers (init containers first) ask of the device plugin's resources."""
+    priority_class: str = ""
+    """``spec.priorityClassName`` ("" for none): the extender evicts only preemptible classes."""
 
     @property
     def key(self) -> str:
@@ -130,7 +151,38 @@ def pod_record(pod: dict[str, Any]) -> PodRecord:
         cpu_milli=host.cpu_milli,
         memory_mib=host.memory_mib,
         priority=pod_priority(pod),
+        priority_class=str(spec.get("priorityClassName") or ""),
+        device_requests=device_requests(spec),
     )
+
+
+def is_device_resource(resource: str) -> bool:
+    """Whether the device plugin serves ``resource``: whole GPUs, shares or a MIG profile.
+
+    ``infergrid.io/gpu-memory`` and ``gpu-cores`` size a share but are no devices.
+    """
+    return resource in (RESOURCE_GPU, RESOURCE_VGPU) or resource.startswith(RESOURCE_MIG_PREFIX)
+
+
+def device_requests(spec: dict[str, Any]) -> tuple[DeviceRequest, ...]:
+    """Each container's device resources, read from limits as the kubelet's device manager
+    reads them (the API server requires limits for extended resources and sets requests
+    equal). A count that does not parse is left out: the API server validates quantities,
+    so only hand-made objects carry one."""
+    found = []
+    for key in ("initContainers", "containers"):
+        for container in spec.get(key) or []:
+            limits = (container.get("resources") or {}).get("limits") or {}
+            for resource, raw in limits.items():
+                if not is_device_resource(resource):
+                    continue
+                try:
+                    count = parse_whole_quantity(raw, f"{key}.resources.limits.{resource}")
+                except ContractError:
+                    continue
+                if count > 0:
+                    found.append(DeviceRequest(container.get("name", ""), resource, count))
+    return tuple(found)
 
 
 def pod_priority(pod: dict[str, Any]) -> int:

@@ -18,12 +18,17 @@ from infergrid.constants import (
     ANNOTATION_GPU_ASSIGNMENT,
     ANNOTATION_GPU_INVENTORY,
     ANNOTATION_GPU_USAGE,
+    RESOURCE_GPU,
+    RESOURCE_GPU_CORES,
+    RESOURCE_GPU_MEMORY,
+    RESOURCE_VGPU,
 )
 from infergrid.inventory import Gpu, GpuInventory, encode_inventory
 from infergrid.records import (
     DEFAULT_SCHEDULER,
     LIVE_PODS,
     TERMINAL_PHASES,
+    DeviceRequest,
     NodeRecord,
     is_live,
     node_record,
@@ -113,6 +118,37 @@ def test_a_pod_carries_its_cpu_and_memory_requests_and_bad_ones_count_as_none():
     assert (pod_record(pod).cpu_milli, pod_record(pod).memory_mib) == (1500, 0)
     pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
     assert pod_record(pod).cpu_milli == 0
+
+
+def test_a_pod_carries_each_containers_device_resources_from_its_limits():
+    """What the kubelet's device manager allocates: limits of the resources the plugin
+    serves, init containers first; a share's memory and cores are no devices."""
+    pod = pod_json()
+    pod["spec"]["initContainers"] = [
+        {"name": "warm", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}
+    ]
+    pod["spec"]["containers"] = [
+        {"name": "a", "resources": {"limits": {RESOURCE_GPU: "2", "cpu": "1"}}},
+        {"name": "b", "resources": {"limits": {RESOURCE_VGPU: "1", RESOURCE_GPU_MEMORY: "20k",
+                                                 RESOURCE_GPU_CORES: "30"}}},
+        {"name": "cpu-only", "resources": {"requests": {"cpu": "1"}}},
+    ]  # fmt: skip
+    assert pod_record(pod).device_requests == (
+        DeviceRequest("warm", "nvidia.com/mig-1g.10gb", 1),
+        DeviceRequest("a", RESOURCE_GPU, 2),
+        DeviceRequest("b", RESOURCE_VGPU, 1),
+    )
+
+
+@pytest.mark.parametrize("count", ["0", "lots"])
+def test_a_zero_or_unreadable_device_count_asks_for_nothing(count):
+    pod = pod_json()
+    pod["spec"]["containers"] = [{"name": "a", "resources": {"limits": {RESOURCE_GPU: count}}}]
+    assert pod_record(pod).device_requests == ()
+
+
+def test_a_pod_without_containers_asks_for_no_devices():
+    assert pod_record(pod_json()).device_requests == ()
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from device_plugin.nvml.fake import FakeNvml
     from device_plugin.pod_health import PodConditions
     from device_plugin.runtime import DevicePluginRuntime
+    from device_plugin.toolkit import NodeCondition
 
 SAMPLE = Path(__file__).resolve().parents[2] / "e2e" / "fleets" / "sample.yaml"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -171,11 +173,13 @@ def start_plugin(short_dir):
         pods: PodSource | None = None,
         held: HeldSource | None = None,
         pod_conditions: PodConditions | None = None,
+        node_condition: Callable[[NodeCondition], object] | None = None,
         **settings,
     ) -> Running:
         """A plugin on ``node``; ``pods`` (StaticPods by default) is where it reads the pods,
         ``held`` where it reads what the kubelet shows held (none: grants are marked at once),
-        ``pod_conditions`` where it writes pods' GPUHealthy conditions (none: nowhere)."""
+        ``pod_conditions`` where it writes pods' GPUHealthy conditions (none: nowhere),
+        ``node_condition`` where it writes the node's toolkit condition (none: nowhere)."""
         fleet_node = next(n for n in load_fleet(fleet).nodes if n.name == node)
         nvml = FakeNvml(fleet_node)
         kubelet = FakeKubelet(short_dir)
@@ -190,6 +194,7 @@ def start_plugin(short_dir):
             tracker=HealthTracker(config.health_quiet_period_s),
             held=held,
             pod_conditions=pod_conditions,
+            node_condition=node_condition,
         )
         runtime.start()
         running = Running(kubelet, runtime, nvml, pods, granted)

@@ -50,6 +50,10 @@ class FakeCore:
     def patch_node(self, name, body, **kwargs):
         return self._call(kwargs)
 
+    def patch_node_status(self, name, body, **kwargs):
+        self.sent.append(("node-status", "", name, body, kwargs.get("_content_type")))
+        return self._call(kwargs)
+
     def patch_namespaced_pod_status(self, name, namespace, body, **kwargs):
         self.sent.append(("status", namespace, name, body, kwargs.get("_content_type")))
         return self._call(kwargs)
