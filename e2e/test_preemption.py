@@ -21,6 +21,7 @@ from e2e.helm_release import (
     CHART_CLASSES,
     CHART_SCHEDULER,
     Release,
+    give_tier,
     helm,
     install_on_real_node,
 )
@@ -59,6 +60,7 @@ def test_an_online_pod_evicts_the_offline_shares_of_one_gpu_and_they_wait(
     cluster, namespace, extender, priority_classes, four_gpus
 ):
     core, apps = client.CoreV1Api(cluster.api), client.AppsV1Api(cluster.api)
+    give_tier(cluster.api, namespace)
     offline = share_pod("batch", 12288)
     spec = only_on(offline["spec"], four_gpus) | {"priorityClassName": OFFLINE}
     labels = {"app": "batch"}
@@ -117,6 +119,7 @@ def chart(cluster, helm_ready, namespaces, infsvc_crd, priority_classes) -> Iter
         pytest.skip("installs the images built here on the local cluster's real node")
     rel = install_on_real_node(cluster, namespaces, "--set", "devicePlugin.enabled=false",
                                "--set", "gateway.enabled=false")  # fmt: skip
+    give_tier(cluster.api, rel.served)
     yield rel
     helm(cluster, "uninstall", rel.name, "--namespace", rel.namespace, "--wait")
 

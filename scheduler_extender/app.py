@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from infergrid.errors import ContractError
 from scheduler_extender import metrics
 from scheduler_extender.binder import Binder, BindError
+from scheduler_extender.config import DEFAULT_PREEMPTIBLE
 from scheduler_extender.decisions import filter_nodes, preempt_nodes, prioritize_nodes
 from scheduler_extender.pending_binds import BindBarrier
 from scheduler_extender.preemptor import Preemptor
@@ -74,6 +75,7 @@ class ExtenderService:
         barrier: BindBarrier | None = None,
         reserver: Reserver | None = None,
         preemptor: Preemptor | None = None,
+        preemptible: frozenset[str] = DEFAULT_PREEMPTIBLE,
     ):
         self.view = view
         self.binder = binder
@@ -83,6 +85,7 @@ class ExtenderService:
         self.barrier = barrier or BindBarrier(wait_s=0)
         self.reserver = reserver
         self.preemptor = preemptor
+        self.preemptible = preemptible
         self._tasks: set[asyncio.Task[None]] = set()
 
     def app(self) -> web.Application:
@@ -178,7 +181,9 @@ class ExtenderService:
 
     async def preempt(self, request: web.Request) -> web.Response:
         args = decode_preemption_args(await request.read())
-        kept = preempt_nodes(args.pod, args.nodes, self.view, self.default_policy, self.clock())
+        kept = preempt_nodes(
+            args.pod, args.nodes, self.view, self.default_policy, self.clock(), self.preemptible
+        )
         metrics.PREEMPTION_NODES.labels("kept").inc(len(kept))
         metrics.PREEMPTION_NODES.labels("dropped").inc(len(args.nodes) - len(kept))
         return _reply(preemption_result(kept))

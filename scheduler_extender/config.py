@@ -17,7 +17,13 @@ from typing import Any, Final
 
 from infergrid.constants import DEFAULT_POLICY, PLACEMENT_POLICIES
 from infergrid.errors import ContractError
-from infergrid.settings import Setting, boolean, choice, number, path, text, whole
+from infergrid.placement.preemption import NO_CLASS
+from infergrid.settings import Setting, boolean, choice, names, number, path, text, whole
+
+DEFAULT_PREEMPTIBLE: Final = frozenset({"infergrid-offline"})
+"""The chart's offline class: the one class whose pods agree, by default, to be evicted for
+an online pod's GPU room."""
+SYSTEM_PREFIX: Final = "system-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,14 @@ class ExtenderConfig:
     preemption_hold_s: float = 60.0
     scheduler_token_dir: Path | None = None
     scheduler_service_account: str = ""
+    preemptible_classes: tuple[str, ...] = tuple(DEFAULT_PREEMPTIBLE)
+    preempt_pods_without_class: bool = False
+
+    def preemptible(self) -> frozenset[str]:
+        """The classes whose GPU holders may be victims, NO_CLASS among them if pods that
+        name no class may be."""
+        without_class = {NO_CLASS} if self.preempt_pods_without_class else set()
+        return frozenset(self.preemptible_classes) | without_class
 
     def replica_identity(self) -> str:
         return (
@@ -61,6 +75,15 @@ def loopback(doc: dict[str, Any], key: str) -> str:
             "/prioritize and /bind are unauthenticated (metricsAddress serves /metrics)",
         )
     return value
+
+
+def preemptible_classes(doc: dict[str, Any], key: str) -> tuple[str, ...]:
+    """Class names, none of them system-*: the cluster's own parts are never victims."""
+    classes = names(doc, key)
+    system = [c for c in classes if c.startswith(SYSTEM_PREFIX)]
+    if system:
+        raise ContractError(key, f"{system[0]!r}: system-* classes are never preempted")
+    return classes
 
 
 def optional_path(doc: dict[str, Any], key: str) -> Path | None:
@@ -104,6 +127,10 @@ SETTINGS: Final = (
               "when no node takes a pod that may preempt, evict the fewest lower-priority GPU "
               "holders and hold their room for it this long (0: leave preemption to "
               "kube-scheduler alone)"),
+    Setting("preemptibleClasses", "preemptible_classes", preemptible_classes,
+              "PriorityClasses whose GPU holders preemption may evict (never system-*)"),
+    Setting("preemptPodsWithoutClass", "preempt_pods_without_class", boolean,
+              "GPU holders that name no PriorityClass may be evicted too", boolean=True),
     Setting("schedulerTokenDir", "scheduler_token_dir", optional_path,
               "write kube-scheduler's API token, ca.crt and namespace here (empty: don't)"),
     Setting("schedulerServiceAccount", "scheduler_service_account", text,

@@ -96,15 +96,19 @@ def preempt_nodes(
     view: PlacementView,
     default_policy: str,
     now: datetime,
+    preemptible: frozenset[str],
 ) -> dict[str, Victims]:
     """The preempt verb: per node kube-scheduler proposes, its victims plus the fewest
-    lower-priority GPU holders whose eviction lets the pod's GPUs fit (`choose_victims`); a
-    node where no eviction makes room is left out, so no pod is evicted there for nothing.
+    lower-priority GPU holders of a `preemptible` class whose eviction lets the pod's GPUs
+    fit (`choose_victims`); a node where no eviction makes room is left out, so no pod is
+    evicted there for nothing.
 
     kube-scheduler's own victims stay (they free what it counts: CPU, memory, ports), and
-    their GPUs count as freed. Its PodDisruptionBudget count is passed on as it is: the
-    extender does not read budgets. A pod without GPU containers is not the extender's to
-    judge, and an unreadable request fits nowhere, so every node is dropped.
+    their GPUs count as freed; but a node where it proposes a GPU holder of a class outside
+    `preemptible` is left out too, so no GPU holder that did not agree to it is evicted. Its
+    PodDisruptionBudget count is passed on as it is: the extender does not read budgets. A
+    pod without GPU containers is not the extender's to judge, and an unreadable request
+    fits nowhere, so every node is dropped.
     """
     try:
         request = parse_pod_request(pod, default_policy)
@@ -119,7 +123,10 @@ def preempt_nodes(
         if isinstance(node, str):
             continue
         gone, others = split_holders(view.cache, name, set(victims.uids))
-        chosen = choose_victims(request, without(node, gone), others, priority, policy)
+        if any(h.priority_class not in preemptible for h in gone):
+            continue
+        after = without(node, gone)
+        chosen = choose_victims(request, after, others, priority, policy, preemptible)
         if chosen is not None:
             kept[name] = Victims(victims.uids + chosen, victims.pdb_violations)
     return kept

@@ -99,11 +99,12 @@ async def serve(
     if cfg.preemption_hold_s > 0:
         core = client.CoreV1Api(api)
         preemptor = Preemptor(
-            view, cfg.default_policy, evictor(core), announcer(core), cfg.preemption_hold_s
-        )
+            view, cfg.default_policy, evictor(core), announcer(core), cfg.preemption_hold_s,
+            preemptible=cfg.preemptible(),
+        )  # fmt: skip
     service = ExtenderService(
         view, binder, cfg.default_policy, is_leader, barrier=barrier, reserver=reserver,
-        preemptor=preemptor,
+        preemptor=preemptor, preemptible=cfg.preemptible(),
     )  # fmt: skip
     runners = [await listen(service.app(), cfg.host, cfg.port, tls_context(cfg))]
     log.info("extender listening on %s:%d", cfg.host, cfg.port)

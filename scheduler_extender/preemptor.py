@@ -8,7 +8,8 @@ for an online pod that finds every GPU filled by offline shares.
 
 So when filter passes no node for a pod that may preempt (a priority above some holder's,
 and `preemptionPolicy` not `Never`), the extender chooses the node and victims itself
-(`cheapest_node` over the nodes that refused it), evicts them through the Eviction API, which
+(`cheapest_node` over the nodes that refused it, among holders of a preemptible class only:
+the `preemptibleClasses` setting), evicts them through the Eviction API, which
 honours PodDisruptionBudgets, and holds the freed GPUs for the pod with a tentative
 reservation, so the victims' replacements, of lower priority, cannot take them back. While
 its victims are still there (terminating), each new filter of the pod renews the hold and
@@ -33,12 +34,14 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from infergrid.assignment_annotation import PodAssignment
 from infergrid.errors import ContractError
 from infergrid.placement import Holder, cheapest_node, resolve_policy
 from infergrid.placement import without as without_victims
 from infergrid.pod_request import PodGpuRequest, parse_pod_request
-from infergrid.records import pod_priority
+from infergrid.records import PodRecord, pod_priority
 from scheduler_extender import metrics
+from scheduler_extender.config import DEFAULT_PREEMPTIBLE
 from scheduler_extender.tentative import hold_fitted
 from scheduler_extender.view import PlacementView
 from scheduler_extender.watch_cache import ClusterCache
@@ -150,10 +153,16 @@ def split_holders(
     and the others that may still be chosen: a bind under way, whose pod event has not come
     (no priority yet), never is."""
     held = cache.holders_on(node)
-    gone = [Holder(uid, p or 0, a.containers) for uid, p, a in held if uid in leaving]
-    others = [Holder(uid, p, a.containers) for uid, p, a in held
-              if uid not in leaving and p is not None]  # fmt: skip
+    gone = [_holder(uid, pod, a) for uid, pod, a in held if uid in leaving]
+    others = [_holder(uid, pod, a) for uid, pod, a in held
+              if uid not in leaving and pod is not None]  # fmt: skip
     return gone, others
+
+
+def _holder(uid: str, pod: PodRecord | None, assignment: PodAssignment) -> Holder:
+    if pod is None:
+        return Holder(uid, 0, assignment.containers)
+    return Holder(uid, pod.priority, assignment.containers, pod.priority_class)
 
 
 def may_preempt(pod: dict[str, Any]) -> bool:
@@ -174,6 +183,7 @@ class Preemptor:
         hold_s: float = 60.0,
         monotonic: Callable[[], float] = time.monotonic,
         retry_s: float = 600.0,
+        preemptible: frozenset[str] = DEFAULT_PREEMPTIBLE,
     ) -> None:
         self.view = view
         self.default_policy = default_policy
@@ -182,6 +192,7 @@ class Preemptor:
         self.hold_s = hold_s
         self.monotonic = monotonic
         self.retry_s = retry_s
+        self.preemptible = preemptible
         # preemptor uid -> its plan, and when it was made: one plan a pod per hold window
         self._under_way: dict[str, tuple[Plan, float]] = {}
         # preemptor uid -> why its preemption stopped, until something changes
@@ -296,7 +307,7 @@ class Preemptor:
                     names[holder.uid] = PodRef(holder.uid, record.namespace, record.name)
             nodes.append((state, holders))
         policy = resolve_policy(request.policy, self.view.workload())
-        chosen = cheapest_node(request, nodes, priority, policy)
+        chosen = cheapest_node(request, nodes, priority, policy, self.preemptible)
         if chosen is None:
             return None
         node, victims = chosen

@@ -304,14 +304,13 @@ class ClusterCache:
             held = self._on_node.get(node, {})
             return [held[uid] for uid in sorted(held, key=lambda u: (held[u].assigned_at, u))]
 
-    def holders_on(self, node: str) -> list[tuple[str, int | None, PodAssignment]]:
-        """(uid, priority, assignment) of every GPU holder on ``node``; the priority is None
-        for a bind's reservation whose pod event has not come yet (it is never a victim)."""
+    def holders_on(self, node: str) -> list[tuple[str, PodRecord | None, PodAssignment]]:
+        """(uid, pod, assignment) of every GPU holder on ``node``; the pod is None for a
+        bind's reservation whose pod event has not come yet (it is never a victim)."""
         with self._lock:
             held = self._on_node.get(node, {})
             return [
-                (uid, pod.priority if (pod := self._pods.get(uid)) else None, assignment)
-                for uid, assignment in sorted(held.items())
+                (uid, self._pods.get(uid), assignment) for uid, assignment in sorted(held.items())
             ]
 
     def lookup(self, names: list[str]) -> list[tuple[NodeRecord | None, int]]:

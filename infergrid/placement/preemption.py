@@ -7,6 +7,11 @@ proposes may free nothing the pod needs, or be more than it needs. For each node
 the extender answers with a smallest set of lower-priority holders whose release lets `fit`
 place the pod, or drops the node when even evicting them all would not.
 
+Only holders whose PriorityClass is in the preemptible set may be victims: priority alone is
+a number any pod in any namespace could claim, so the set (the cluster admin's, in the
+extender's settings) says which work agreed to be evicted for GPU room. A pod with no class
+is named by NO_CLASS.
+
 A released holder's memory also comes off the GPU's measured use (`used_mib`): the process
 goes with the pod, and without the discount the measured use of the very pods being evicted
 would keep the GPU looking full.
@@ -29,15 +34,19 @@ from infergrid.pod_request import PodGpuRequest
 EXACT_CANDIDATES: Final = 10
 """Up to this many lower-priority holders, every subset is tried, smallest first (at most 1023
 fits); beyond, victims are taken greedily and then spared where the pod still fits."""
+NO_CLASS: Final = ""
+"""The class of a pod that names no PriorityClass, as a preemptible set lists it."""
 
 
 @dataclass(frozen=True, slots=True)
 class Holder:
-    """A pod holding GPUs on the node: its uid, priority and what its containers hold."""
+    """A pod holding GPUs on the node: its uid, priority, what its containers hold, and its
+    PriorityClass (NO_CLASS for none)."""
 
     uid: str
     priority: int
     containers: tuple[ContainerAssignment, ...]
+    priority_class: str = NO_CLASS
 
     @property
     def held_mib(self) -> int:
@@ -50,9 +59,11 @@ def choose_victims(
     holders: Sequence[Holder],
     priority: int,
     policy: Policy,
+    preemptible: frozenset[str],
 ) -> tuple[str, ...] | None:
     """The uids to evict so that `request` (of `priority`) fits on `node`: () when it fits
-    already, None when evicting every lower-priority holder would not make room.
+    already, None when evicting every lower-priority holder of a class in `preemptible` would
+    not make room.
 
     The set is as small as can be; among sets of that size, the one whose most important
     victim matters least, then whose priorities sum lowest, then that frees the least memory.
@@ -60,7 +71,7 @@ def choose_victims(
     if fit(request, node, policy).fits:
         return ()
     candidates = sorted(
-        (h for h in holders if h.priority < priority),
+        (h for h in holders if h.priority < priority and h.priority_class in preemptible),
         key=lambda h: (h.priority, -h.held_mib, h.uid),
     )
     if not candidates or not _fits_without(request, node, candidates, policy):
@@ -77,6 +88,7 @@ def cheapest_node(
     nodes: Iterable[tuple[NodeState, Sequence[Holder]]],
     priority: int,
     policy: Policy,
+    preemptible: frozenset[str],
 ) -> tuple[str, tuple[Holder, ...]] | None:
     """The node where `request` fits after the least disruption, and whom to evict there
     (`choose_victims` on each node; then fewest victims, least important ones, lowest
@@ -85,7 +97,7 @@ def cheapest_node(
     about nodes that refused it."""
     best: tuple[tuple[int, int, int, str], str, tuple[Holder, ...]] | None = None
     for node, holders in nodes:
-        uids = choose_victims(request, node, holders, priority, policy)
+        uids = choose_victims(request, node, holders, priority, policy, preemptible)
         if not uids:
             continue
         chosen = tuple(h for h in holders if h.uid in uids)

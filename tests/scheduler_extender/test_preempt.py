@@ -1,5 +1,6 @@
 """The preempt verb over real HTTP: for each node kube-scheduler proposes, the fewest
-lower-priority GPU holders whose eviction lets the pod fit, or no node at all."""
+lower-priority GPU holders of a preemptible class whose eviction lets the pod fit, or no
+node at all."""
 
 from __future__ import annotations
 
@@ -16,16 +17,22 @@ from tests.scheduler_extender.test_http import FLEET, NOW, call, service, share_
 
 L4 = next(n for n in FLEET.nodes if n.name == "l4-0").inventory.gpus  # 4 GPUs of 23034 MiB
 ONLINE, OFFLINE = 1000, 0
+CLASS_OF = {ONLINE: "infergrid-online", OFFLINE: "infergrid-offline"}  # the extender's default
 
 
-def holder(uid: str, priority: int, gpu: int, mib: int, node: str = "l4-0") -> dict:
-    """A running pod holding a share of the node's GPU `gpu`, at `priority`."""
+def holder(
+    uid: str, priority: int, gpu: int, mib: int, node: str = "l4-0", klass: str | None = None
+) -> dict:
+    """A running pod holding a share of the node's GPU `gpu`, at `priority`, of the chart's
+    class of that priority unless `klass` says ("": none)."""
     share = ContainerAssignment("engine", gpus=(AssignedGpu(L4[gpu].uuid, mib, 30),), shared=True)
     assignment = encode_assignment(PodAssignment(node, NOW, (share,)))
+    klass = CLASS_OF.get(priority, "") if klass is None else klass
     return {
         "metadata": {"name": uid, "namespace": "batch", "uid": uid,
                      "annotations": {ANNOTATION_GPU_ASSIGNMENT: assignment}},
-        "spec": {"nodeName": node, "priority": priority, "containers": []},
+        "spec": {"nodeName": node, "priority": priority, "containers": [],
+                 **({"priorityClassName": klass} if klass else {})},
         "status": {"phase": "Running"},
     }  # fmt: skip
 
@@ -101,6 +108,30 @@ def test_a_share_evicts_the_one_offline_share_whose_room_is_enough_and_smallest(
     pod = share_pod(10000)
     pod["spec"]["priority"] = ONLINE
     assert preempt(filled_service(BUSY), pod, {"l4-0": []}) == {"l4-0": ["batch-a"]}
+
+
+# Another tenant's GPU pods, at priority 0: one without a class, one of a class of its own.
+TENANTS = [
+    holder("team-b-0", 0, 1, 16000, klass=""),
+    holder("team-b-1", 0, 2, 20000, klass="team-b"),
+]
+
+
+def test_gpu_holders_outside_the_preemptible_classes_are_never_chosen():
+    """Without them GPU 0's two offline shares are the only way: two victims, not one."""
+    pods = [p for p in BUSY if p["metadata"]["uid"] not in ("batch-c", "batch-d")] + TENANTS
+    victims = preempt(filled_service(pods), whole_gpu_pod(ONLINE), {"l4-0": []})
+    assert victims == {"l4-0": ["batch-a", "batch-b"]}
+    svc = filled_service(pods)
+    svc.preemptible = frozenset({"infergrid-offline", "team-b"})
+    assert preempt(svc, whole_gpu_pod(ONLINE), {"l4-0": []}) == {"l4-0": ["team-b-1"]}
+
+
+def test_a_node_where_kube_scheduler_proposes_a_holder_outside_them_is_dropped():
+    pods = BUSY + [holder("team-b-2", 0, 3, 1000, klass="")]
+    svc = filled_service(pods)
+    assert preempt(svc, whole_gpu_pod(ONLINE), {"l4-0": ["team-b-2"]}) == {}
+    assert preempt(svc, whole_gpu_pod(ONLINE), {"l4-0": ["batch-d"]}) == {"l4-0": ["batch-d"]}
 
 
 def test_malformed_victims_are_refused_naming_the_field():
@@ -239,3 +270,14 @@ def test_a_follower_replica_evicts_nothing():
     svc.is_leader = lambda: False
     filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
     assert evictions.asked == []
+
+
+def test_the_extender_evicts_no_gpu_holder_outside_the_preemptible_classes():
+    """A bully of the online class, on a node of other tenants' classless GPU pods: nobody is
+    evicted and no room is held, however often it is filtered."""
+    evictions = Evictions()
+    pods = [holder(f"team-b-{i}", 0, i, 20000, klass="") for i in range(4)]
+    svc = leading_service(pods, evictions)
+    for _ in range(3):
+        filter_on(svc, whole_gpu_pod(ONLINE), ["l4-0"])
+    assert evictions.asked == [] and svc.view.cache.tentative("online") is None

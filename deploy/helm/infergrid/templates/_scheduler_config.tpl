@@ -62,6 +62,8 @@ resyncSeconds: {{ .Values.scheduler.extender.resyncSeconds }}
 bindWaitSeconds: {{ .Values.scheduler.extender.bindWaitSeconds }}
 tentativeReservationSeconds: {{ .Values.scheduler.extender.tentativeReservationSeconds }}
 preemptionHoldSeconds: {{ .Values.scheduler.extender.preemptionHoldSeconds }}
+preemptibleClasses: {{ prepend .Values.scheduler.extender.preemptibleClasses .Values.priorityClasses.offline.name | uniq | toJson }}
+preemptPodsWithoutClass: {{ .Values.scheduler.extender.preemptPodsWithoutClass }}
 leaderElection: true
 leaseNamespace: {{ .Release.Namespace }}
 leaseName: {{ include "infergrid.extender.lease" . }}
