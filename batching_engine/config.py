@@ -139,6 +139,7 @@ class Settings:
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     cpu_threads: int | None = None  # None: every usable CPU
     allow_download: bool = False
+    caller_token: str = field(default="", repr=False)  # server/caller_token.py; "": none
 
 
 def device(doc: dict[str, Any], key: str) -> str:

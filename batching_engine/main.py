@@ -8,6 +8,8 @@ listens at once, so liveness passes while the model loads; readiness waits until
 loaded and has answered one warm-up request (server/warm_up.py). `--device auto`, the
 default, serves on the GPU the pod was given and on the CPU when none is visible. SIGTERM
 drains: readiness fails, everything accepted finishes, and the process exits 0.
+With INFERGRID_ENGINE_TOKEN_FILE set (the operator mounts the service's token), /v1/*
+answers only requests carrying that token (server/caller_token.py).
 
 Exit codes: 0 after a drain, 2 for bad settings (one line on stderr naming the field),
 1 when the model fails to load for another reason, or when a tensor-parallel worker dies
@@ -38,6 +40,7 @@ from batching_engine.config import (
 from batching_engine.metrics import EngineMetrics
 from batching_engine.model_source import URI_FIELD, default_model_name, download_allowed, locate
 from batching_engine.server.app import EngineServer, start_site
+from batching_engine.server.caller_token import read_token
 from infergrid.errors import ContractError
 from infergrid.process import configure_logging
 from infergrid.serving_config import CONFIG_ENV
@@ -76,6 +79,7 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
     locate(uri, "--model" if "model_uri" in flags else URI_FIELD, environ, download)
     values.setdefault("model_name", default_model_name(uri))
     values["allow_download"] = download
+    values["caller_token"] = read_token(environ)
     engine = engine_config(
         served.engine if served else {}, flag_values(ENGINE_FLAGS, args, name_flags=True)
     )
@@ -91,7 +95,11 @@ async def serve(settings: Settings) -> int:
 
     metrics = EngineMetrics()
     server = EngineServer(
-        settings.engine, metrics, settings.max_body_bytes, settings.read_timeout_s
+        settings.engine,
+        metrics,
+        settings.max_body_bytes,
+        settings.read_timeout_s,
+        settings.caller_token,
     )
     try:
         site = await start_site(server, settings.host, settings.port)

@@ -165,6 +165,7 @@ CONTRACT_DEFAULTS = {
     "spec.autoscaling.scaleDownMaxPercent": 20,
     "spec.autoscaling.warmPool": 0,
     "spec.autoscaling.intervalSeconds": 15,
+    "spec.network.allowSameNamespace": False,
 }
 
 

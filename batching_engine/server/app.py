@@ -19,6 +19,7 @@ from batching_engine.async_engine import AsyncEngine
 from batching_engine.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_READ_TIMEOUT_S, EngineConfig
 from batching_engine.dynamic_batcher import BatchPolicy, DynamicBatcher
 from batching_engine.metrics import EngineMetrics
+from batching_engine.server.caller_token import token_check
 from batching_engine.server.embeddings import embed_batch, embeddings
 from batching_engine.server.errors import NotReadyError, error_response, http_error_response
 from batching_engine.server.generation import generate
@@ -43,8 +44,10 @@ class EngineServer:
         metrics: EngineMetrics,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        caller_token: str = "",
     ) -> None:
         self.config = config
+        self.caller_token = caller_token  # "": /v1/* open to any caller (caller_token.py)
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.read_timeout_s = read_timeout_s  # for a request's headers, and for its body
@@ -58,7 +61,8 @@ class EngineServer:
         self._quiet.set()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._errors])
+        middlewares = [token_check(self.caller_token), self._errors]  # refused before counted
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=middlewares)
         app.router.add_post("/v1/completions", partial(generate, self, chat=False))
         app.router.add_post("/v1/chat/completions", partial(generate, self, chat=True))
         app.router.add_post("/v1/embeddings", partial(embeddings, self))

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 from infergrid.constants import SCHEDULER_NAME
+from infergrid.engine_token import KEY_FILE_SETTING
 from infergrid.errors import ContractError
 from infergrid.settings import Setting, boolean, names, number, text, whole
 from infergrid.storage_uri import parse_storage_uri
 
+from .engine_access import Caller, callers, cidrs
 from .priority_classes import refuse_system_classes
 
 DEFAULT_ENGINE_IMAGE: Final = "infergrid/engine:0.1.0"
@@ -32,6 +34,12 @@ class OperatorConfig:
     allowed_priority_classes: tuple[str, ...] = ()  # none: services may name no class
     gpu_fault_grace_s: float = 60.0  # before a pod on an unhealthy GPU is replaced
     gateway_metrics_url: str = ""  # none: no gateway, no pending requests to scale on
+    # Who may call engines (engine_access.py): off, engines take calls from any pod.
+    engine_network_policy: bool = False
+    engine_callers: tuple[Caller, ...] = ()
+    engine_ingress_cidrs: tuple[str, ...] = ()
+    engine_token_key_file: str = ""  # none: engines take no token
+    engine_token_key: bytes = field(default=b"", repr=False)  # read from it at start
 
 
 NAMESPACE_PATTERN_CHARS: Final = "*?[]!"
@@ -120,4 +128,16 @@ SETTINGS: Final = (
             "the gateway's metrics URL, e.g. http://infergrid-gateway-metrics.infergrid.svc:9090"
             "/metrics: its requests held for a service with no ready pod count as demand "
             "(default: none, no gateway)"),
+    Setting("engineNetworkPolicy", "engine_network_policy", boolean,
+            "render a NetworkPolicy per service admitting only engineCallers, "
+            "engineIngressCidrs and, by spec.network.allowSameNamespace, its namespace",
+            boolean=True),
+    Setting("engineCallers", "engine_callers", callers,
+            "pods admitted to engines: a list of {namespace, podLabels} (a flag: as JSON), "
+            "e.g. the gateway's and the operator's"),
+    Setting("engineIngressCidrs", "engine_ingress_cidrs", cidrs,
+            "CIDRs admitted to engines, comma-separated: callers outside the pod network"),
+    Setting(KEY_FILE_SETTING, "engine_token_key_file", text,
+            "file of the key engine tokens derive from (infergrid/engine_token.py): each "
+            "service's engines then answer only its token, which the gateway sends"),
 )  # fmt: skip

@@ -1,4 +1,5 @@
-"""kopf handlers: InferenceService in, Deployment + Service + ConfigMap + PDB out.
+"""kopf handlers: InferenceService in, Deployment + Service + ConfigMap + PDB out, and the
+engines' fences where the settings ask for them (a NetworkPolicy, a token Secret).
 
 Level-based throughout: every handler reads the current state and re-applies
 the rendered children, so it converges from anything (a crash mid-reconcile,
@@ -49,6 +50,7 @@ from .conditions import (
 )
 from .config import OperatorConfig, scans_namespaces
 from .configmap_gc import collectable, configmaps_in_use, rollout_settled
+from .engine_access import EngineAccess
 from .gpu_faults import pod_to_replace
 from .kube import Kube
 from .metrics_scrape import (
@@ -181,7 +183,8 @@ def apply_children(memo: kopf.Memo, owner: dict[str, Any], service: ServiceSpec)
     """
     meta = owner["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
-    children = render_children(service, name, namespace, model_storage(memo.config))
+    cfg = memo.config
+    children = render_children(service, name, namespace, model_storage(cfg), engine_access(cfg))
     kopf.adopt(children, owner=owner)
     existing = {_key(c): memo.kube.read(c["kind"], namespace, c["metadata"]["name"])
                 for c in children}  # fmt: skip
@@ -470,6 +473,12 @@ def _report_refusal(memo: kopf.Memo, body: kopf.Body, reason: str, message: str)
 def model_storage(cfg: OperatorConfig) -> ModelStorage:
     """The operator's settings that rendering needs, as plain data."""
     return ModelStorage(cfg.hf_cache_claim, cfg.allow_model_download)
+
+
+def engine_access(cfg: OperatorConfig) -> EngineAccess:
+    """The operator's settings that fence engines (engine_access.py), as plain data."""
+    return EngineAccess(cfg.engine_network_policy, cfg.engine_callers,
+                        cfg.engine_ingress_cidrs, cfg.engine_token_key)  # fmt: skip
 
 
 def _parse(memo: kopf.Memo, body: Any) -> ServiceSpec:

@@ -32,6 +32,7 @@ class Kube:
         self.apps = client.AppsV1Api(api)
         self.core = client.CoreV1Api(api)
         self.policy = client.PolicyV1Api(api)
+        self.networking = client.NetworkingV1Api(api)
         self.custom = client.CustomObjectsApi(api)
 
     def read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -113,6 +114,8 @@ class Kube:
             "Service": self.core.patch_namespaced_service,
             "Deployment": self.apps.patch_namespaced_deployment,
             "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
+            "Secret": self.core.patch_namespaced_secret,
+            "NetworkPolicy": self.networking.patch_namespaced_network_policy,
         }
 
     def _readers(self) -> dict[str, Callable[..., Any]]:
@@ -121,6 +124,8 @@ class Kube:
             "Service": self.core.read_namespaced_service,
             "Deployment": self.apps.read_namespaced_deployment,
             "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget,
+            "Secret": self.core.read_namespaced_secret,
+            "NetworkPolicy": self.networking.read_namespaced_network_policy,
         }
 
     def _deleters(self) -> dict[str, Callable[..., Any]]:

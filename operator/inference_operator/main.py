@@ -17,6 +17,7 @@ import sys
 import kopf
 from kubernetes import config
 
+from infergrid.engine_token import with_key
 from infergrid.errors import ContractError
 from infergrid.process import configure_logging, kube_api
 from infergrid.settings import add_flags, load_settings
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # a line per liveness probe
     try:
-        cfg = load_settings(OperatorConfig(), SETTINGS, args)
+        cfg = with_key(load_settings(OperatorConfig(), SETTINGS, args))
         api = kube_api()
     except (ContractError, OSError, config.ConfigException) as err:
         print(f"error: {err}", file=sys.stderr)

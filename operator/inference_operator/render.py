@@ -35,6 +35,16 @@ from infergrid.storage_uri import (
 )
 from infergrid.tracks import CANARY, STABLE, TRACKS, deployment_name
 
+from .engine_access import (
+    NO_FENCES,
+    EngineAccess,
+    render_network_policy,
+    render_token_secret,
+    token_annotation,
+    token_env,
+    token_mount,
+    token_volume,
+)
 from .spec import Resources, ServiceSpec
 
 LABEL_NAME = "app.kubernetes.io/name"
@@ -166,12 +176,18 @@ def render_deployment(
     namespace: str,
     track: str = STABLE,
     storage: ModelStorage = ModelStorage(),
+    access: EngineAccess = NO_FENCES,
 ) -> dict[str, Any]:
     """Engine pods of one track; maxSurge 0, since a surge pod would need a spare GPU.
 
     Each label map is its own dict: kopf.adopt adds the owner's labels to the
     Deployment's metadata, and they must not leak into the immutable selector.
     """
+    extras = track_storage(spec, track, storage)
+    annotations = _pod_annotations(spec)
+    if access.token_key:
+        extras = with_engine_token(extras, name)
+        annotations |= token_annotation(name, namespace, access.token_key)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -183,9 +199,8 @@ def render_deployment(
             "strategy": {"type": "RollingUpdate",
                          "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "template": {
-                "metadata": {"labels": pod_labels(name, track),
-                             "annotations": _pod_annotations(spec)},
-                "spec": _pod_spec(spec, name, track, track_storage(spec, track, storage)),
+                "metadata": {"labels": pod_labels(name, track), "annotations": annotations},
+                "spec": _pod_spec(spec, name, track, extras),
             },
         },
     }  # fmt: skip
@@ -216,13 +231,26 @@ def render_pdb(spec: ServiceSpec, name: str, namespace: str) -> dict[str, Any]:
 
 
 def render_children(
-    spec: ServiceSpec, name: str, namespace: str, storage: ModelStorage = ModelStorage()
+    spec: ServiceSpec,
+    name: str,
+    namespace: str,
+    storage: ModelStorage = ModelStorage(),
+    access: EngineAccess = NO_FENCES,
 ) -> list[dict[str, Any]]:
-    """Every child, the ConfigMaps first so that no pod starts without its config."""
+    """Every child; the ConfigMaps, the token Secret and the NetworkPolicy come before the
+    Deployments, so that no pod starts without its config, its token or its fence."""
     tracks = track_replicas(spec)
+    fences = []
+    if access.token_key:
+        fences.append(render_token_secret(name, namespace, access.token_key, _labels(name)))
+    if access.network_policy:
+        same_namespace = spec.network.allow_same_namespace
+        fences.append(render_network_policy(name, namespace, access, same_namespace,
+                                            _labels(name)))  # fmt: skip
     return [
         *(render_configmap(spec, name, namespace, t) for t in tracks),
-        *(render_deployment(spec, name, namespace, t, storage) for t in tracks),
+        *fences,
+        *(render_deployment(spec, name, namespace, t, storage, access) for t in tracks),
         render_service(spec, name, namespace),
         render_pdb(spec, name, namespace),
     ]
@@ -257,6 +285,15 @@ def track_storage(spec: ServiceSpec, track: str, storage: ModelStorage) -> Track
     if parsed.scheme == "hf":
         return _hf_storage(uri, field, storage)
     return TrackStorage()
+
+
+def with_engine_token(storage: TrackStorage, name: str) -> TrackStorage:
+    """The pod's storage plus the service's token Secret and the variable naming its file."""
+    return TrackStorage(
+        volumes=(*storage.volumes, token_volume(name)),
+        mounts=(*storage.mounts, token_mount()),
+        env=(*storage.env, token_env()),
+    )
 
 
 def claim_volume_name(claim: str) -> str:

@@ -85,6 +85,13 @@ class Canary:
 
 
 @dataclass(frozen=True, slots=True)
+class Network:
+    """Who besides the gateway may call the engines (engine_access.py)."""
+
+    allow_same_namespace: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ServiceSpec:
     model: Model
     image: str
@@ -94,6 +101,7 @@ class ServiceSpec:
     replicas: int
     autoscaling: Autoscaling
     canary: Canary | None
+    network: Network = Network()
 
 
 def parse_spec(
@@ -122,6 +130,7 @@ def parse_spec(
         replicas=integer(doc, "replicas", "spec", low=0, high=1000, default=1),
         autoscaling=_autoscaling(field(doc, "autoscaling", dict, "spec", {})),
         canary=_canary(doc.get("canary"), name),
+        network=_network(field(doc, "network", dict, "spec", {})),
     )
 
 
@@ -257,6 +266,14 @@ def _autoscaling(doc: dict[str, Any]) -> Autoscaling:
     if scaling.min_replicas > scaling.max_replicas:
         raise ContractError(join(path, "minReplicas"), "must be at most maxReplicas")
     return scaling
+
+
+def _network(doc: dict[str, Any]) -> Network:
+    path = "spec.network"
+    unknown = sorted(set(doc) - {"allowSameNamespace"})
+    if unknown:
+        raise ContractError(join(path, unknown[0]), "is not a field of spec.network")
+    return Network(field(doc, "allowSameNamespace", bool, path, False))
 
 
 def _canary(doc: object, name: str) -> Canary | None:

@@ -56,7 +56,9 @@ class ServerThread:
     async def _start(self) -> None:
         metrics = EngineMetrics()
         s = self.settings
-        self.server = EngineServer(s.engine, metrics, s.max_body_bytes, s.read_timeout_s)
+        self.server = EngineServer(
+            s.engine, metrics, s.max_body_bytes, s.read_timeout_s, s.caller_token
+        )
         self._site = await start_site(self.server, "127.0.0.1", 0)
         self.port = self._site.addresses[0][1]
         model, engine = load(self.settings, metrics)

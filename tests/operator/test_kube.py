@@ -3,17 +3,47 @@ between the read and the write is never the one written."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from unittest.mock import MagicMock
 
 from kubernetes.client.rest import ApiException
 
+from inference_operator.engine_access import EngineAccess
 from inference_operator.kube import Kube
+from inference_operator.render import render_children
+from inference_operator.spec import parse_spec
 
 
 def kube() -> Kube:
     k = Kube.__new__(Kube)
     k.apps, k.core, k.policy, k.custom = MagicMock(), MagicMock(), MagicMock(), MagicMock()
+    k.networking = MagicMock()
     return k
+
+
+def test_every_kind_of_child_rendered_can_be_read_and_applied():
+    """The ownership check reads each child before the apply writes it."""
+    access = EngineAccess(network_policy=True, token_key=b"k" * 32)
+    service = parse_spec({"model": {"name": "m", "storageUri": "pkg://m"},
+                          "resources": {"gpus": 1}}, "engine", "scheduler")  # fmt: skip
+    k, called = Kube.__new__(Kube), []
+    k.apps = k.core = k.policy = k.networking = Answering(called)
+    for child in render_children(service, "chat", "ns", access=access):
+        k.read(child["kind"], "ns", child["metadata"]["name"])
+        k.apply(child)
+    assert {"read_namespaced_secret", "patch_namespaced_secret", "read_namespaced_network_policy",
+            "patch_namespaced_network_policy"} <= set(called)  # fmt: skip
+
+
+class Answering:
+    """Any API call, answered with an empty object; the calls' names are recorded."""
+
+    def __init__(self, called: list[str]) -> None:
+        self.called = called
+
+    def __getattr__(self, name: str):
+        self.called.append(name)
+        return lambda *args, **kwargs: SimpleNamespace(data=b"{}")
 
 
 def test_a_delete_names_the_uid_read_and_a_replaced_object_is_not_deleted():
