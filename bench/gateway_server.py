@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import signal
 import sys
 
@@ -52,14 +53,17 @@ def catalog(urls: list[str]) -> Catalog:
     )
     route = Route(MODEL, NAMESPACE, SERVICE, canary_percent=0, replicas=len(backends),
                   backends=backends)  # fmt: skip
-    return Catalog({MODEL: route})
+    return Catalog.of(route)
 
 
 async def serve(urls: list[str], routing: str, host: str) -> None:
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
-    cfg = GatewayConfig(host=host, port=0, metrics_port=0, routing=routing)
+    cfg = GatewayConfig(host=host, port=0, metrics_port=0, routing=routing,
+                        allow_anonymous=True, anonymous_requests_per_s=math.inf,
+                        anonymous_burst=math.inf, anonymous_tokens_per_minute=math.inf,
+                        anonymous_max_concurrent=1 << 30)  # fmt: skip
     live = LiveCatalog(loop)
     live.set(catalog(urls))
     gateway = Gateway(cfg, live)

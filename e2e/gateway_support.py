@@ -7,11 +7,14 @@ import os
 import signal
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import wait_until
@@ -117,3 +120,22 @@ def kill_pod_processes(uid: str) -> list[int]:
             os.kill(int(proc.name), signal.SIGKILL)
             killed.append(int(proc.name))
     return killed
+
+
+@contextmanager
+def scratch_namespaces(core: client.CoreV1Api, *prefixes: str) -> Iterator[list[str]]:
+    """Fresh namespaces, one per prefix with a shared random suffix, deleted at the end
+    (one already gone, say deleted by a test, is fine)."""
+    run = uuid.uuid4().hex[:5]
+    names = [f"{prefix}-{run}" for prefix in prefixes]
+    for name in names:
+        core.create_namespace({"metadata": {"name": name}})
+    try:
+        yield names
+    finally:
+        for name in names:
+            try:
+                core.delete_namespace(name)
+            except ApiException as err:
+                if err.status != 404:
+                    raise

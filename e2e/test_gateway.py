@@ -103,8 +103,9 @@ def engine_counts(core, namespace: str, service: str) -> dict[str, float]:
 
 def test_two_services_answer_through_one_url_with_the_openai_client(routed):
     client_ = ai(routed)
-    models = sorted(m.id for m in client_.models.list().data)
-    assert models == ["minilm", "minilm-on-demand", "smollm2"]
+    models = [m.id for m in client_.models.list().data]
+    served = ["minilm", "minilm-on-demand", "smollm2"]  # then each qualified by its namespace
+    assert models == [*served, *(f"{routed.namespace}/{m}" for m in served)]
     stream = client_.chat.completions.create(
         model="smollm2", messages=[{"role": "user", "content": "What is a GPU?"}],
         max_tokens=12, temperature=0, stream=True,

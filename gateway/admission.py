@@ -1,11 +1,14 @@
 """Per-tenant admission: token buckets of requests and of model tokens, and concurrency.
 
-A request is admitted when its tenant has a request token, a positive balance of model
-tokens and a free concurrency slot; otherwise the answer says how long to wait
-(`Retry-After`). Model tokens are charged on admission by an estimate (the prompt's length
-/ 4 plus the tokens asked for) and settled when the answer reports its real usage, so a
-tenant cannot outrun its budget by asking for many long answers at once, and is not charged
-for tokens never generated. Pure over a clock the caller passes in.
+A request is admitted when its tenant has a request token, a free concurrency slot and, in
+its bucket of model tokens, the request's whole reservation: the most tokens it can cost
+(`request_body.reservation`: its prompt's bound plus every answer's `max_tokens`, or the
+model's context). Otherwise the answer says how long to wait (`Retry-After`), or, for a
+reservation larger than the whole bucket, that it can never be admitted. The reservation is
+settled when the engine reports the request's real usage, so a tenant cannot outrun its
+budget by asking for many long answers at once, and is not charged for tokens never
+generated; an answer that reports nothing keeps the reservation. Pure over a clock the
+caller passes in.
 """
 
 from __future__ import annotations
@@ -49,12 +52,21 @@ class TokenBucket:
         if math.isfinite(self.level):
             self.level -= amount
 
+    def credit(self, amount: float, now: float) -> None:
+        """Gives back `amount` of a reservation, never above the capacity: what a tenant did
+        not spend is no credit for later."""
+        self.refill(now)
+        self.level = min(self.capacity, self.level + amount)
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     admitted: bool
     retry_after_s: float = 0.0
-    reason: str = ""  # "requests", "tokens" or "concurrency" when refused
+    reason: str = ""  # "requests", "tokens", "concurrency" or NEVER when refused
+
+
+NEVER = "token_capacity"  # a reservation over the whole bucket: no wait admits it
 
 
 @dataclass(slots=True)
@@ -89,25 +101,33 @@ class Admission:
             self.tenants[limits.name] = state = fresh
         return state
 
-    def admit(self, limits: TenantLimits, estimate: float, now: float) -> Decision:
+    def admit(self, limits: TenantLimits, reservation: float, now: float) -> Decision:
         state = self.state(limits)
+        if reservation > state.tokens.capacity:
+            return Decision(False, math.inf, NEVER)
         if limits.max_concurrent is not None and state.in_flight >= limits.max_concurrent:
             return Decision(False, 1.0, "concurrency")
-        tokens_wait = state.tokens.wait_for(min(1.0, state.tokens.capacity), now)
+        tokens_wait = state.tokens.wait_for(reservation, now)
         if tokens_wait > 0:
             return Decision(False, tokens_wait, "tokens")
         request_wait = state.requests.wait_for(1.0, now)
         if request_wait > 0:
             return Decision(False, request_wait, "requests")
         state.requests.charge(1.0, now)
-        state.tokens.charge(estimate, now)
+        state.tokens.charge(reservation, now)
         state.in_flight += 1
         return Decision(True)
 
-    def settle(self, limits: TenantLimits, estimate: float, used: float | None, now: float) -> None:
-        """The request ended: its slot is free, and its real token count (when the answer
-        reported one) replaces the estimate charged on admission."""
+    def settle(
+        self, limits: TenantLimits, reservation: float, used: float | None, now: float
+    ) -> None:
+        """The request ended: its slot is free, and the usage its answer reported (None:
+        none) replaces the reservation held on admission."""
         state = self.state(limits)
         state.in_flight = max(0, state.in_flight - 1)
-        if used is not None:
-            state.tokens.charge(used - estimate, now)
+        if used is None:
+            return
+        if used > reservation:
+            state.tokens.charge(used - reservation, now)
+        else:
+            state.tokens.credit(reservation - used, now)

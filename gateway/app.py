@@ -1,9 +1,13 @@
 """The gateway's HTTP face: the OpenAI API in front of every InferenceService.
 
-A request goes through, in order: the key (401), the body (413, 408, 400 naming the field),
-the model (404 listing the served ones), the tenant's limits (429 with Retry-After), a hold
-while its service has no ready pod (the gateway asks for a replica of a service at zero),
-the canary split, the choice of a pod, and the forward, retried on another pod while the
+A request goes through, in order: the key (401), the body (413, 408, 400 naming the field;
+429 while the tenant's bodies in the gateway fill its share: body_budget.py), the model,
+within the namespaces the key may call (404 listing the names it may use, 400 when a bare
+name is served in several: model_names.py), the tenant's limits (429 with Retry-After; 400
+for a request whose reservation of model tokens is more than the tenant's whole bucket:
+admission.py), a hold while its service has no ready pod (the gateway asks for a replica of
+a service at zero, at most maxScaleFromZero at once per tenant: wakes.py), the canary split,
+the choice of a pod, and the forward, retried on another pod while the
 client has seen nothing. Nothing reaches an engine that the gateway refused.
 """
 
@@ -20,19 +24,31 @@ from functools import partial
 import aiohttp
 from aiohttp import web
 
-from gateway.admission import Admission
+from gateway.admission import NEVER, Admission
 from gateway.balancer import Balancer, prefix_key
+from gateway.body_budget import BodyBudget, BodyLease
 from gateway.catalog import Backend, Key, Route
 from gateway.config import GatewayConfig
 from gateway.failed_keys import FailedKeys
 from gateway.live_catalog import LiveCatalog
 from gateway.loads import Loads, scrape
 from gateway.metrics import GatewayMetrics
+from gateway.model_names import MayCall, Unresolved, as_served, names, qualified, resolve
 from gateway.proxy import Answer, Retryable, UpstreamTimeout, forward
-from gateway.request_body import CHAT, COMPLETIONS, EMBEDDINGS, ParsedRequest, parse_request
+from gateway.request_body import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    ParsedRequest,
+    forwarded_body,
+    parse_request,
+    reservation,
+)
 from gateway.split import TrackSplit
-from gateway.tenants import UNLIMITED, KeyTable, TenantLimits
+from gateway.tenants import KeyTable, TenantLimits
+from gateway.wakes import Wakes
 from infergrid.capped_read import read_capped
+from infergrid.engine_token import derive as derive_engine_token
 from infergrid.errors import ContractError
 from infergrid.openai_error import error_body
 
@@ -42,6 +58,10 @@ MAX_ATTEMPTS = 3  # pods tried for one request before it is answered 503
 SCALE_ASK_EVERY_S = 5.0  # a service at zero is asked for a replica at most this often
 HOLD_POLL_S = 1.0  # a held request looks again at least this often
 MODEL_SHOWN = 100  # characters of an unknown model's name echoed back
+ANONYMOUS_WARNING = (
+    "no API keys (allowAnonymous): every caller who reaches the gateway is the anonymous "
+    "tenant, unauthenticated"
+)
 Scaler = Callable[[str, str], Awaitable[bool]]
 
 
@@ -93,8 +113,11 @@ class Gateway:
         self.loads = Loads(cfg.failure_cooldown_s)
         self.balancer = Balancer(cfg.routing, cfg.affinity_slack)
         self.admission = Admission()
+        self.bodies = BodyBudget(cfg.tenant_body_bytes)
         self.keys: KeyTable | None = None  # None with keys required: not loaded yet
         self.keys_required = cfg.secret is not None
+        self.anonymous = cfg.anonymous
+        self.wakes = Wakes()
         self.splits: dict[Key, TrackSplit] = {}
         self.held: dict[Key, int] = {}
         self.asked_at: dict[Key, float] = {}
@@ -147,9 +170,12 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def readyz(self, _request: web.Request) -> web.Response:
+        """503 while not ready; ready or not, an open gateway says so (`warning`)."""
         problems = self.not_ready()
-        status = 503 if problems else 200
-        return web.json_response({"ready": not problems, "waiting for": problems}, status=status)
+        body: dict[str, object] = {"ready": not problems, "waiting for": problems}
+        if not self.keys_required:
+            body["warning"] = ANONYMOUS_WARNING
+        return web.json_response(body, status=503 if problems else 200)
 
     def not_ready(self) -> list[str]:
         problems = []
@@ -171,9 +197,9 @@ class Gateway:
         except Refusal as refusal:
             return refusal.response()
         data = [
-            {"id": model, "object": "model", "created": 0,
+            {"id": name, "object": "model", "created": 0,
              "owned_by": f"{route.namespace}/{route.service}"}
-            for model, route in sorted(self._visible(tenant).items())
+            for name, route in names(self.live.current, self._may_call(tenant)).items()
         ]  # fmt: skip
         return web.json_response({"object": "list", "data": data})
 
@@ -181,30 +207,55 @@ class Gateway:
 
     async def handle(self, endpoint: str, request: web.Request) -> web.StreamResponse:
         arrived = self.clock()
-        tenant = UNLIMITED
+        tenant = self.anonymous
         try:
             tenant = self.tenant(request)
-            raw = await self._body(request)
-            parsed = self._parse(raw, endpoint)
-            route = self._route(parsed.model, tenant)
-            decision = self.admission.admit(tenant, parsed.estimate, self.clock())
-            if not decision.admitted:
-                raise Refusal(
-                    429, "rate_limited",
-                    f"tenant {tenant.name} is over its {decision.reason} limit; retry after "
-                    f"{math.ceil(decision.retry_after_s)} s",
-                    kind="rate_limit_error", code=f"{decision.reason}_limit",
-                    retry_after=decision.retry_after_s,
-                )  # fmt: skip
         except Refusal as refusal:
-            self.metrics.refused.labels(refusal.reason, tenant.name).inc()
-            return refusal.response()
-        return await self._admitted(request, raw, parsed, route, tenant, arrived)
+            return self._refused(refusal, tenant)
+        with self.bodies.lease(tenant.name) as lease:
+            try:
+                raw = await self._body(request, tenant, lease)
+                parsed = self._parse(raw, endpoint)
+                route = self._route(parsed.model, tenant)
+                reserved = reservation(parsed, route.context_tokens, self.cfg.default_max_tokens)
+                self._admit(tenant, reserved)
+            except Refusal as refusal:
+                return self._refused(refusal, tenant)
+            raw = as_served(forwarded_body(raw, parsed), parsed.model, route)
+            return await self._admitted(request, raw, parsed, route, tenant, arrived, reserved)
+
+    def _refused(self, refusal: Refusal, tenant: TenantLimits) -> web.Response:
+        self.metrics.refused.labels(refusal.reason, tenant.name).inc()
+        return refusal.response()
+
+    def _admit(self, tenant: TenantLimits, reserved: int) -> None:
+        """Takes the request's reservation from the tenant's bucket, or refuses it: 429 with
+        the wait, or 400 when no wait would do."""
+        decision = self.admission.admit(tenant, reserved, self.clock())
+        if decision.admitted:
+            return
+        if decision.reason == NEVER:
+            raise Refusal(
+                400, "token_capacity",
+                f"max_tokens: the request may cost {reserved} model tokens (its prompt and "
+                f"answers), more than tenant {tenant.name}'s whole bucket of "
+                f"{tenant.tokens_per_minute:g} a minute, so it can never be admitted; ask for "
+                "fewer max_tokens", param="max_tokens", code="tokens_over_capacity",
+            )  # fmt: skip
+        raise Refusal(
+            429, "rate_limited",
+            f"tenant {tenant.name} is over its {decision.reason} limit; retry after "
+            f"{math.ceil(decision.retry_after_s)} s",
+            kind="rate_limit_error", code=f"{decision.reason}_limit",
+            retry_after=decision.retry_after_s,
+        )  # fmt: skip
 
     async def _admitted(
         self, request: web.Request, raw: bytes, parsed: ParsedRequest, route: Route,
-        tenant: TenantLimits, arrived: float,
+        tenant: TenantLimits, arrived: float, reserved: int,
     ) -> web.StreamResponse:  # fmt: skip
+        """The admitted request served; its reservation is settled by the usage its answer
+        reported, and kept whole when it reported none (a stream cut short, a timeout)."""
         served, used = Served(), None
         self.in_flight += 1
         self.metrics.in_flight.labels(route.model).inc()
@@ -213,12 +264,11 @@ class Gateway:
             used = answer.tokens_used
             return answer.response
         except Refusal as refusal:
-            self.metrics.refused.labels(refusal.reason, tenant.name).inc()
-            return refusal.response()
+            return self._refused(refusal, tenant)
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.labels(route.model).dec()
-            self.admission.settle(tenant, parsed.estimate, used, self.clock())
+            self.admission.settle(tenant, reserved, used, self.clock())
             if served.track:
                 labels = (route.model, served.track, tenant.name)
                 self.metrics.requests.labels(*labels, str(served.status)).inc()
@@ -226,7 +276,7 @@ class Gateway:
 
     def tenant(self, request: web.Request) -> TenantLimits:
         if not self.keys_required:
-            return UNLIMITED
+            return self.anonymous
         scheme, _, key = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             message = "an API key is required: Authorization: Bearer <key>"
@@ -247,41 +297,59 @@ class Gateway:
 
     def _parse(self, raw: bytes, endpoint: str) -> ParsedRequest:
         try:
-            return parse_request(raw, endpoint, self.cfg.default_max_tokens)
+            return parse_request(raw, endpoint)
         except ContractError as err:
             raise Refusal(400, "bad_request", str(err), param=err.field) from None
 
-    async def _body(self, request: web.Request) -> bytes:
-        limit = self.cfg.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
+    async def _body(self, request: web.Request, tenant: TenantLimits, lease: BodyLease) -> bytes:
+        """The body, held against the tenant's budget as it arrives (body_budget.py)."""
+        limit, declared = self.cfg.max_body_bytes, request.content_length
+        if declared is not None and declared > limit:
             raise Refusal(413, "bad_request", f"body: over the {limit}-byte limit", param="body")
+        if declared is not None and not lease.take(declared):
+            raise self._over_body_budget(tenant)
         try:
             async with asyncio.timeout(self.cfg.read_timeout_s):
-                raw = await read_capped(request.content, limit)
+                raw = await read_capped(request.content, limit,
+                                        None if declared is not None else lease.take)  # fmt: skip
         except TimeoutError:
             raise Refusal(
                 408, "bad_request", "body: did not arrive in time", param="body"
             ) from None
+        if raw is None and lease.refused:
+            raise self._over_body_budget(tenant)
         if raw is None:
             raise Refusal(413, "bad_request", f"body: over the {limit}-byte limit", param="body")
         return raw
 
-    def _visible(self, tenant: TenantLimits) -> dict[str, Route]:
-        """The routes of the namespaces the tenant may call."""
-        routes = self.live.current.routes
-        return {m: r for m, r in routes.items() if tenant.may_call(r.namespace)}
+    def _over_body_budget(self, tenant: TenantLimits) -> Refusal:
+        return Refusal(
+            429, "body_bytes", f"body: tenant {tenant.name} already has "
+            f"{self.cfg.tenant_body_bytes} bytes of request bodies in the gateway "
+            "(tenantBodyBytes); retry once its requests in flight end", param="body",
+            kind="rate_limit_error", code="body_bytes_limit", retry_after=1,
+        )  # fmt: skip
 
-    def _route(self, model: str, tenant: TenantLimits) -> Route:
-        """The model's route; another namespace's model is as unknown as a missing one, so a
-        tenant learns nothing of what it may not call."""
-        visible = self._visible(tenant)
-        route = visible.get(model)
-        if route is None:
-            shown = model if len(model) <= MODEL_SHOWN else f"{model[:MODEL_SHOWN]}..."
-            served = ", ".join(sorted(visible)) or "none"
+    def _may_call(self, tenant: TenantLimits) -> MayCall:
+        """The namespaces the tenant may call, among those the gateway serves."""
+        served = self.cfg.namespaces
+        return lambda namespace: tenant.may_call(namespace) and (not served or namespace in served)
+
+    def _route(self, name: str, tenant: TenantLimits) -> Route:
+        """The route the name reaches for this tenant (model_names.py). A namespace it may not
+        call is as unknown as a missing one, so a tenant learns nothing of what it may not
+        call, and no other tenant's model can take a name over."""
+        try:
+            return resolve(self.live.current, name, self._may_call(tenant))
+        except Unresolved as err:
+            shown = name if len(name) <= MODEL_SHOWN else f"{name[:MODEL_SHOWN]}..."
+            if err.ambiguous:
+                raise Refusal(400, "ambiguous_model", f"model {shown!r} is served in several "
+                              f"namespaces you may call; name one: {', '.join(err.choices)}",
+                              param="model", code="model_ambiguous") from None  # fmt: skip
+            served = ", ".join(err.choices) or "none"
             raise Refusal(404, "unknown_model", f"model {shown!r} is not served; served: {served}",
-                          param="model", code="model_not_found")  # fmt: skip
-        return route
+                          param="model", code="model_not_found") from None  # fmt: skip
 
     async def _serve(
         self, request: web.Request, raw: bytes, parsed: ParsedRequest, route: Route,
@@ -290,7 +358,7 @@ class Gateway:
         deadline = arrived + self.cfg.hold_timeout_s
         tried: set[Key] = set()
         while True:
-            route = await self._ready(route, deadline)
+            route = await self._ready(route, deadline, tenant)
             backend = self._choose(route, parsed, tried)
             if backend is None:
                 message = f"every ready pod of {route.namespace}/{route.service} failed"
@@ -339,9 +407,16 @@ class Gateway:
         assert self.session is not None
         self.loads.started(backend.key)
         try:
-            return await forward(self.session, backend, request, raw, self.timeouts, first_byte)
+            return await forward(self.session, backend, request, raw, self.timeouts, first_byte,
+                                 self._engine_token(route),
+                                 hide_usage=parsed.stream and not parsed.usage_asked)  # fmt: skip
         finally:
             self.loads.ended(backend.key)
+
+    def _engine_token(self, route: Route) -> str:
+        """The token the service's engines ask of callers; none without the key."""
+        key = self.cfg.engine_token_key
+        return derive_engine_token(key, route.namespace, route.service) if key else ""
 
     def _choose(self, route: Route, parsed: ParsedRequest, tried: set[Key]) -> Backend | None:
         """The canary split first, then the least-loaded pod of the track."""
@@ -359,9 +434,10 @@ class Gateway:
 
     # Holding for a ready pod, and scale from zero.
 
-    async def _ready(self, route: Route, deadline: float) -> Route:
-        """The route once it has a ready pod; held (bounded) until then."""
-        current = self.live.current.routes.get(route.model, route)
+    async def _ready(self, route: Route, deadline: float, tenant: TenantLimits) -> Route:
+        """The route once it has a ready pod; held (bounded) until then. A service at zero
+        replicas counts against the tenant's maxScaleFromZero while its request is held."""
+        current = self._pinned(route)
         if current.backends:
             return current
         key = route.key
@@ -369,7 +445,16 @@ class Gateway:
             raise Refusal(429, "hold_full", f"{self.cfg.hold_queue} requests already wait for a "
                           f"pod of {route.namespace}/{route.service}", kind="rate_limit_error",
                           retry_after=5)  # fmt: skip
+        waking = current.replicas == 0
+        if waking and not self.wakes.can_wake(tenant.name, key, tenant.max_scale_from_zero):
+            raise Refusal(429, "scale_from_zero", f"tenant {tenant.name} already wakes "
+                          f"{self.wakes.waking(tenant.name)} services from zero replicas, its "
+                          "maxScaleFromZero; retry once one of them is ready",
+                          kind="rate_limit_error", code="scale_from_zero_limit",
+                          retry_after=5)  # fmt: skip
         self._hold(key, +1)
+        if waking:
+            self.wakes.wake(tenant.name, key)
         try:
             while not current.backends:
                 self._maybe_scale_up(current)
@@ -380,14 +465,22 @@ class Gateway:
                                   f"{self.cfg.hold_timeout_s:g} s", kind="service_unavailable",
                                   retry_after=5)  # fmt: skip
                 await self.live.changed(min(left, HOLD_POLL_S))
-                found = self.live.current.routes.get(route.model)
-                if found is None or found.key != key:
-                    raise Refusal(404, "unknown_model", f"model {route.model!r} is no longer "
-                                  "served", param="model", code="model_not_found")  # fmt: skip
-                current = found
+                current = self._pinned(route)
             return current
         finally:
             self._hold(key, -1)
+            if waking:
+                self.wakes.release(tenant.name, key)
+
+    def _pinned(self, route: Route) -> Route:
+        """The service the request resolved to, as the catalog has it now. Gone, or serving
+        another model, it is a 404: a held request is never resolved again, so it cannot
+        land in a namespace that took the name over meanwhile."""
+        found = self.live.current.by_service.get(route.key)
+        if found is None or found.model != route.model:
+            raise Refusal(404, "unknown_model", f"model {qualified(route)!r} is no longer "
+                          "served", param="model", code="model_not_found")  # fmt: skip
+        return found
 
     def _hold(self, key: Key, step: int) -> None:
         count = self.held.get(key, 0) + step

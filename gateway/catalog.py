@@ -1,13 +1,24 @@
-"""Which engine pods serve which model: InferenceServices and EndpointSlices, as plain data.
+"""Which engine pods serve which model: InferenceServices, EndpointSlices and engine pods,
+as plain data.
 
 A request names a model; the InferenceService whose `spec.model.name` it is serves it, from
 the ready endpoints of its Service's EndpointSlices, each one a pod of the stable track or
 of the canary (told apart by `infergrid.tracks.track_of_pod`). Everything here is pure: the
-watches hand the objects over as dicts and get a new `Catalog` back.
+watches hand the objects over as dicts (pods trimmed to an `EnginePod`) and get a new
+`Catalog` back.
 
-Two services may name the same model (say in two namespaces). Then the oldest one serves it
-and the others are listed in `Catalog.shadowed`, so a newcomer can never take over a model
-that clients already reach.
+Nothing in an EndpointSlice proves who wrote it: whoever may create slices in a namespace can
+copy the endpoint controller's labels, its managed-by label and the Service as controlling
+owner. So an endpoint is called only at the address of a live pod of that namespace carrying
+the service's label (`endpoint_pod`): a forged slice can name at most the tenant's own engine
+pods, never another address.
+
+Model names are chosen by tenants, so they are not global: a route is keyed by its namespace
+and its model name, and two namespaces may serve one name side by side (which name a caller
+reaches is `model_names.py`'s to decide, per caller). Two services of one namespace naming one
+model: the oldest serves it, and the others are listed in `Catalog.shadowed` and logged, so a
+newcomer cannot take over a model its own namespace's clients already reach. A tenant can
+only shadow itself.
 """
 
 from __future__ import annotations
@@ -17,6 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from infergrid.constants import LABEL_INFERENCESERVICE
+from infergrid.serving_config import BY_ATTR, DEFAULT_PORT
 from infergrid.tracks import CANARY, STABLE, track_of_pod
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -25,6 +38,7 @@ ENDPOINT_CONTROLLER = "endpointslice-controller.k8s.io"
 PORT_NAME = "http"  # the engine port's name in the operator's Service
 
 Key = tuple[str, str]  # (namespace, name)
+ModelKey = tuple[str, str]  # (namespace, model name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +56,35 @@ class Backend:
 
 
 @dataclass(frozen=True, slots=True)
+class EnginePod:
+    """What the endpoint check needs of a pod, and no more: the gateway holds one per engine
+    pod it serves, so a full pod object (spec, env, managed fields) would cost it memory."""
+
+    namespace: str
+    name: str
+    service: str | None  # its LABEL_INFERENCESERVICE, the operator Service's whole selector
+    ips: frozenset[str]  # status.podIP and status.podIPs, each in ipaddress' canonical form
+    terminating: bool  # metadata.deletionTimestamp is set
+
+    @property
+    def key(self) -> Key:
+        return (self.namespace, self.name)
+
+    @classmethod
+    def of(cls, pod: dict[str, Any]) -> EnginePod:
+        """The trimmed record of a pod as the API server sends it."""
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        listed = [status.get("podIP"), *((p or {}).get("ip") for p in status.get("podIPs") or [])]
+        return cls(
+            namespace=meta.get("namespace", ""),
+            name=meta.get("name", ""),
+            service=(meta.get("labels") or {}).get(LABEL_INFERENCESERVICE),
+            ips=frozenset(ip for ip in map(_canonical_ip, listed) if ip is not None),
+            terminating=bool(meta.get("deletionTimestamp")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Route:
     """One InferenceService as the gateway routes to it."""
 
@@ -51,6 +94,7 @@ class Route:
     canary_percent: int  # 0 without a canary
     replicas: int  # spec.replicas: 0 means no pod will come unless someone asks for one
     backends: tuple[Backend, ...] = ()
+    context_tokens: int | None = None  # spec.engine.maxModelLen: prompt plus answer, at most
 
     @property
     def key(self) -> Key:
@@ -71,33 +115,49 @@ class Route:
 
 @dataclass(frozen=True, slots=True)
 class Catalog:
-    routes: Mapping[str, Route] = field(default_factory=dict)  # by model name
+    routes: Mapping[ModelKey, Route] = field(default_factory=dict)
     shadowed: tuple[str, ...] = ()  # "namespace/name serves model m, already served by ..."
+    refused: Mapping[Key, str] = field(default_factory=dict)  # slice -> why an endpoint is not
+    by_model: Mapping[str, tuple[Route, ...]] = field(init=False)  # a name's, by namespace
+    by_service: Mapping[Key, Route] = field(init=False)
 
-    def models(self) -> list[str]:
-        return sorted(self.routes)
+    def __post_init__(self) -> None:
+        by_model: dict[str, list[Route]] = {}
+        for route in sorted(self.routes.values(), key=lambda r: r.namespace):
+            by_model.setdefault(route.model, []).append(route)
+        object.__setattr__(self, "by_model", {m: tuple(rs) for m, rs in by_model.items()})
+        object.__setattr__(self, "by_service", {r.key: r for r in self.routes.values()})
 
-    def by_key(self, key: Key) -> Route | None:
-        return next((r for r in self.routes.values() if r.key == key), None)
+    @classmethod
+    def of(cls, *routes: Route) -> Catalog:
+        """The catalog of routes built by hand (tests, benchmarks), one per model and
+        namespace."""
+        return cls({(r.namespace, r.model): r for r in routes})
 
 
-def build_catalog(services: Iterable[dict[str, Any]], slices: Iterable[dict[str, Any]]) -> Catalog:
-    """The catalog of these InferenceServices, with the ready pods their slices list."""
-    endpoints = _endpoints_by_service(slices)
-    routes: dict[str, Route] = {}
+def build_catalog(
+    services: Iterable[dict[str, Any]],
+    slices: Iterable[dict[str, Any]],
+    pods: Iterable[EnginePod],
+) -> Catalog:
+    """The catalog of these InferenceServices, with the ready pods their slices list: those
+    of `pods` only (the engine pods of the namespaces served). Slices naming anything else
+    are in `Catalog.refused`, with the first reason."""
+    endpoints, refused = _endpoints_by_service(slices, {p.key: p for p in pods})
+    routes: dict[ModelKey, Route] = {}
     shadowed: list[str] = []
     for service in sorted(services, key=_age):
         route = _route(service, endpoints)
         if route is None:
             continue
-        if (first := routes.get(route.model)) is not None:
+        if (first := routes.get((route.namespace, route.model))) is not None:
             shadowed.append(
                 f"{route.namespace}/{route.service} names model {route.model!r}, already "
                 f"served by {first.namespace}/{first.service}"
             )
             continue
-        routes[route.model] = route
-    return Catalog(routes, tuple(shadowed))
+        routes[(route.namespace, route.model)] = route
+    return Catalog(routes, tuple(shadowed), refused)
 
 
 def _age(service: dict[str, Any]) -> tuple[str, str, str]:
@@ -117,6 +177,7 @@ def _route(service: dict[str, Any], endpoints: Mapping[Key, list[Backend]]) -> R
     canary = spec.get("canary") or {}
     percent = canary.get("trafficPercent", 0) if canary else 0
     replicas = spec.get("replicas", 1)
+    context = (spec.get("engine") or {}).get("maxModelLen", BY_ATTR["max_model_len"].default)
     return Route(
         model=model,
         namespace=namespace,
@@ -124,11 +185,15 @@ def _route(service: dict[str, Any], endpoints: Mapping[Key, list[Backend]]) -> R
         canary_percent=percent if isinstance(percent, int) else 0,
         replicas=replicas if isinstance(replicas, int) else 1,
         backends=tuple(sorted(endpoints.get((namespace, name), []), key=lambda b: b.pod)),
+        context_tokens=context if isinstance(context, int) else None,
     )
 
 
-def _endpoints_by_service(slices: Iterable[dict[str, Any]]) -> dict[Key, list[Backend]]:
+def _endpoints_by_service(
+    slices: Iterable[dict[str, Any]], pods: Mapping[Key, EnginePod]
+) -> tuple[dict[Key, list[Backend]], dict[Key, str]]:
     found: dict[Key, dict[str, Backend]] = {}
+    refused: dict[Key, str] = {}
     for eps in slices:
         meta = eps.get("metadata") or {}
         service = _controllers_service(meta)
@@ -138,17 +203,22 @@ def _endpoints_by_service(slices: Iterable[dict[str, Any]]) -> dict[Key, list[Ba
         namespace = meta.get("namespace", "")
         seen = found.setdefault((namespace, service), {})
         for endpoint in eps.get("endpoints") or []:
-            backend = _backend(namespace, service, endpoint, port)
-            if backend is not None:
+            if not _serving(endpoint):
+                continue
+            pod = endpoint_pod(namespace, service, endpoint, pods)
+            if isinstance(pod, str):
+                refused.setdefault((namespace, meta.get("name", "")), pod)
+            elif backend := _backend(pod, service, endpoint["addresses"][0], port):
                 seen[backend.pod] = backend
-    return {key: list(pods.values()) for key, pods in found.items()}
+    return {key: list(by_pod.values()) for key, by_pod in found.items()}, refused
 
 
 def _controllers_service(meta: dict[str, Any]) -> str | None:
-    """The Service whose slice this is, if Kubernetes' endpoint controller made it for that
-    Service (its label, and the Service as its controlling owner); None for a slice someone
-    wrote by hand, whose addresses could send a model's callers anywhere. The controller
-    rewrites or deletes a slice that carries its label but does not match the Service."""
+    """The Service whose slice this is, if it reads as Kubernetes' endpoint controller made
+    it for that Service (its label, and the Service as its controlling owner); None for a
+    slice that does not even claim so. Every one of these fields can be forged (the controller
+    deletes such a slice only a second or so later), so this only sorts slices out:
+    `endpoint_pod` is the check a forgery cannot pass."""
     labels = meta.get("labels") or {}
     service = labels.get(SERVICE_NAME_LABEL)
     if not service or labels.get(MANAGED_BY_LABEL) != ENDPOINT_CONTROLLER:
@@ -160,30 +230,73 @@ def _controllers_service(meta: dict[str, Any]) -> str | None:
 
 
 def _port(ports: list[dict[str, Any]]) -> int | None:
+    """The slice's engine port: the one named `http`, and only if it is the port the operator
+    gives every engine pod (`DEFAULT_PORT`). A slice's ports are as forgeable as the rest of
+    it, and another port of a pod (a hostNetwork pod's is the node's) is no engine."""
     named = [p.get("port") for p in ports if p.get("name") == PORT_NAME]
-    return next((p for p in named if isinstance(p, int)), None)
+    return DEFAULT_PORT if DEFAULT_PORT in named else None
 
 
-def _backend(namespace: str, service: str, endpoint: dict[str, Any], port: int) -> Backend | None:
-    """A ready endpoint of a pod of one of the service's tracks, else None. `ready` unset
-    counts as ready, as the EndpointSlice API says; a terminating pod is never ready."""
+def _serving(endpoint: dict[str, Any]) -> bool:
+    """Whether the slice says the endpoint takes requests: `ready` unset counts as ready, as
+    the EndpointSlice API says; a terminating pod is never ready."""
     conditions = endpoint.get("conditions") or {}
-    if conditions.get("ready") is False or conditions.get("terminating") is True:
-        return None
+    return conditions.get("ready") is not False and conditions.get("terminating") is not True
+
+
+def endpoint_pod(
+    namespace: str, service: str, endpoint: dict[str, Any], pods: Mapping[Key, EnginePod]
+) -> EnginePod | str:
+    """The engine pod of `service` this endpoint of a slice in `namespace` is, or why it is
+    none. Each condition closes a way a hand-written slice (its writer chooses every field)
+    could point the gateway elsewhere:
+
+    - the target is a Pod of the slice's own namespace: a slice cannot lend a route another
+      namespace's pod, a node, or anything the gateway does not watch;
+    - that pod is among the engine pods watched: a made-up name has no address to check;
+    - it carries the service's label, the operator Service's whole selector: it is a pod the
+      endpoint controller itself would list, so a slice reaches only its own service's pods;
+    - the endpoint's address is one of that pod's IPs, which only the kubelet writes: any
+      other address (another tenant's engine, a metadata service, a hostname) is never called.
+    """
     ref = endpoint.get("targetRef") or {}
-    addresses = endpoint.get("addresses") or []
-    if ref.get("kind") != "Pod" or not addresses:
+    name, addresses = ref.get("name", ""), endpoint.get("addresses") or []
+    if ref.get("kind") != "Pod":
+        return f"an endpoint targets {ref.get('kind') or 'nothing'}, not a Pod"
+    if ref.get("namespace", namespace) != namespace:
+        return f"endpoint {name} targets a pod of namespace {ref.get('namespace')}"
+    pod = pods.get((namespace, name))
+    if pod is None:
+        return f"endpoint {name} targets no engine pod of {namespace}"
+    if pod.service != service:
+        return f"pod {name} does not carry {LABEL_INFERENCESERVICE}={service}"
+    if not addresses or _canonical_ip(addresses[0]) not in pod.ips:
+        return f"endpoint {name} has address {addresses[:1]}, not the pod's IP"
+    return pod
+
+
+def _backend(pod: EnginePod, service: str, address: str, port: int) -> Backend | None:
+    """The pod as a backend of one of its service's tracks. None for a pod that neither of the
+    service's Deployments made, and for a terminating pod: its address is about to be freed
+    for another pod. (Not reported: the pod watch and the slice watch race at every rollout,
+    so a real slice may still call a terminating pod ready for a moment.)"""
+    track = track_of_pod(service, pod.name)
+    if track is None or pod.terminating:
         return None
-    track = track_of_pod(service, ref.get("name", ""))
-    if track is None:
+    return Backend(pod.namespace, pod.name, _url(address, port), track)
+
+
+def _canonical_ip(address: Any) -> str | None:
+    """The address as ipaddress writes it (one spelling per IPv6 address), None if not an IP."""
+    if not isinstance(address, str):
         return None
-    return Backend(namespace, ref["name"], _url(addresses[0], port), track)
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return None
 
 
 def _url(address: str, port: int) -> str:
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return f"http://{address}:{port}"
+    ip = ipaddress.ip_address(address)
     host = f"[{ip}]" if ip.version == 6 else str(ip)
     return f"http://{host}:{port}"

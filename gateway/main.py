@@ -1,7 +1,10 @@
 """`infergrid-gateway`: one OpenAI endpoint for every InferenceService.
 
 infergrid-gateway [--config FILE] [--port 8080] [--metrics-port 9090] [--namespaces a,b]
-    [--api-keys-secret NAMESPACE/NAME]
+    [--api-keys-secret NAMESPACE/NAME | --allow-anonymous]
+
+Keys are required: without --api-keys-secret the gateway refuses to start, unless
+--allow-anonymous opens it to every caller as one bounded tenant (--anonymous-* limits).
 
 SIGTERM drains: /readyz turns 503 so the Service stops sending new requests, requests
 still arriving are served, and the process exits once none is in flight (or after
@@ -25,6 +28,7 @@ from gateway.config import SETTINGS, GatewayConfig, check
 from gateway.kube import CatalogFeed, KeysSecretGone, read_keys, scale_up
 from gateway.live_catalog import LiveCatalog
 from gateway.tenants import KeyTable
+from infergrid.engine_token import with_key
 from infergrid.errors import ContractError
 from infergrid.process import configure_logging, kube_api
 from infergrid.settings import add_flags, load_settings
@@ -42,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
-        cfg = check(load_settings(GatewayConfig(), SETTINGS, args))
+        cfg = with_key(check(load_settings(GatewayConfig(), SETTINGS, args)))
         api = kube_api()
     except (ContractError, OSError, config.ConfigException) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -70,6 +74,9 @@ async def serve(cfg: GatewayConfig, api: client.ApiClient) -> None:
     keys = asyncio.ensure_future(_refresh_keys(gateway, api)) if cfg.secret else None
     log.info("serving the OpenAI API on %s:%d, metrics on %s:%d", cfg.host, cfg.port,
              cfg.metrics_host, cfg.metrics_port)  # fmt: skip
+    if cfg.secret is None:
+        log.warning("no API keys: every caller is the anonymous tenant, limited only by the "
+                    "anonymous* settings (allowAnonymous is on)")  # fmt: skip
     await stopping.wait()
     await drain(gateway, cfg.drain_s)
     stop.set()

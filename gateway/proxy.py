@@ -5,6 +5,12 @@ client's: `forward` raises `Retryable` (connection refused or reset, the pod ans
 because it is draining or not ready, a whole answer cut short), and the caller tries another
 pod. Once a stream has started, a pod that dies ends the client's stream with an OpenAI
 error event, never a hang and never a silent, truncated success.
+
+A whole answer up to `HELD_ANSWER_BYTES` is held, so a pod that fails while sending it is
+retried; a larger one is relayed as it comes, holding no more than a read's chunk and the
+tail its usage is read from (`reported_usage`), and a pod that fails while relaying it
+breaks the client's connection, so the client sees a cut answer as cut. Either way the
+answer's reported usage settles the tenant's bucket.
 """
 
 from __future__ import annotations
@@ -20,15 +26,16 @@ import orjson
 from aiohttp import web
 
 from gateway.catalog import Backend
-from infergrid.capped_read import read_capped
+from gateway.reported_usage import StreamUsage, Tail, usage_in_tail
+from infergrid.engine_token import HEADER as ENGINE_TOKEN_HEADER
 from infergrid.openai_error import error_body
 
 log = logging.getLogger("infergrid.gateway.proxy")
 
 FORWARDED_HEADERS: Final = ("content-type", "accept", "x-request-id", "traceparent")
 ANSWER_HEADERS: Final = ("content-type", "cache-control", "retry-after", "x-request-id")
-MAX_ANSWER_BYTES: Final = 256 << 20  # a whole (non-streamed) answer held at most
-USAGE_PARSE_BYTES: Final = 4 << 20  # larger answers are not parsed for their token count
+MAX_ANSWER_BYTES: Final = 256 << 20  # a whole (non-streamed) answer relayed at most
+HELD_ANSWER_BYTES: Final = 1 << 20  # a whole answer held (and retried) at most
 UPSTREAM_FAILURES: Final = (aiohttp.ClientError, OSError, TimeoutError, asyncio.IncompleteReadError)
 
 
@@ -50,8 +57,8 @@ class Retryable(Exception):
 class Answer:
     response: web.StreamResponse
     status: int
-    tokens_used: int | None  # from the answer's usage, where it reported one
-    cut_short: bool = False  # a stream ended by the pod's failure
+    tokens_used: int | None  # what the answer reported (0 for an error); None: no report
+    cut_short: bool = False  # an answer ended by the pod's failure
 
 
 async def forward(
@@ -61,8 +68,16 @@ async def forward(
     body: bytes,
     timeouts: aiohttp.ClientTimeout,
     on_first_byte: Callable[[], None],
+    engine_token: str = "",
+    hide_usage: bool = False,
 ) -> Answer:
+    """The client's own Authorization never reaches the pod (FORWARDED_HEADERS); the
+    service's engine token does, where the gateway has a key (infergrid/engine_token.py).
+    `hide_usage`: a stream's usage chunk is read, and kept from the client, which did not
+    ask for it."""
     headers = {k: v for k in FORWARDED_HEADERS if (v := request.headers.get(k))}
+    if engine_token:
+        headers[ENGINE_TOKEN_HEADER] = engine_token
     try:
         upstream = await session.post(
             f"{backend.url}{request.path}", data=body, headers=headers, timeout=timeouts,
@@ -83,35 +98,82 @@ async def forward(
             raise Retryable("redirect", f"the pod answered {upstream.status}, not followed")
         answer_headers = {k: v for k in ANSWER_HEADERS if (v := upstream.headers.get(k))}
         if upstream.content_type == "text/event-stream":
-            return await _stream(upstream, request, answer_headers, backend, on_first_byte)
-        return await _whole(upstream, answer_headers, on_first_byte)
+            usage = StreamUsage(hide_usage)
+            return await _stream(upstream, request, answer_headers, backend, on_first_byte, usage)
+        return await _whole(upstream, request, answer_headers, backend, on_first_byte)
 
 
 async def _whole(
-    upstream: aiohttp.ClientResponse, headers: dict[str, str], on_first_byte: Callable[[], None]
+    upstream: aiohttp.ClientResponse,
+    request: web.Request,
+    headers: dict[str, str],
+    backend: Backend,
+    on_first_byte: Callable[[], None],
 ) -> Answer:
+    """The answer held whole when it is small (a failure is retried), else relayed."""
+    chunks = upstream.content.iter_any()
+    held = bytearray()
     try:
-        body = await read_capped(upstream.content, MAX_ANSWER_BYTES)
+        while len(held) <= HELD_ANSWER_BYTES:
+            chunk = await anext(chunks, None)
+            if chunk is None:
+                on_first_byte()
+                body = bytes(held)
+                response = web.Response(status=upstream.status, body=body, headers=headers)
+                return Answer(response, upstream.status, _reported(upstream.status, body))
+            held += chunk
     except UPSTREAM_FAILURES as err:
         raise Retryable("mid_answer", _describe(err)) from None
-    if body is None:
-        raise Retryable("mid_answer", f"answer over {MAX_ANSWER_BYTES} bytes")
+    return await _relay(upstream, request, headers, backend, bytes(held), on_first_byte)
+
+
+async def _relay(
+    upstream: aiohttp.ClientResponse,
+    request: web.Request,
+    headers: dict[str, str],
+    backend: Backend,
+    head: bytes,
+    on_first_byte: Callable[[], None],
+) -> Answer:
+    """A large whole answer, sent on as it comes. A pod that fails, or an answer past
+    MAX_ANSWER_BYTES, breaks the client's connection instead of ending the body: a
+    chunked body without its last chunk is one no HTTP client takes for whole."""
+    response = web.StreamResponse(status=upstream.status, headers=headers)
+    await response.prepare(request)
     on_first_byte()
-    used = _usage(body) if upstream.status == 200 else None
-    response = web.Response(status=upstream.status, body=body, headers=headers)
-    return Answer(response, upstream.status, used)
-
-
-def _usage(body: bytes) -> int | None:
-    if len(body) > USAGE_PARSE_BYTES:
-        return None
+    tail, sent = Tail(), 0
+    chunks = upstream.content.iter_any()
     try:
-        doc = orjson.loads(body)  # a few ms at most, at the cap
-    except orjson.JSONDecodeError:
-        return None
-    usage = doc.get("usage") if isinstance(doc, dict) else None
-    total = usage.get("total_tokens") if isinstance(usage, dict) else None
-    return total if isinstance(total, int) and not isinstance(total, bool) else None
+        chunk: bytes | None = head
+        while chunk is not None:
+            sent += len(chunk)
+            if sent > MAX_ANSWER_BYTES:
+                return _break(request, response, upstream.status, backend, "answer too large")
+            tail.add(chunk)
+            await response.write(chunk)
+            try:
+                chunk = await anext(chunks, None)
+            except UPSTREAM_FAILURES as err:
+                return _break(request, response, upstream.status, backend, _describe(err))
+        await response.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        log.debug("the client of an answer from %s went away", backend.pod)
+        return Answer(response, upstream.status, None)
+    return Answer(response, upstream.status, _reported(upstream.status, tail.bytes()))
+
+
+def _break(
+    request: web.Request, response: web.StreamResponse, status: int, backend: Backend, why: str
+) -> Answer:
+    log.warning("engine pod %s/%s failed mid-answer: %s", backend.namespace, backend.pod, why)
+    if request.transport is not None:
+        request.transport.abort()
+    return Answer(response, status, None, cut_short=True)
+
+
+def _reported(status: int, tail: bytes) -> int | None:
+    """The usage an answer reports; an error answer generated nothing."""
+    return usage_in_tail(tail) if 200 <= status < 300 else 0
 
 
 async def _stream(
@@ -120,6 +182,7 @@ async def _stream(
     headers: dict[str, str],
     backend: Backend,
     on_first_byte: Callable[[], None],
+    usage: StreamUsage,
 ) -> Answer:
     chunks = upstream.content.iter_any()
     try:
@@ -130,20 +193,21 @@ async def _stream(
     await response.prepare(request)
     on_first_byte()
     try:
-        await response.write(first)
+        await response.write(usage.feed(first))
         while True:
             try:
                 chunk = await anext(chunks, None)
             except UPSTREAM_FAILURES as err:
                 await _end_with_error(response, backend, _describe(err))
-                return Answer(response, upstream.status, None, cut_short=True)
+                return Answer(response, upstream.status, usage.used, cut_short=True)
             if chunk is None:
                 break
-            await response.write(chunk)
+            await response.write(usage.feed(chunk))
+        await response.write(usage.rest())
         await response.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         log.debug("the client of a stream from %s went away", backend.pod)
-    return Answer(response, upstream.status, None)
+    return Answer(response, upstream.status, usage.used)
 
 
 async def _end_with_error(response: web.StreamResponse, backend: Backend, detail: str) -> None:

@@ -14,6 +14,15 @@ The keys live in a Secret the operator of the gateway writes, under the data key
         tokensPerMinute: 20000       # token bucket of model tokens (default: no limit)
         maxConcurrent: 8             # requests in flight at once (default: no limit)
         namespaces: [team-a]         # whose InferenceServices it may call (default: all)
+        maxScaleFromZero: 2          # services its requests may wake from zero replicas at
+                                     # once (default 2); past it, a 429 names the limit
+
+A tenant's model names resolve only inside its namespaces (`model_names.py`): `team-b/chat`
+names team-b's model, and a bare `chat` the one namespace of its own that serves it.
+
+Without a keys Secret the gateway refuses to start unless `allowAnonymous` is set; then every
+caller is the one `anonymous` tenant, whose limits are the gateway's `anonymous*` settings
+(`config.py`), all finite by default, so an open gateway is still a bounded one.
 
 Parsing is strict (every refusal names its field) so a typo cannot silently lift a limit.
 """
@@ -46,9 +55,10 @@ MAX_TENANTS: Final = 10_000
 MIN_KEY_CHARS: Final = 16  # a key short enough to guess is refused
 TENANT_FIELDS: Final = (
     "name", "keys", "requestsPerSecond", "burst", "tokensPerMinute", "maxConcurrent",
-    "namespaces",
+    "namespaces", "maxScaleFromZero",
 )  # fmt: skip
 ANONYMOUS: Final = "anonymous"  # the tenant of every request when no keys are configured
+SCALE_FROM_ZERO: Final = 2  # services a tenant may wake at once, unless it says otherwise
 HASHED: Final = "sha256:"
 _HEX_DIGEST: Final = re.compile(r"[0-9a-f]{64}")
 
@@ -61,12 +71,10 @@ class TenantLimits:
     tokens_per_minute: float = math.inf
     max_concurrent: int | None = None
     namespaces: frozenset[str] | None = None  # None: every namespace the gateway serves
+    max_scale_from_zero: int = SCALE_FROM_ZERO  # services woken from zero at once
 
     def may_call(self, namespace: str) -> bool:
         return self.namespaces is None or namespace in self.namespaces
-
-
-UNLIMITED: Final = TenantLimits(ANONYMOUS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +133,9 @@ def _tenant(doc: dict[str, Any], path: str) -> TenantLimits:
     namespaces = None
     if doc.get("namespaces") is not None:
         namespaces = frozenset(name for name, _ in each(doc, "namespaces", str, path))
+    wakes = SCALE_FROM_ZERO
+    if doc.get("maxScaleFromZero") is not None:
+        wakes = integer(doc, "maxScaleFromZero", path, low=0)
     return TenantLimits(
         name=field(doc, "name", str, path),
         requests_per_s=math.inf if rate is None else rate,
@@ -132,6 +143,7 @@ def _tenant(doc: dict[str, Any], path: str) -> TenantLimits:
         tokens_per_minute=math.inf if tokens is None else tokens,
         max_concurrent=concurrent,
         namespaces=namespaces,
+        max_scale_from_zero=wakes,
     )
 
 

@@ -5,7 +5,7 @@ Gone, or the resync period running out, lists it again, and any other failure ba
 and reconnects. The owner sees only plain Kubernetes JSON: every item of a fresh list
 (``replace``) and each event after it (``apply``), so its own logic needs no cluster to
 test. The scheduler extender's cache (nodes, pods) and the gateway (InferenceServices,
-EndpointSlices) both watch through this loop.
+EndpointSlices, engine pods) both watch through this loop.
 """
 
 from __future__ import annotations

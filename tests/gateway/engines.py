@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -18,6 +19,12 @@ from harness.tiny_model_dir import write_tiny_model
 from infergrid.tracks import STABLE
 
 MODEL = "tiny"
+# A gateway without keys whose one anonymous tenant has no limits, for the tests that send
+# many requests and are about something else.
+OPEN = GatewayConfig(
+    allow_anonymous=True, anonymous_requests_per_s=math.inf, anonymous_burst=math.inf,
+    anonymous_tokens_per_minute=math.inf, anonymous_max_concurrent=1 << 30,
+)  # fmt: skip
 
 
 def start_engines(tmp: Path, count: int) -> list[EngineProcess]:
@@ -44,7 +51,7 @@ async def gateway_serving(
     catalog: Catalog, cfg: GatewayConfig | None = None, scaler: Scaler | None = None
 ) -> AsyncIterator[tuple[Gateway, str]]:
     """The gateway's app on a free port, routing by `catalog`; yields it and its URL."""
-    cfg = replace(cfg or GatewayConfig(), host="127.0.0.1", port=free_port())
+    cfg = replace(cfg or OPEN, host="127.0.0.1", port=free_port())
     live = LiveCatalog(asyncio.get_running_loop())
     live.set(catalog)
     gateway = Gateway(cfg, live, scaler=scaler)

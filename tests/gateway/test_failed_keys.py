@@ -51,7 +51,7 @@ def test_through_the_gateway_a_flood_of_bad_keys_turns_into_429s_and_a_valid_key
 
     async def run() -> tuple[list[int], str | None, int]:
         cfg = replace(GatewayConfig(), api_keys_secret="infergrid/keys")
-        async with gateway_serving(Catalog({}), cfg) as (gateway, url):
+        async with gateway_serving(Catalog(), cfg) as (gateway, url):
             gateway.keys = KeyTable.of({"sk-team-a-0123456789": TenantLimits("team-a")})
             gateway.clock = lambda: 100.0  # no refill between the calls, however slow
             async with aiohttp.ClientSession() as http:

@@ -35,7 +35,7 @@ def engines(tmp_path_factory):
 
 
 def two_tracks(engines, canary=10):
-    return Catalog({MODEL: route([backend(engines[0]), backend(engines[1], CANARY)], canary)})
+    return Catalog.of(route([backend(engines[0]), backend(engines[1], CANARY)], canary))
 
 
 def test_the_openai_client_streams_a_chat_and_lists_the_models(engines):
@@ -48,7 +48,7 @@ def test_the_openai_client_streams_a_chat_and_lists_the_models(engines):
             return [m.id for m in models.data], pieces
 
     models, pieces = asyncio.run(run())
-    assert models == [MODEL]
+    assert models == [MODEL, f"ml/{MODEL}"]  # bare where unambiguous, qualified always
     assert len(pieces) >= 2
 
 
@@ -94,7 +94,7 @@ def test_bad_requests_are_refused_naming_the_field_and_never_reach_an_engine(
     (got, doc), before, after = asyncio.run(run())
     assert got == status and doc["error"]["param"] == param
     if status == 404:
-        assert "served: tiny" in doc["error"]["message"]
+        assert "served: tiny, ml/tiny" in doc["error"]["message"]
     assert before == after
 
 
@@ -131,7 +131,7 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_and_the_next_
     engines, tmp_path
 ):
     doomed = start_engines(tmp_path, 1)[0]
-    catalog = Catalog({MODEL: route([backend(doomed, n=1)])})
+    catalog = Catalog.of(route([backend(doomed, n=1)]))
     long = {**CHAT, "max_tokens": 1500, "ignore_eos": True, "stream": True}
 
     async def run():
@@ -144,8 +144,8 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_and_the_next_
                             events.append(line[6:].strip())
                             if len(events) == 3:
                                 doomed.proc.send_signal(signal.SIGKILL)
-                gateway.live.set(Catalog({MODEL: route([backend(doomed, n=1),
-                                                        backend(engines[0])])}))  # fmt: skip
+                gateway.live.set(Catalog.of(route([backend(doomed, n=1),
+                                                        backend(engines[0])])))  # fmt: skip
                 async with http.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
                     after = resp.status
         return events, after
@@ -164,12 +164,12 @@ def test_a_service_at_zero_is_asked_for_a_replica_and_answers_once_a_pod_is_read
     asked = []
 
     async def run():
-        async with gateway_serving(Catalog({MODEL: route([], replicas=0)})) as (gateway, url):
+        async with gateway_serving(Catalog.of(route([], replicas=0))) as (gateway, url):
 
             async def scaler(namespace, name):
                 asked.append((namespace, name))
                 await asyncio.sleep(0.3)  # the pod starting
-                gateway.live.set(Catalog({MODEL: route([backend(engines[0])])}))
+                gateway.live.set(Catalog.of(route([backend(engines[0])])))
                 return True
 
             gateway.scaler = scaler
@@ -188,7 +188,7 @@ def test_a_service_at_zero_is_asked_for_a_replica_and_answers_once_a_pod_is_read
 def test_a_held_request_times_out_with_503_and_a_full_hold_queue_answers_429(engines):
     async def run():
         cfg = replace(GatewayConfig(), hold_timeout_s=0.5, hold_queue=1)
-        catalog = Catalog({MODEL: route([], replicas=1)})
+        catalog = Catalog.of(route([], replicas=1))
         async with gateway_serving(catalog, cfg) as (gateway, url):
             async with aiohttp.ClientSession() as http:
 
@@ -253,7 +253,7 @@ def test_a_tenant_sees_and_calls_only_the_models_of_its_namespaces(engines):
         return seen, sum(after) - sum(before)
 
     seen, reached_engines = asyncio.run(run())
-    assert seen["team-a"][:2] == ([MODEL], 200)
+    assert seen["team-a"][:2] == ([MODEL, f"ml/{MODEL}"], 200)
     listed, status, doc = seen["team-c"]
     assert (listed, status) == ([], 404)
     assert doc["error"]["message"] == "model 'tiny' is not served; served: none"
@@ -269,7 +269,7 @@ def test_an_answer_of_many_chunks_comes_back_whole(tmp_path):
     body = {"model": MODEL, "input": [f"text {i}" for i in range(250)]}
 
     async def run():
-        catalog = Catalog({MODEL: route([backend(engine)])})
+        catalog = Catalog.of(route([backend(engine)]))
         async with gateway_serving(catalog) as (_, url), aiohttp.ClientSession() as http:
             async with http.post(f"{engine.url}/v1/embeddings", json=body) as resp:
                 direct = await resp.read()
@@ -285,3 +285,37 @@ def test_an_answer_of_many_chunks_comes_back_whole(tmp_path):
     assert status == 200
     assert len(json.loads(through)["data"]) == 250
     assert json.loads(through)["data"] == json.loads(direct)["data"]
+
+
+def test_a_stream_pays_what_the_real_engine_reports_and_a_client_that_declined_usage_sees_none(
+    engines,
+):
+    """The gateway asks the engine for the usage chunk by appending `stream_options`, which
+    the engine's parser takes over the client's own (the last of a repeated key wins)."""
+    keys = {"sk-team-a-0123456789": TenantLimits("team-a", tokens_per_minute=10_000)}
+    body = {**CHAT, "max_tokens": 8, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": False}}  # fmt: skip
+
+    async def run():
+        cfg = replace(GatewayConfig(), api_keys_secret="infergrid/keys")
+        async with gateway_serving(two_tracks(engines, canary=0), cfg) as (gateway, url):
+            gateway.keys = KeyTable.of(keys)
+            gateway.clock = lambda: 0.0
+            headers = {"Authorization": "Bearer sk-team-a-0123456789"}
+            async with aiohttp.ClientSession() as http:
+                async with http.post(f"{url}/v1/chat/completions", json=body,
+                                     headers=headers) as resp:  # fmt: skip
+                    events = [line[6:].strip() async for line in resp.content
+                              if line.startswith(b"data: ")]  # fmt: skip
+                asked = {**CHAT, "max_tokens": 8, "ignore_eos": True}  # the same, whole
+                async with http.post(f"{engines[0].url}/v1/chat/completions",
+                                     json=asked) as resp:  # fmt: skip
+                    reported = (await resp.json())["usage"]["total_tokens"]
+            bucket = gateway.admission.tenants["team-a"].tokens
+            return events, reported, bucket.level
+
+    events, reported, level = asyncio.run(run())
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert events[-1] == b"[DONE]"
+    assert all(c["choices"] and "usage" not in c for c in chunks)
+    assert level == 10_000 - reported  # the same prompt, and 8 tokens, as asked directly

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from gateway.tenants import KeyTable, TenantLimits, parse_tenants
+from gateway.tenants import SCALE_FROM_ZERO, KeyTable, TenantLimits, parse_tenants
 from infergrid.errors import ContractError
 
 GOOD = """
@@ -19,6 +19,7 @@ tenants:
     burst: 10
     tokensPerMinute: 20000
     maxConcurrent: 8
+    maxScaleFromZero: 0
   - name: team-b
     keys: [sk-team-b-0123456789, sk-team-b-abcdefghij]
     namespaces: [team-b, shared]
@@ -31,9 +32,10 @@ DIGEST = hashlib.sha256(b"k123456789abcdefg").hexdigest()
 def test_keys_map_to_their_tenants_limits():
     table = parse_tenants(GOOD)
     a = table.tenant("sk-team-a-0123456789")
-    assert a == TenantLimits("team-a", 5.0, 10.0, 20000.0, 8)
+    assert a == TenantLimits("team-a", 5.0, 10.0, 20000.0, 8, max_scale_from_zero=0)
     b = table.tenant("sk-team-b-abcdefghij")
     assert b is not None and b.name == "team-b"
+    assert b.max_scale_from_zero == SCALE_FROM_ZERO
     assert math.isinf(b.requests_per_s) and b.max_concurrent is None
     assert b.may_call("shared") and not b.may_call("team-a")
     assert a.namespaces is None and a.may_call("anything")
@@ -82,6 +84,10 @@ def test_a_rate_without_a_burst_allows_one_second_of_it():
         ("- a\n- b", "tenants.yaml", "expected object"),
         ("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg], namespaces: [7]}]",
          "tenants.yaml.tenants[0].namespaces[0]", "expected string"),
+        ("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg], maxScaleFromZero: -1}]",
+         "tenants.yaml.tenants[0].maxScaleFromZero", "at least 0"),
+        ("version: v1\ntenants: [{name: a, keys: [k123456789abcdefg], maxScaleFromZero: 1.5}]",
+         "tenants.yaml.tenants[0].maxScaleFromZero", "integer"),
     ],
 )  # fmt: skip
 def test_a_bad_secret_is_refused_naming_the_field(text, field, reason):

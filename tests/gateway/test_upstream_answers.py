@@ -54,7 +54,7 @@ async def redirecting_pod(status: int) -> AsyncIterator[tuple[Backend, list[str]
 def test_a_redirect_from_a_pod_is_an_upstream_failure_never_followed(status):
     async def run() -> tuple[int, dict, list[str]]:
         async with redirecting_pod(status) as (pod, hits):
-            catalog = Catalog({MODEL: route([pod])})
+            catalog = Catalog.of(route([pod]))
             async with gateway_serving(catalog) as (_, url), aiohttp.ClientSession() as http:
                 async with http.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
                     return resp.status, await resp.json(), hits
@@ -118,7 +118,7 @@ def test_a_request_a_pod_took_and_never_answered_is_not_sent_to_another_pod():
         async with slow_pods(2, delay_s=3) as (pods, hits):
             cfg = GatewayConfig(upstream_timeout_s=0.5)
             async with (
-                gateway_serving(Catalog({MODEL: route(pods)}), cfg) as (_, url),
+                gateway_serving(Catalog.of(route(pods)), cfg) as (_, url),
                 aiohttp.ClientSession() as http,
                 http.post(f"{url}/v1/chat/completions", json=CHAT) as resp,
             ):

@@ -14,6 +14,12 @@ Each failure names the keys at fault.
 {{- if and .Values.scheduler.enabled $ext.exposeMetrics (has (int $ext.metricsPort) (list (int $ext.port) (int .Values.scheduler.kubeScheduler.securePort))) }}
 {{- fail (printf "scheduler.extender.metricsPort (%v) must differ from scheduler.extender.port and scheduler.kubeScheduler.securePort: the containers share the pod's network" $ext.metricsPort) }}
 {{- end }}
+{{- if and .Values.gateway.enabled (not .Values.gateway.apiKeysSecret.name) (not .Values.gateway.allowAnonymous) }}
+{{- fail "gateway.apiKeysSecret.name is empty: name the Secret of API keys (deploy/samples/gateway/api-keys.yaml), or set gateway.allowAnonymous=true to let anyone who reaches the gateway call every model it serves" }}
+{{- end }}
+{{- if and .Values.gateway.enabled .Values.gateway.apiKeysSecret.name .Values.gateway.allowAnonymous }}
+{{- fail (printf "gateway.allowAnonymous=true contradicts gateway.apiKeysSecret.name=%s: a gateway with keys has no anonymous callers; set gateway.apiKeysSecret.name=\"\" as well to serve without keys" .Values.gateway.apiKeysSecret.name) }}
+{{- end }}
 {{- if and .Values.gateway.enabled (eq (int .Values.gateway.metricsPort) 8080) }}
 {{- fail "gateway.metricsPort (8080) must differ from the gateway's API port, 8080" }}
 {{- end }}
