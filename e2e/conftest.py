@@ -27,8 +27,7 @@ from e2e.cluster.processes import wait_until
 from e2e.crds import install_crds
 from e2e.helm_release import cpu_node, helm_ready, make_priority_classes, namespaces, release  # noqa: F401 - fixtures
 from e2e.identities import Identities, install_suite_release, uninstall_suite_release
-from e2e.operator_support import NO_METRICS, OperatorProcess, delete_service
-from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
+from e2e.operator_support import NO_METRICS, OperatorProcess, delete_every_service
 
 pytestmark = pytest.mark.e2e
 
@@ -156,19 +155,7 @@ def start_operator(cluster, identities, namespace, infsvc_crd, extender, tmp_pat
         return process
 
     yield start
-    api = client.CustomObjectsApi(cluster.api)
-    listed = api.list_namespaced_custom_object(CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL)
-    for item in listed["items"]:
-        delete_service(cluster.api, namespace, item["metadata"]["name"])
-    wait_until(
-        lambda: (
-            not api.list_namespaced_custom_object(CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL)[
-                "items"
-            ]
-        ),
-        60,
-        "the InferenceServices deleted",
-    )
+    delete_every_service(cluster.api, namespace)
     for process in started:
         process.stop()
     model_store.withdraw(cluster.api, namespace)

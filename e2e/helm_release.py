@@ -40,6 +40,10 @@ INSTANCE = "app.kubernetes.io/instance"
 # The chart's two PriorityClasses, as its values.yaml names them.
 CHART_CLASSES = yaml.safe_load((CHART / "values.yaml").read_text())["priorityClasses"]
 CLASS_NAMES = (CHART_CLASSES["online"]["name"], CHART_CLASSES["offline"]["name"])
+# The namespace label whose value (a tier) says which of them its pods may name.
+TIER_LABEL = yaml.safe_load((CHART / "values.yaml").read_text())["admissionPolicy"][
+    "podPriorityClasses"
+]["namespaceLabel"]
 
 
 # --- commands -------------------------------------------------------------------------
@@ -58,6 +62,12 @@ def make_priority_classes(api: client.ApiClient) -> None:
         except ApiException as err:
             if err.status != 409:
                 raise
+
+
+def give_tier(api: client.ApiClient, namespace: str, tier: str = "online") -> None:
+    """What a cluster admin does for a namespace whose pods may name the chart's classes
+    (the chart's pod-priority admission policy refuses them elsewhere)."""
+    client.CoreV1Api(api).patch_namespace(namespace, {"metadata": {"labels": {TIER_LABEL: tier}}})
 
 
 def run(
@@ -247,6 +257,24 @@ def token(cluster, namespace: str, sa: str, pod: client.V1Pod | None = None) -> 
                         "spec": spec}
     )  # fmt: skip
     return request.status.token
+
+
+def tenant_api(
+    cluster, namespace: str, rules: list[dict], name: str = "tenant"
+) -> client.ApiClient:
+    """A tenant of `namespace`, as an attacker would be one: a ServiceAccount bound there to
+    a Role of `rules`, and an API client holding its TokenRequest token, never the admin's.
+    The account goes with its namespace."""
+    core, rbac = client.CoreV1Api(cluster.api), client.RbacAuthorizationV1Api(cluster.api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": name}, "rules": rules})
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {"metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
+    )  # fmt: skip
+    return as_token(cluster, token(cluster, namespace, name))
 
 
 def as_token(cluster, bearer: str) -> client.ApiClient:

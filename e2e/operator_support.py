@@ -11,6 +11,7 @@ from kubernetes import client
 
 from e2e.cluster import binaries
 from e2e.cluster.fake_nodes import KWOK_NODE_SELECTOR, KWOK_TOLERATION
+from e2e.cluster.processes import wait_until
 from e2e.part_process import PartProcess
 from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
 
@@ -81,6 +82,26 @@ def read_service(api: client.ApiClient, namespace: str, name: str) -> dict:
 
 def delete_service(api: client.ApiClient, namespace: str, name: str) -> None:
     custom(api).delete_namespaced_custom_object(CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL, name)
+
+
+def delete_every_service(api: client.ApiClient, namespace: str) -> None:
+    """Deletes the namespace's InferenceServices and waits until they are gone. Call it while
+    the operator still runs: a service carries kopf's finalizer, which only a running
+    operator removes; left behind, it would hold the namespace in Terminating."""
+
+    def listed() -> list[dict]:
+        found = custom(api).list_namespaced_custom_object(
+            CRD_GROUP, CRD_VERSION, namespace, CRD_PLURAL
+        )
+        return found["items"]
+
+    for item in listed():
+        try:
+            delete_service(api, namespace, item["metadata"]["name"])
+        except client.ApiException as err:
+            if err.status != 404:
+                raise
+    wait_until(lambda: not listed(), 60, f"the InferenceServices of {namespace} deleted")
 
 
 def condition(api: client.ApiClient, namespace: str, name: str, kind: str) -> dict:

@@ -15,7 +15,7 @@ from e2e.cluster.node_configs import REAL_NODE_LABEL
 from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import wait_until
 from e2e.identities import Identities
-from e2e.operator_support import OperatorProcess, free_port
+from e2e.operator_support import OperatorProcess, delete_every_service, free_port
 
 __all__ = [
     "REAL_NODE_LABEL",
@@ -124,6 +124,7 @@ def serving_namespace(
     try:
         yield namespace
     finally:
+        delete_every_service(api, namespace)
         operator.stop()
         core.delete_namespace(namespace)
         model_store.withdraw(api, namespace)

@@ -22,6 +22,7 @@ in theirs.
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import ssl
@@ -46,6 +47,7 @@ from e2e.cluster.processes import wait_until
 from e2e.cluster.real_node import capacity_advertised
 from e2e.helm_release import (
     CHART,
+    CHART_CLASSES,
     CHART_SCHEDULER,
     CPU_NODE,
     INSTANCE,
@@ -57,6 +59,7 @@ from e2e.helm_release import (
     component_pods,
     device_plugin_pod,
     forbidden,
+    give_tier,
     gpu_nodes,
     helm,
     install,
@@ -332,7 +335,17 @@ def permissions(rel: Release) -> dict[str, list[tuple[bool, ...]]]:
             (False, "create", "deployments.apps", "-n", r),
             (False, "patch", isvc, "-n", other),
             (False, "list", "pods", "-n", other),
-            (False, "get", "secrets", "-n", s),
+            # Each service's engine token Secret and NetworkPolicy (engine_access.py): read by
+            # name before a write, never listed, never deleted (the owner's deletion does).
+            (True, "get", "secrets", "-n", s),
+            (True, "patch", "secrets", "-n", s),
+            (False, "list", "secrets", "-n", s),
+            (False, "watch", "secrets", "-n", s),
+            (False, "delete", "secrets", "-n", s),
+            (False, "get", "secrets", "-n", other),
+            (True, "patch", "networkpolicies.networking.k8s.io", "-n", s),
+            (False, "delete", "networkpolicies.networking.k8s.io", "-n", s),
+            (False, "patch", "networkpolicies.networking.k8s.io", "-n", other),
             (True, "delete", "configmaps", "-n", s),  # old engine configs, its own only
             (True, "get", "services", "-n", s),  # a child's name checked before a write
             (True, "list", "replicasets.apps", "-n", s),
@@ -395,7 +408,9 @@ def permissions(rel: Release) -> dict[str, list[tuple[bool, ...]]]:
             (False, "patch", isvc, "-n", s),
             (False, "patch", isvc, "--subresource=status", "-n", s),
             (False, "watch", isvc, "-n", other),
-            (False, "list", "pods", "-n", s),
+            (True, "list", "pods", "-n", s),  # engine pods: an endpoint is a live pod's IP
+            (True, "watch", "pods", "-n", s),
+            (False, "get", "pods", "-n", s),
             (False, "get", "secrets", "-n", s),  # no keys Secret named in this release
             (False, "create", "deployments.apps", "-n", s),
             (False, "patch", "services", "-n", s),
@@ -449,12 +464,16 @@ def annotate(api: client.ApiClient, namespace: str, pod: str, value: str | None)
     client.CoreV1Api(api).patch_namespaced_pod(pod, namespace, body)
 
 
-def test_only_the_extender_may_write_gpu_assignments(cluster, release, namespaces):
+def test_only_the_extender_may_write_gpu_assignments(
+    cluster, release, namespaces, priority_classes
+):
     ns, core = release.served, client.CoreV1Api(cluster.api)
+    give_tier(cluster.api, ns, "offline")  # the victim's class is the offline one
     node, elsewhere = sorted(gpu_nodes(cluster))[:2]
     pod = f"victim-{uuid.uuid4().hex[:5]}"
     spec = {"nodeName": node, "containers": [{"name": "engine", "image": "infergrid/engine"}]}
-    core.create_namespaced_pod(ns, {"metadata": {"name": pod}, "spec": spec})
+    offline = spec | {"priorityClassName": CHART_CLASSES["offline"]["name"]}
+    core.create_namespaced_pod(ns, {"metadata": {"name": pod}, "spec": offline})
     admin = cluster.api
     extender = as_token(cluster, token(cluster, release.namespace, release.sa("extender")))
     plugin_pod = device_plugin_pod(cluster, release, node)
@@ -493,10 +512,15 @@ def test_only_the_extender_may_write_gpu_assignments(cluster, release, namespace
     assert ANNOTATION_GPU_ASSIGNMENT in message
     core.patch_namespaced_pod(pod, ns, {"metadata": {"annotations": {"team": "a"}}})
 
-    # The extender deletes only GPU holders (preemption victims past their budget).
+    # The extender deletes only GPU holders of a preemptible class (preemption victims
+    # past their budget): not a pod without an assignment, nor a classless GPU holder.
     bystander = f"bystander-{uuid.uuid4().hex[:5]}"
     core.create_namespaced_pod(ns, {"metadata": {"name": bystander}, "spec": spec})
+    annotate(extender, ns, bystander, text)
     extender_core = client.CoreV1Api(extender)
+    message = forbidden(lambda: extender_core.delete_namespaced_pod(bystander, ns))
+    assert "holds a GPU assignment and whose PriorityClass is preemptible" in message
+    annotate(extender, ns, bystander, None)
     message = forbidden(lambda: extender_core.delete_namespaced_pod(bystander, ns))
     assert "holds a GPU assignment" in message
     extender_core.delete_namespaced_pod(pod, ns, grace_period_seconds=0)
@@ -621,9 +645,14 @@ def test_components_work_with_their_service_accounts(cluster, release, tmp_path)
     (tmp_path / "extender.yaml").write_text(
         yaml.safe_dump(config_map(cluster, rel, rel.sa("scheduler"), "extender.yaml"))
     )
-    (tmp_path / "operator.yaml").write_text(
-        yaml.safe_dump(config_map(cluster, rel, rel.sa("operator"), "operator.yaml"))
+    operator_config = config_map(cluster, rel, rel.sa("operator"), "operator.yaml")
+    # The engine token key the chart mounts into the operator's pod, here from its Secret.
+    key = client.CoreV1Api(cluster.api).read_namespaced_secret(
+        f"{rel.fullname}-engine-auth", rel.namespace
     )
+    (tmp_path / "engine-auth-key").write_bytes(base64.b64decode(key.data["key"]))
+    operator_config["engineTokenKeyFile"] = str(tmp_path / "engine-auth-key")
+    (tmp_path / "operator.yaml").write_text(yaml.safe_dump(operator_config))
     (tmp_path / "device-plugin.yaml").write_text(
         yaml.safe_dump(config_map(cluster, rel, rel.sa("device-plugin"), "device-plugin.yaml"))
     )
@@ -695,6 +724,9 @@ def test_components_work_with_their_service_accounts(cluster, release, tmp_path)
         for pod in pods:
             assert pod.spec.node_name, pod.metadata.name
             assert ANNOTATION_GPU_ASSIGNMENT in pod.metadata.annotations  # the extender's write
+        # The engines' fences, written with the operator's token (engine_access.py).
+        client.NetworkingV1Api(cluster.api).read_namespaced_network_policy(name, rel.served)
+        core.read_namespaced_secret(f"{name}-engine-token", rel.served)
         leases = client.CoordinationV1Api(cluster.api)
         holders = {
             n: leases.read_namespaced_lease(rel.sa(n), rel.namespace).spec.holder_identity

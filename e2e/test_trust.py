@@ -24,7 +24,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from e2e.cluster.processes import wait_until
-from e2e.helm_release import Release, as_token, forbidden, gpu_nodes, token
+from e2e.helm_release import Release, as_token, forbidden, gpu_nodes, tenant_api, token
 from infergrid.assignment_annotation import (
     AssignedGpu,
     ContainerAssignment,
@@ -50,17 +50,9 @@ TENANT_RULES = [
 @pytest.fixture(scope="module")
 def tenant(cluster, release: Release) -> Iterator[client.CoreV1Api]:
     """The tenant's API, under its own ServiceAccount token, in the release's served namespace."""
-    core, rbac = client.CoreV1Api(cluster.api), client.RbacAuthorizationV1Api(cluster.api)
     ns = release.served
-    core.create_namespaced_service_account(ns, {"metadata": {"name": TENANT}})
-    rbac.create_namespaced_role(ns, {"metadata": {"name": TENANT}, "rules": TENANT_RULES})
-    rbac.create_namespaced_role_binding(
-        ns,
-        {"metadata": {"name": TENANT},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": TENANT},
-         "subjects": [{"kind": "ServiceAccount", "name": TENANT, "namespace": ns}]},
-    )  # fmt: skip
-    yield client.CoreV1Api(as_token(cluster, token(cluster, ns, TENANT)))
+    yield client.CoreV1Api(tenant_api(cluster, ns, TENANT_RULES, TENANT))
+    core, rbac = client.CoreV1Api(cluster.api), client.RbacAuthorizationV1Api(cluster.api)
     rbac.delete_namespaced_role_binding(TENANT, ns)
     rbac.delete_namespaced_role(TENANT, ns)
     core.delete_namespaced_service_account(TENANT, ns)

@@ -6,8 +6,10 @@ tests skip, saying so, when it is not built.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -20,9 +22,11 @@ from e2e.cluster import binaries
 from e2e.cluster.components import extender_resources, infergrid_profile
 from gateway.config import SETTINGS as GATEWAY_SETTINGS
 from gateway.config import GatewayConfig, check
+from gateway.tenants import TenantLimits
 from inference_operator.config import SETTINGS as OPERATOR_SETTINGS
 from infergrid import constants
 from infergrid.settings import parse_settings
+from scheduler_extender.config import DEFAULT_PREEMPTIBLE
 from scheduler_extender.config import SETTINGS as EXTENDER_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,7 +151,8 @@ def test_labels(default):
 
 def check_rbac(objects: list[dict]) -> None:
     """No wildcard, no escalation verbs, every subject one of the chart's accounts; no Secrets,
-    but the gateway's one Secret of API keys: get, by name, in a Role of that namespace."""
+    but the gateway's one Secret of API keys (get, by name, in a Role of that namespace) and
+    the operator's engine token Secrets (get, create, patch; never listed or watched)."""
     accounts = {o["metadata"]["name"] for o in by_kind(objects, "ServiceAccount")}
     roles = by_kind(objects, "ClusterRole") + by_kind(objects, "Role")
     assert roles
@@ -158,7 +163,11 @@ def check_rbac(objects: list[dict]) -> None:
                 assert "*" not in rule.get(field, []), f"{where}: wildcard in {field}"
                 assert not any("*" in v for v in rule.get(field, []) if v), where
             assert "nonResourceURLs" not in rule, where
-            if "secrets" in rule["resources"]:
+            if "secrets" in rule["resources"] and role["metadata"]["name"].endswith("-operator"):
+                # Each service's engine token Secret: read by name before it is written.
+                assert rule["resources"] == ["secrets"], where
+                assert rule["verbs"] == ["get", "create", "patch"], f"{where}: lists Secrets"
+            elif "secrets" in rule["resources"]:
                 assert role["kind"] == "Role", f"{where} grants Secrets cluster-wide"
                 assert role["metadata"]["name"].endswith("-gateway-api-keys"), where
                 assert rule["resources"] == ["secrets"] and rule["verbs"] == ["get"], where
@@ -190,7 +199,7 @@ def test_rbac_matches_what_each_component_calls(default):
     plugin = rules_of(default, "ClusterRole", "-device-plugin")
     assert plugin == {("", "nodes", "patch"), ("", "pods", "get"), ("", "pods", "list"),
                       ("", "pods", "patch"), ("", "pods/status", "patch"),
-                      ("", "events", "create")}  # fmt: skip
+                      ("", "nodes/status", "patch"), ("", "events", "create")}  # fmt: skip
     extender = rules_of(default, "ClusterRole", "-extender")
     assert extender == {("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "get"),
                         ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
@@ -203,8 +212,12 @@ def test_rbac_matches_what_each_component_calls(default):
                        ("infergrid.io", "inferenceservices/scale", "get"),
                        ("infergrid.io", "inferenceservices/scale", "patch"),
                        ("discovery.k8s.io", "endpointslices", "list"),
-                       ("discovery.k8s.io", "endpointslices", "watch")}  # fmt: skip
-    assert not [r for r in by_kind(default, "Role") if "-gateway" in r["metadata"]["name"]]
+                       ("discovery.k8s.io", "endpointslices", "watch"),
+                       ("", "pods", "list"), ("", "pods", "watch")}  # fmt: skip
+    # The default keys Secret, by name, is the one thing the gateway reads in a Role.
+    roles = [r for r in by_kind(default, "Role") if "-gateway" in r["metadata"]["name"]]
+    assert [r["rules"] for r in roles] == [[{"apiGroups": [""], "resources": ["secrets"],
+        "resourceNames": ["infergrid-gateway-keys"], "verbs": ["get"]}]]  # fmt: skip
     operator = rules_of(default, "ClusterRole", "-operator")
     assert ("infergrid.io", "inferenceservices/scale", "patch") in operator
     assert ("infergrid.io", "inferenceservices/status", "patch") in operator
@@ -273,7 +286,8 @@ def test_gateway_deployment(default):
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     cfg = gateway_config(default)
     assert (cfg.port, cfg.metrics_port) == (8080, 9090)
-    assert (cfg.namespaces, cfg.api_keys_secret) == ((), "")
+    assert (cfg.namespaces, cfg.api_keys_secret) == ((), f"{NAMESPACE}/infergrid-gateway-keys")
+    assert cfg.allow_anonymous is False  # keys are required by default
     assert (cfg.routing, cfg.hold_queue, cfg.scale_from_zero) == ("least-loaded", 64, True)
     assert spec["terminationGracePeriodSeconds"] > cfg.drain_s
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -356,7 +370,8 @@ def test_gateway_reads_only_the_named_secret_in_its_namespace():
     secret_roles = [r["metadata"]["name"] for r in by_kind(objects, "ClusterRole")
                     + by_kind(objects, "Role")
                     if any("secrets" in rule["resources"] for rule in r["rules"])]  # fmt: skip
-    assert secret_roles == ["ig-infergrid-gateway-api-keys"]
+    # ... but the operator's engine token Secrets (check_rbac).
+    assert sorted(secret_roles) == ["ig-infergrid-gateway-api-keys", "ig-infergrid-operator"]
     # The namespace defaults to the release's.
     objects = render("--set", "gateway.apiKeysSecret.name=tenant-keys")
     assert gateway_config(objects).api_keys_secret == f"{NAMESPACE}/tenant-keys"
@@ -428,7 +443,8 @@ def test_scheduler_pod_gives_each_container_its_own_token(default):
     assert mounts["kube-scheduler"][token_path] == "scheduler-token"
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["scheduler-token"]["emptyDir"]["medium"] == "Memory"
-    assert not by_kind(default, "Secret")
+    secrets = [s["metadata"]["name"] for s in by_kind(default, "Secret")]
+    assert secrets == ["ig-infergrid-engine-auth"]  # the engine token key, no account's token
     ext = yaml.safe_load(one(default, "ConfigMap", "-scheduler")["data"]["extender.yaml"])
     assert mounts["extender"][ext["schedulerTokenDir"]] == "scheduler-token"
     assert ext["schedulerServiceAccount"] == "ig-infergrid-scheduler"
@@ -869,3 +885,308 @@ def test_the_charts_extender_holds_bursts_at_prioritize_instead_of_waiting_at_fi
     data = one(default, "ConfigMap", "-scheduler")["data"]
     ext = parse_settings(yaml.safe_load(data["extender.yaml"]), EXTENDER_SETTINGS)
     assert (ext["tentative_reservation_s"], ext["bind_wait_s"]) == (10.0, 0.0)
+
+
+# --- who may name a PriorityClass, and whom preemption may evict (issue 37, item 4) ----
+
+
+def cel_literal(policy: dict, name: str) -> object:
+    """A policy variable the chart renders as a JSON literal (a valid CEL literal too)."""
+    (expression,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == name]
+    return json.loads(expression)
+
+
+@needs_helm
+def test_pods_may_name_a_priority_class_only_where_their_namespace_tier_lists_it(default):
+    policy = one(default, "ValidatingAdmissionPolicy", "-pod-priority")
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    # On the pod itself, whoever creates it: a ReplicaSet's pods are checked too.
+    assert (rule["resources"], rule["operations"]) == (["pods"], ["CREATE"])
+    conditions = {c["name"]: c["expression"] for c in policy["spec"]["matchConditions"]}
+    assert f'["kube-system","{NAMESPACE}"]' in conditions["not-exempt"]
+    assert cel_literal(policy, "tiers") == {
+        "online": ["infergrid-online", "infergrid-offline"],
+        "offline": ["infergrid-offline"],
+    }
+    assert cel_literal(policy, "anywhere") == []
+    system, tiered = policy["spec"]["validations"]
+    assert system["expression"] == "!variables.class.startsWith('system-')"
+    assert "variables.tiers[variables.tier]" in tiered["expression"]
+    for message in (system["messageExpression"], tiered["messageExpression"]):
+        assert "spec.priorityClassName" in message and "request.namespace" in message
+        assert "admissionPolicy.podPriorityClasses" in message
+    binding = one(default, "ValidatingAdmissionPolicyBinding", "-pod-priority")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    label = values["admissionPolicy"]["podPriorityClasses"]["namespaceLabel"]
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["label"] == repr(label)  # a CEL string literal
+
+
+@needs_helm
+def test_the_priority_policy_follows_its_values_and_goes_with_the_other_policies():
+    objects = render(
+        "--set", "admissionPolicy.podPriorityClasses.tiers.research={batch-low}",
+        "--set", "admissionPolicy.podPriorityClasses.anywhere={cluster-default}",
+        "--set", "admissionPolicy.podPriorityClasses.exemptNamespaces={kube-system,kube-flannel}",
+        "--set", "admissionPolicy.namespaceSelector.matchLabels.team=a",
+    )  # fmt: skip
+    policy = one(objects, "ValidatingAdmissionPolicy", "-pod-priority")
+    assert cel_literal(policy, "tiers")["research"] == ["batch-low"]
+    assert cel_literal(policy, "anywhere") == ["cluster-default"]
+    conditions = {c["name"]: c["expression"] for c in policy["spec"]["matchConditions"]}
+    assert f'["kube-system","kube-flannel","{NAMESPACE}"]' in conditions["not-exempt"]
+    binding = one(objects, "ValidatingAdmissionPolicyBinding", "-pod-priority")
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == {"matchLabels": {"team": "a"}}
+    off = render("--set", "admissionPolicy.enabled=false")
+    assert not [o for o in off if o["metadata"]["name"].endswith("-pod-priority")]
+
+
+@needs_helm
+def test_the_extender_evicts_only_the_offline_class_and_those_listed(default):
+    def preemptible(objects: list[dict]) -> tuple[tuple[str, ...], bool]:
+        data = one(objects, "ConfigMap", "-scheduler")["data"]
+        ext = parse_settings(yaml.safe_load(data["extender.yaml"]), EXTENDER_SETTINGS)
+        return ext["preemptible_classes"], ext["preempt_pods_without_class"]
+
+    assert preemptible(default) == (("infergrid-offline",), False)
+    listed = render(
+        "--set", "scheduler.extender.preemptibleClasses={batch-low,infergrid-offline}",
+        "--set", "scheduler.extender.preemptPodsWithoutClass=true",
+    )  # fmt: skip
+    assert preemptible(listed) == (("infergrid-offline", "batch-low"), True)
+    # Its admission policy lets it delete (a budget's fallback) only those classes' pods.
+    assert cel_literal(one(default, "ValidatingAdmissionPolicy", "-extender"), "preemptible") == [
+        "infergrid-offline"
+    ]
+    policy = one(listed, "ValidatingAdmissionPolicy", "-extender")
+    assert cel_literal(policy, "preemptible") == ["infergrid-offline", "batch-low", ""]
+
+
+def test_the_extenders_default_preemptible_class_is_the_charts_offline_class():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert DEFAULT_PREEMPTIBLE == {values["priorityClasses"]["offline"]["name"]}
+
+
+@needs_helm
+def test_a_system_class_is_never_preemptible():
+    done = helm(
+        "template", "ig", str(CHART), "--kube-version", KUBE_VERSION,
+        "--set", "scheduler.extender.preemptibleClasses={system-node-critical}",
+    )  # fmt: skip
+    assert done.returncode != 0 and "preemptibleClasses" in done.stderr
+
+
+@needs_helm
+def test_the_extenders_evictions_and_deletions_are_both_under_its_policy(default):
+    """RBAC gives it pods/eviction create and pods delete; its policy covers both."""
+    rules = rules_of(default, "ClusterRole", "-extender")
+    assert {("", "pods/eviction", "create"), ("", "pods", "delete")} <= rules
+    policy = one(default, "ValidatingAdmissionPolicy", "-extender")
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert {"pods", "pods/eviction"} <= set(rule["resources"])
+    assert {"CREATE", "DELETE"} <= set(rule["operations"])
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert "preconditions.?uid" in variables["evictsOneUid"]
+    assert "variables.preemptible" in variables["deletesGpuHolder"]
+
+
+# Who may call the engines (operator/inference_operator/engine_access.py): the engine token
+# key, mounted into the operator and the gateway only, and the NetworkPolicies.
+
+KEYED = ("--set", "gateway.apiKeysSecret.name=tenant-keys")
+
+
+def operator_config(objects: list[dict]) -> dict:
+    doc = yaml.safe_load(one(objects, "ConfigMap", "-operator")["data"]["operator.yaml"])
+    return parse_settings(doc, OPERATOR_SETTINGS)
+
+
+def mounts_of(workload: dict, secret: str) -> list[str]:
+    """Where the workload's containers mount the Secret `secret`."""
+    spec = pod_spec(workload)
+    volumes = {v["name"] for v in spec.get("volumes", []) if
+               v.get("secret", {}).get("secretName") == secret}  # fmt: skip
+    return [m["mountPath"] for c in spec["containers"] for m in c.get("volumeMounts", [])
+            if m["name"] in volumes]  # fmt: skip
+
+
+@needs_helm
+def test_only_the_operator_and_the_gateway_hold_the_engine_token_key():
+    objects = render(*KEYED)
+    secret = one(objects, "Secret", "-engine-auth")
+    assert len(base64.b64decode(secret["data"]["key"])) >= 32
+    name = secret["metadata"]["name"]
+    holders = {w["metadata"]["name"]: mounts_of(w, name)
+               for w in by_kind(objects, "Deployment") + by_kind(objects, "DaemonSet")}  # fmt: skip
+    assert {w for w, paths in holders.items() if paths} == {"ig-infergrid-operator",
+                                                            "ig-infergrid-gateway"}  # fmt: skip
+    (operator_dir,) = holders["ig-infergrid-operator"]
+    (gateway_dir,) = holders["ig-infergrid-gateway"]
+    assert operator_config(objects)["engine_token_key_file"] == f"{operator_dir}/key"
+    assert gateway_config(objects).engine_token_key_file == f"{gateway_dir}/key"
+
+
+@needs_helm
+def test_an_existing_key_secret_is_mounted_and_none_is_made():
+    objects = render(*KEYED, "--set", "engineAuth.existingSecret=my-key")
+    assert not [s for s in by_kind(objects, "Secret") if s["metadata"]["name"].endswith("-auth")]
+    assert mounts_of(one(objects, "Deployment", "-gateway"), "my-key")
+    assert mounts_of(one(objects, "Deployment", "-operator"), "my-key")
+
+
+@needs_helm
+def test_without_engine_auth_no_key_exists_and_the_operator_writes_no_secret():
+    objects = render(*KEYED, "--set", "engineAuth.enabled=false")
+    assert not by_kind(objects, "Secret")
+    assert operator_config(objects).get("engine_token_key_file", "") == ""
+    assert gateway_config(objects).engine_token_key_file == ""
+    assert not {r for r in rules_of(objects, "ClusterRole", "-operator") if r[1] == "secrets"}
+
+
+@needs_helm
+def test_the_operator_fences_engines_from_all_but_the_gateway_and_itself():
+    objects = render(*KEYED, "--set", "networkPolicy.engineIngressCidrs={192.168.1.0/24}")
+    config = operator_config(objects)
+    assert config["engine_network_policy"] is True
+    assert config["engine_ingress_cidrs"] == ("192.168.1.0/24",)
+    templates = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
+                 for d in by_kind(objects, "Deployment")}  # fmt: skip
+    selected = {
+        name
+        for caller in config["engine_callers"]
+        for name, labels in templates.items()
+        if caller.namespace == NAMESPACE and dict(caller.pod_labels).items() <= labels.items()
+    }
+    assert selected == {"ig-infergrid-operator", "ig-infergrid-gateway"}
+    rules = rules_of(objects, "ClusterRole", "-operator")
+    assert {r for r in rules if r[1] in ("networkpolicies", "secrets")} == {
+        ("networking.k8s.io", "networkpolicies", verb) for verb in ("get", "create", "patch")
+    } | {("", "secrets", verb) for verb in ("get", "create", "patch")}
+    objects = render(*KEYED, "--set", "networkPolicy.engines=false")
+    assert operator_config(objects)["engine_network_policy"] is False
+    assert not {
+        r for r in rules_of(objects, "ClusterRole", "-operator") if r[2] == "networkpolicies"
+    }
+
+
+@needs_helm
+def test_the_gateways_metrics_are_reachable_only_from_the_operator_and_the_listed_peers():
+    prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}
+    objects = render(*KEYED, "--set-json",
+                     f"networkPolicy.gatewayMetricsFrom=[{json.dumps(prometheus)}]")  # fmt: skip
+    policy = one(objects, "NetworkPolicy", "-gateway")
+    gateway = one(objects, "Deployment", "-gateway")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= (
+        gateway["spec"]["template"]["metadata"]["labels"].items()
+    )
+    ports = {p["name"] for p in pod_spec(gateway)["containers"][0]["ports"]}
+    api, metrics = policy["spec"]["ingress"]
+    assert api == {"ports": [{"port": "http", "protocol": "TCP"}]}  # every client: keys guard it
+    assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert {"http", "metrics"} <= ports
+    operator = one(objects, "Deployment", "-operator")["spec"]["template"]["metadata"]["labels"]
+    first, second = metrics["from"]
+    assert first["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name":
+                                                          NAMESPACE}}  # fmt: skip
+    assert first["podSelector"]["matchLabels"].items() <= operator.items()
+    assert second == prometheus
+    # With no operator and no peer listed, nothing reaches /metrics (never a rule without from).
+    objects = render(*KEYED, "--set", "operator.enabled=false")
+    assert one(objects, "NetworkPolicy", "-gateway")["spec"]["ingress"] == [api]
+
+
+ENGINE_ACCESS_INVALID = [
+    (["--set", "networkPolicy.engineIngressCidrs={10.0.0.1}"],
+     "/networkPolicy/engineIngressCidrs/0"),
+    (["--set-json", 'networkPolicy.engineCallers=[{"namespace":"a"}]'],
+     "/networkPolicy/engineCallers/0"),
+    (["--set-json", "networkPolicy.gatewayMetricsFrom=[{}]"],
+     "/networkPolicy/gatewayMetricsFrom/0"),
+    (["--set", "engineAuth.existingSecret=My_Key"], "/engineAuth/existingSecret"),
+]  # fmt: skip
+
+
+@needs_helm
+@pytest.mark.parametrize(("args", "message"), ENGINE_ACCESS_INVALID,
+                         ids=[m for _, m in ENGINE_ACCESS_INVALID])  # fmt: skip
+def test_bad_engine_access_values_are_rejected_naming_the_key(args, message):
+    done = helm("template", "ig", str(CHART), "--kube-version", KUBE_VERSION, *KEYED, *args)
+    assert done.returncode != 0, f"{args} was accepted"
+    assert message in done.stderr, done.stderr
+
+
+# The gateway's keys: required unless the installer opens it in so many words.
+
+OPEN_GATEWAY = ("--set", "gateway.allowAnonymous=true", "--set", "gateway.apiKeysSecret.name=")
+
+
+def notes(tmp_path: Path, *args: str) -> str:
+    """NOTES.txt as `helm install` prints it, rendered without a cluster: a copy of the chart
+    whose notes are also a template of a ConfigMap."""
+    chart = tmp_path / "infergrid"
+    shutil.copytree(CHART, chart)
+    text = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "_notes.tpl").write_text(
+        f'{{{{- define "notes" -}}}}{text}{{{{- end }}}}'
+    )
+    (chart / "templates" / "notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data:\n  notes: {{ include "notes" . | toJson }}\n'
+    )
+    done = helm("template", "ig", str(chart), "--namespace", NAMESPACE, "--kube-version",
+                KUBE_VERSION, "--show-only", "templates/notes.yaml", *args)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)["data"]["notes"]
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--set", "gateway.apiKeysSecret.name="),
+         "gateway.apiKeysSecret.name is empty: name the Secret of API keys"),
+        (("--set", "gateway.allowAnonymous=true"),
+         "gateway.allowAnonymous=true contradicts gateway.apiKeysSecret.name="),
+    ],
+    ids=["no-keys", "anonymous-with-keys"],
+)  # fmt: skip
+def test_a_gateway_without_keys_is_refused_unless_anonymous_callers_are_allowed(args, message):
+    done = helm("template", "ig", str(CHART), "--kube-version", KUBE_VERSION, *args)
+    assert done.returncode != 0, f"{args} was accepted"
+    assert message in done.stderr, done.stderr
+    # Without a gateway there is nothing to key.
+    assert render("--set", "gateway.enabled=false", *args)
+
+
+@needs_helm
+def test_an_open_gateway_is_bounded_and_says_so_loudly(tmp_path):
+    objects = render(*OPEN_GATEWAY, "--set", "gateway.anonymous.maxScaleFromZero=0",
+                     "--set", "gateway.anonymous.namespaces={demo}")  # fmt: skip
+    cfg = gateway_config(objects)
+    assert cfg.secret is None and cfg.allow_anonymous is True
+    assert cfg.anonymous == TenantLimits("anonymous", 20.0, 40.0, 200000.0, 32,
+                                         frozenset({"demo"}), 0)  # fmt: skip
+    assert not [r for r in by_kind(objects, "Role") if "-gateway" in r["metadata"]["name"]]
+    opened = notes(tmp_path / "open", *OPEN_GATEWAY)
+    assert "WARNING: the gateway accepts UNAUTHENTICATED callers" in opened
+    keyed = notes(tmp_path / "keyed")
+    assert "UNAUTHENTICATED" not in keyed
+    assert f"Every request needs a key of Secret {NAMESPACE}/infergrid-gateway-keys" in keyed
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    ("args", "where"),
+    [
+        (("--set", "gateway.anonymous.maxConcurrent=0"), "/gateway/anonymous/maxConcurrent"),
+        (("--set", "gateway.anonymous.tokensPerMinute=1.5"), "/gateway/anonymous/tokensPerMinute"),
+        (("--set", "gateway.anonymous.rps=5"), "additional properties 'rps'"),
+        (("--set", "gateway.allowAnonymous=yes"), "/gateway/allowAnonymous"),
+    ],
+)  # fmt: skip
+def test_bad_anonymous_values_are_rejected_naming_the_key(args, where):
+    done = helm("template", "ig", str(CHART), "--kube-version", KUBE_VERSION, *OPEN_GATEWAY, *args)
+    assert done.returncode != 0, f"{args} was accepted"
+    assert where in done.stderr, done.stderr
