@@ -10,6 +10,7 @@ share from gpuCores (or the plugin's default), and both serve."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import urllib.request
@@ -26,8 +27,10 @@ from e2e.cluster.processes import wait_until
 from e2e.helm_release import Release, component_pods, helm, install_on_real_node
 from e2e.operator_support import SAMPLES, container_statuses, create_service, kubectl
 from e2e.real_pods import port_forward
+from inference_operator.engine_access import token_secret_name
 from infergrid.assignment_annotation import decode_assignment
 from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT, LABEL_INFERENCESERVICE
+from infergrid.engine_token import HEADER, SECRET_KEY
 from infergrid.fleet import FleetNode, load_fleet
 
 pytestmark = pytest.mark.e2e
@@ -133,11 +136,16 @@ def pod_env(cluster, namespace: str, pod: client.V1Pod) -> dict[str, str]:
 
 
 def complete(cluster, namespace: str, name: str) -> dict:
+    """A completion straight from the service's engines, with the engine token the chart's
+    operator wrote for it in its namespace (what the gateway sends)."""
     body = json.dumps({"model": name, "prompt": "A GPU is", "max_tokens": 4}).encode()
+    secret = client.CoreV1Api(cluster.api).read_namespaced_secret(
+        token_secret_name(name), namespace
+    )
+    headers = {"Content-Type": "application/json",
+               HEADER: base64.b64decode(secret.data[SECRET_KEY]).decode()}  # fmt: skip
     with port_forward(cluster.kubeconfig, namespace, f"svc/{name}", 80) as url:
-        request = urllib.request.Request(
-            f"{url}/v1/completions", body, {"Content-Type": "application/json"}
-        )
+        request = urllib.request.Request(f"{url}/v1/completions", body, headers)
         with urllib.request.urlopen(request, timeout=120) as resp:
             return json.loads(resp.read())
 
