@@ -60,8 +60,20 @@ def array(value: object, path: str) -> list[Any]:
 
 
 def text(value: object, path: str) -> str:
+    """A string of Unicode text. JSON may escape a lone UTF-16 surrogate (`"\\ud800"`),
+    which decodes to a Python string no tokenizer can encode: refused here, naming the field,
+    rather than failing deep in the tokenizer."""
     if not isinstance(value, str):
         raise RequestError(path, f"expected a string, got {kind(value)}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise RequestError(
+                path,
+                f"holds a lone surrogate U+{ord(value[err.start]):04X} at character "
+                f"{err.start}, which is not text (a surrogate is only half of a pair)",
+            ) from None
     return value
 
 

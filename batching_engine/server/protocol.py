@@ -269,7 +269,7 @@ def _content(value: object, path: str) -> str:
     if value is None:
         raise RequestError(path, "is required")
     if isinstance(value, str):
-        return value
+        return text(value, path)
     parts = array(value, path)
     return "".join(_text_part(part, f"{path}[{i}]") for i, part in enumerate(parts))
 

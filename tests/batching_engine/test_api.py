@@ -239,6 +239,13 @@ def test_ready_only_after_one_warm_up_request_is_answered(model_dir: Path, task:
             "messages[0].role",
         ),
         ("/v1/embeddings", {"input": ["ok", ""]}, "input[1]"),
+        ("/v1/completions", {"prompt": "a \ud800"}, "prompt"),  # sent as "\\ud800": valid JSON
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "\udfff"}]},
+            "messages[0].content",
+        ),
+        ("/v1/embeddings", {"input": "\ud800"}, "input"),
         ("/v1/embeddings", {"input": "x", "priority": 9}, "priority"),
     ],
 )

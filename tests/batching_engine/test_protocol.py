@@ -208,6 +208,33 @@ def test_a_bad_embedding_field_is_named(body: object, field: str) -> None:
     assert error_field(parse_embedding, body) == field
 
 
+LONE = "a \ud800 b"  # valid JSON ("\\ud800"), not text
+
+
+@pytest.mark.parametrize(
+    ("parse", "body", "field"),
+    [
+        (parse_completion, {"prompt": LONE}, "prompt"),
+        (parse_completion, {"prompt": [LONE]}, "prompt[0]"),
+        (parse_completion, {"prompt": "x", "stop": ["ok", LONE]}, "stop[1]"),
+        (parse_chat, {"messages": [{"role": "user", "content": LONE}]}, "messages[0].content"),
+        (parse_chat, {"messages": [{"role": "user", "content": [{"type": "text", "text": LONE}]}]},
+         "messages[0].content[0].text"),
+        (parse_embedding, {"input": ["a", "\udfff"]}, "input[1]"),
+    ],
+)  # fmt: skip
+def test_a_lone_surrogate_is_refused_naming_its_field(parse: Any, body: object, field: str) -> None:
+    with pytest.raises(RequestError) as err:
+        parse(body)
+    assert err.value.field == field
+    assert "lone surrogate U+D" in str(err.value)
+
+
+def test_a_surrogate_pair_escaped_in_json_is_one_character_and_accepted() -> None:
+    doc = decode_json(b'{"prompt": "\\ud83d\\ude00 \xc3\xa9 \\u202e\\u0000"}')
+    assert parse_completion(doc).prompt == "\U0001f600 \xe9 \u202e\x00"
+
+
 @pytest.mark.parametrize(
     "raw", [b"", b"{", b"[1]", b'"x"', b'{"prompt": NaN}', b"\xff\xfe", b"[" * 100_000]
 )
