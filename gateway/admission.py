@@ -122,12 +122,10 @@ class Admission:
         self, limits: TenantLimits, reservation: float, used: float | None, now: float
     ) -> None:
         """The request ended: its slot is free, and the usage its answer reported (None:
-        none) replaces the reservation held on admission."""
+        none) replaces the reservation held on admission. Never more than the reservation:
+        it bounds what the request can cost, and an engine is its service owner's code,
+        which must not run another tenant's bucket into debt by reporting more."""
         state = self.state(limits)
         state.in_flight = max(0, state.in_flight - 1)
-        if used is None:
-            return
-        if used > reservation:
-            state.tokens.charge(used - reservation, now)
-        else:
+        if used is not None and used < reservation:
             state.tokens.credit(reservation - used, now)

@@ -164,10 +164,11 @@ def test_once_the_reported_usage_drains_the_bucket_the_next_request_waits_for_it
                 gateway.keys = KeyTable.of({KEY: tenant})
                 gateway.clock = lambda: 0.0
                 headers = {"Authorization": f"Bearer {KEY}"}
-                body = {"model": MODEL, "messages": HI, "max_tokens": 16, "stream": True}
                 answers = []
                 async with aiohttp.ClientSession() as http:
-                    for _ in range(2):
+                    for asked in (500, 16):  # reserving 578 of 600, then 94
+                        body = {"model": MODEL, "messages": HI, "max_tokens": asked,
+                                "stream": True}  # fmt: skip
                         async with http.post(f"{url}/v1/chat/completions", json=body,
                                              headers=headers) as resp:  # fmt: skip
                             answers.append((resp.status, resp.headers.get("Retry-After"),
