@@ -26,14 +26,6 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max
         "temperature": 0}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    started = start_engines(tmp_path_factory.mktemp("engines"), 2)
-    yield started
-    for engine in started:
-        engine.kill()
-
-
 def two_tracks(engines, canary=10):
     return Catalog.of(route([backend(engines[0]), backend(engines[1], CANARY)], canary))
 

@@ -13,7 +13,7 @@ import pytest
 from gateway.catalog import Backend, Catalog, Route
 from gateway.config import GatewayConfig
 from gateway.tenants import KeyTable, TenantLimits
-from tests.gateway.engines import MODEL, OPEN, gateway_serving, reached, start_engines
+from tests.gateway.engines import MODEL, OPEN, gateway_serving, reached
 
 pytestmark = pytest.mark.timeout(300)
 KEY_A, KEY_B = "sk-team-a-0123456789", "sk-team-b-0123456789"
@@ -21,14 +21,6 @@ TEAM_A = TenantLimits("team-a", namespaces=frozenset({"team-a"}))
 TEAM_B = TenantLimits("team-b", namespaces=frozenset({"team-b"}))
 KEYED = replace(GatewayConfig(), api_keys_secret="infergrid/keys", hold_timeout_s=30)
 BODY = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
-
-
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    started = start_engines(tmp_path_factory.mktemp("engines"), 2)
-    yield started
-    for engine in started:
-        engine.kill()
 
 
 def victim(engine=None, replicas: int = 1) -> Route:
