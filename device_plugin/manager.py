@@ -142,7 +142,9 @@ class DeviceManager:
 
     def _held_now(self) -> list[Held] | None:
         """This plugin's devices as the kubelet shows them held; None when off or unanswered."""
-        listing = self._listing()
+        return self._ours(self._listing())
+
+    def _ours(self, listing: list[Held] | None) -> list[Held] | None:
         return None if listing is None else ours(listing, self.resources())
 
     def _listing(self) -> list[Held] | None:
@@ -157,7 +159,7 @@ class DeviceManager:
         """
         pods = self._pods.pods()
         listing = self._listing()
-        held = None if listing is None else ours(listing, self.resources())
+        held = self._ours(listing)
         self._listed = None if listing is None else listed(listing)
         known = by_id(self.resources())
         if not self._seeded:
