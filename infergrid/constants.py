@@ -112,3 +112,7 @@ MAX_VGPU_SLOTS_PER_GPU: Final = 128
 
 # Time slices: pods asking nvidia.com/gpu that may hold one GPU at once, each seeing all of it.
 MAX_TIME_SLICES_PER_GPU: Final = 64
+
+SYSTEM_CLASS_PREFIX: Final = "system-"
+"""PriorityClasses of the cluster's own parts (system-node-critical, ...): no InferenceService
+may name one, and preemption never evicts a pod of one."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from infergrid.codec import check_version, expect, field, integer, reject_unknown
+from infergrid.constants import SYSTEM_CLASS_PREFIX
 from infergrid.errors import ContractError
 from infergrid.yamlfile import read_yaml
 
@@ -59,6 +60,20 @@ def names(doc: dict[str, Any], key: str) -> tuple[str, ...]:
     if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
         raise ContractError(key, "expected a list of names or a comma-separated string")
     return tuple(i.strip() for i in items if i.strip())
+
+
+def class_names(never: str) -> Reader:
+    """PriorityClass names, refused at start if one is a system-* class: those belong to the
+    cluster's own parts, which InferGrid `never` (its words in the refusal) touches."""
+
+    def read(doc: dict[str, Any], key: str) -> tuple[str, ...]:
+        classes = names(doc, key)
+        system = [c for c in classes if c.startswith(SYSTEM_CLASS_PREFIX)]
+        if system:
+            raise ContractError(key, f"{system[0]!r}: system-* classes are {never}")
+        return classes
+
+    return read
 
 
 def whole(low: int, high: int | None = None) -> Reader:

@@ -18,12 +18,20 @@ from typing import Any, Final
 from infergrid.constants import DEFAULT_POLICY, PLACEMENT_POLICIES
 from infergrid.errors import ContractError
 from infergrid.placement.preemption import NO_CLASS
-from infergrid.settings import Setting, boolean, choice, names, number, path, text, whole
+from infergrid.settings import (
+    Setting,
+    boolean,
+    choice,
+    class_names,
+    number,
+    path,
+    text,
+    whole,
+)
 
 DEFAULT_PREEMPTIBLE: Final = frozenset({"infergrid-offline"})
 """The chart's offline class: the one class whose pods agree, by default, to be evicted for
 an online pod's GPU room."""
-SYSTEM_PREFIX: Final = "system-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,15 +85,6 @@ def loopback(doc: dict[str, Any], key: str) -> str:
     return value
 
 
-def preemptible_classes(doc: dict[str, Any], key: str) -> tuple[str, ...]:
-    """Class names, none of them system-*: the cluster's own parts are never victims."""
-    classes = names(doc, key)
-    system = [c for c in classes if c.startswith(SYSTEM_PREFIX)]
-    if system:
-        raise ContractError(key, f"{system[0]!r}: system-* classes are never preempted")
-    return classes
-
-
 def optional_path(doc: dict[str, Any], key: str) -> Path | None:
     """A path, or None for an empty value (the feature is off)."""
     return None if doc[key] in ("", None) else path(doc, key)
@@ -127,7 +126,7 @@ SETTINGS: Final = (
               "when no node takes a pod that may preempt, evict the fewest lower-priority GPU "
               "holders and hold their room for it this long (0: leave preemption to "
               "kube-scheduler alone)"),
-    Setting("preemptibleClasses", "preemptible_classes", preemptible_classes,
+    Setting("preemptibleClasses", "preemptible_classes", class_names("never preempted"),
               "PriorityClasses whose GPU holders preemption may evict (never system-*)"),
     Setting("preemptPodsWithoutClass", "preempt_pods_without_class", boolean,
               "GPU holders that name no PriorityClass may be evicted too", boolean=True),

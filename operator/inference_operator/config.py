@@ -9,11 +9,10 @@ from urllib.parse import urlsplit
 from infergrid.constants import SCHEDULER_NAME
 from infergrid.engine_token import KEY_FILE_SETTING
 from infergrid.errors import ContractError
-from infergrid.settings import Setting, boolean, names, number, text, whole
+from infergrid.settings import Setting, boolean, class_names, names, number, text, whole
 from infergrid.storage_uri import parse_storage_uri
 
 from .engine_access import Caller, callers, cidrs
-from .priority_classes import refuse_system_classes
 
 DEFAULT_ENGINE_IMAGE: Final = "infergrid/engine:0.1.0"
 DEFAULT_METRICS_URL: Final = "http://{pod_ip}:8000/metrics"
@@ -51,11 +50,6 @@ def scans_namespaces(namespaces: tuple[str, ...]) -> bool:
     for patterns. Named ones are served as they are, with no cluster-scope right (the chart
     gives none) and without kopf's minute of retries when it has none."""
     return any(ch in name for name in namespaces for ch in NAMESPACE_PATTERN_CHARS)
-
-
-def priority_classes(doc: dict[str, Any], key: str) -> tuple[str, ...]:
-    """Names, none of them a system-* class."""
-    return refuse_system_classes(names(doc, key), key)
 
 
 def url_template(doc: dict[str, Any], key: str) -> str:
@@ -119,7 +113,8 @@ SETTINGS: Final = (
             "claim in each service's namespace holding an HF_HOME cache, for hf:// models"),
     Setting("allowModelDownload", "allow_model_download", boolean,
             "let engines download hf:// models their cache lacks", boolean=True),
-    Setting("allowedPriorityClasses", "allowed_priority_classes", priority_classes,
+    Setting("allowedPriorityClasses", "allowed_priority_classes",
+            class_names("never given to engines"),
             "priority classes services may give their engines, comma-separated (default: "
             "none); system-* is always refused"),
     Setting("gpuFaultGraceSeconds", "gpu_fault_grace_s", number(0, 86400),

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Final
 
+from infergrid.constants import SYSTEM_CLASS_PREFIX
 from infergrid.errors import ContractError
 
-SYSTEM_PREFIX: Final = "system-"
 SPEC_FIELD: Final = "spec.scheduling.priorityClassName"
 
 
@@ -21,7 +21,7 @@ def check_priority_class(name: str, allowed: Collection[str]) -> None:
     """A ContractError naming the spec field unless `name` is empty (none) or allowed."""
     if not name:
         return
-    if name.startswith(SYSTEM_PREFIX):
+    if name.startswith(SYSTEM_CLASS_PREFIX):
         raise ContractError(
             SPEC_FIELD, f"{name!r}: system-* classes are reserved for the cluster's own parts"
         )
@@ -32,11 +32,3 @@ def check_priority_class(name: str, allowed: Collection[str]) -> None:
             f"{name!r} is not in the operator's allowedPriorityClasses ({listed}); "
             "ask the cluster admin to allow it, or leave it empty",
         )
-
-
-def refuse_system_classes(classes: tuple[str, ...], key: str) -> tuple[str, ...]:
-    """The setting as given, refused at start if it lists a class no service may use."""
-    system = [c for c in classes if c.startswith(SYSTEM_PREFIX)]
-    if system:
-        raise ContractError(key, f"{system[0]!r}: system-* classes are never given to engines")
-    return classes
