@@ -12,7 +12,7 @@ import json
 import os
 import threading
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 REPORTS_ENV = "INFERGRID_FAULT_REPORTS"
@@ -56,7 +56,8 @@ class Tally:
         return sum(self.outcomes.values())
 
     def as_dict(self) -> dict[str, object]:
-        out = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        # Not dataclasses.asdict: it deep-copies every field, and a lock cannot be copied.
+        out = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
         out["outcomes"] = {k: self.outcomes.get(k, 0) for k in OUTCOMES}
         out["sent"] = self.sent
         return out

@@ -23,6 +23,13 @@ def pytest_addoption(parser):
     )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """A long fuzz runs past the per-test timeout of pyproject.toml, on purpose."""
+    if config.getoption("--fuzz-long"):
+        config.option.timeout = 0
+
+
 @pytest.fixture
 def fuzz_budget(request):
     """The fuzzers' budget: `fuzz_budget(n)` is n cases from a fixed seed (CI), or 50 times

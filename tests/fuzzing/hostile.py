@@ -35,7 +35,9 @@ def hostile_strings(max_size: int = 64) -> st.SearchStrategy[str]:
     small = st.lists(pieces, max_size=8).map("".join).filter(lambda s: len(s) <= max_size)
     huge = st.builds(lambda c, n: c * n, st.sampled_from(("a", "\ud800", "\u202e", "\x00")),
                      st.sampled_from((1 << 12, 1 << 16, 1 << 20)))  # fmt: skip
-    return st.one_of(small, small, small, huge)
+    # A lone odd character by itself a quarter of the time: the cases that broke things
+    # (a prompt of one lone surrogate) are found within CI's fixed budget, on every route.
+    return st.one_of(st.sampled_from(ODD_CHARACTERS), small, small, huge)
 
 
 def edge_numbers() -> st.SearchStrategy[int | float]:
@@ -62,6 +64,7 @@ def deep_nesting() -> st.SearchStrategy[Any]:
 def hostile_values() -> st.SearchStrategy[Any]:
     """One JSON value of any kind, biased to the edges."""
     return st.one_of(
+        hostile_strings(),
         hostile_strings(),
         edge_numbers(),
         st.sampled_from((None, True, False, [], {}, [[]], [None], {"": None})),
@@ -120,6 +123,27 @@ def mutated(draw: st.DrawFn, valid: st.SearchStrategy[Any]) -> tuple[Any, tuple[
         return draw(hostile_values()), ()
     path = draw(st.sampled_from(paths))
     return replaced(doc, path, draw(hostile_values())), path
+
+
+@st.composite
+def text_mutated(
+    draw: st.DrawFn, valid: st.SearchStrategy[Any]
+) -> tuple[Any, tuple[str | int, ...]]:
+    """A valid body with one of its texts made hostile (a prompt, a message, a stop string):
+    `mutated` picks any value, so a nested text is rarely the one, and 600 of its cases missed
+    the engine's lone-surrogate 500 that this finds within its first hundred."""
+    doc = draw(valid)
+    texts = [p for p in paths_of(doc) if isinstance(_value_at(doc, p), str)]
+    if not texts:
+        return doc, ()
+    path = draw(st.sampled_from(texts))
+    return replaced(doc, path, draw(hostile_strings())), path
+
+
+def _value_at(doc: Any, path: tuple[str | int, ...]) -> Any:
+    for key in path:
+        doc = doc[key]
+    return doc
 
 
 def field_root(name: str) -> str:
