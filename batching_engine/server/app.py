@@ -1,4 +1,5 @@
-"""The engine's HTTP API (aiohttp): routes, probes, metrics, and the error boundary.
+"""The engine's HTTP API (aiohttp): routes, probes, metrics, its OpenAPI document (openapi.py),
+and the error boundary.
 
 The server answers before the model is loaded (liveness passes, readiness does not) and
 while it drains (readiness fails, accepted requests finish, new ones get a 503). Handlers
@@ -23,9 +24,11 @@ from batching_engine.server.caller_token import token_check
 from batching_engine.server.embeddings import embed_batch, embeddings
 from batching_engine.server.errors import NotReadyError, error_response, http_error_response
 from batching_engine.server.generation import generate
+from batching_engine.server.openapi import DOCUMENT
 from batching_engine.server.responses import models_response
 from batching_engine.server.served_model import ServedModel
 from batching_engine.server.warm_up import warm_up
+from infergrid import openapi
 
 _LINGERING_S = 10.0  # aiohttp's default
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -70,6 +73,7 @@ class EngineServer:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.prometheus)
+        app.router.add_get(openapi.OPENAPI_PATH, openapi.handler(DOCUMENT))
         return app
 
     # Lifecycle.

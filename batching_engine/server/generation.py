@@ -86,7 +86,9 @@ def _prompt_ids(model: ServedModel, req: GenerationRequest) -> list[int]:
     if req.messages is not None:
         text = tokenizer.apply_chat_template(req.messages)
         model.check_chars(text, "messages", most)
-        return tokenizer.encode(text, add_special_tokens=False)  # the template has its specials
+        ids = tokenizer.encode(text, add_special_tokens=False)  # the template has its specials
+        model.check_length(ids, "messages")
+        return ids
     if isinstance(req.prompt, str):
         model.check_chars(req.prompt, "prompt", most)
         return tokenizer.encode(req.prompt)

@@ -54,8 +54,8 @@ UNSUPPORTED: Final[dict[str, tuple[object, ...]]] = {
     "tool_choice": ("none", "auto"),
     "response_format": ({"type": "text"},),
 }
-_SEED_RANGE: Final = (0, (1 << 63) - 1)
-_PRIORITY_RANGE: Final = (-(1 << 31), (1 << 31) - 1)
+SEED_RANGE: Final = (0, (1 << 63) - 1)
+PRIORITY_RANGE: Final = (-(1 << 31), (1 << 31) - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +136,7 @@ def parse_embedding(doc: object) -> EmbeddingRequest:
         model=optional(doc, "model", string),
         inputs=_embedding_inputs(doc),
         encoding_format=fmt,
-        priority=optional(doc, "priority", integer(*_PRIORITY_RANGE)) or 0,
+        priority=optional(doc, "priority", integer(*PRIORITY_RANGE)) or 0,
     )
 
 
@@ -154,7 +154,7 @@ def _common(doc: dict[str, Any]) -> dict[str, Any]:
     return {
         "stream": stream,
         "include_usage": bool(usage),
-        "priority": optional(doc, "priority", integer(*_PRIORITY_RANGE)) or 0,
+        "priority": optional(doc, "priority", integer(*PRIORITY_RANGE)) or 0,
     }
 
 
@@ -169,7 +169,7 @@ def _sampling(doc: dict[str, Any], max_tokens_alias: str | None = None) -> Sampl
         top_k=_top_k(doc),
         max_tokens=max_tokens if max_tokens is not None else defaults.max_tokens,
         stop=_stop(doc),
-        seed=optional(doc, "seed", integer(*_SEED_RANGE)),
+        seed=optional(doc, "seed", integer(*SEED_RANGE)),
         ignore_eos=optional(doc, "ignore_eos", boolean) or False,
     )
 
@@ -182,11 +182,13 @@ def _refuse_unsupported(doc: dict[str, Any]) -> None:
 
 
 def _same(value: object, neutral: object) -> bool:
-    """Equal and of the same kind, so that `true` is not taken for `1`."""
-    return type(value) is type(neutral) and value == neutral or (
-        isinstance(neutral, int | float) and not isinstance(value, bool)
-        and isinstance(value, int | float) and value == neutral
-    )  # fmt: skip
+    """Equal and of the same JSON kind: `true` is not `1`, nor `0` `false`; `0.0` is `0`."""
+    return _json_kind(value) == _json_kind(neutral) and value == neutral
+
+
+def _json_kind(value: object) -> object:
+    """bool is tried before numbers, since to isinstance a bool is an int."""
+    return next((k for k in (bool, int | float, str, list, dict) if isinstance(value, k)), None)
 
 
 def _short(value: object) -> str:

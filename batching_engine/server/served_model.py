@@ -60,6 +60,16 @@ class ServedModel:
                 f"{bound.max_chars} bytes"
             )  # fmt: skip
 
+    def check_length(self, ids: list[int], path: str) -> None:
+        """After tokenizing, naming the field the text came from: the scheduler checks the
+        length again, but knows no field, and a chat body has no `prompt`."""
+        most = self.max_model_len - 1
+        if len(ids) > most:
+            raise RequestError(
+                path, f"must hold at most {most} tokens (max_model_len {self.max_model_len} "
+                f"leaves room for one output token), got {len(ids)}"
+            )  # fmt: skip
+
     def check_tokens(self, ids: list[int], path: str) -> None:
         for i, token in enumerate(ids):
             if token >= self.vocab_size:

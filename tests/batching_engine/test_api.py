@@ -231,6 +231,11 @@ def test_ready_only_after_one_warm_up_request_is_answered(model_dir: Path, task:
         ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "temperature"),
         ("/v1/completions", {"prompt": [1, 99999]}, "prompt[1]"),
         ("/v1/completions", {"prompt": "x " * 300}, "prompt"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x " * 300}]},
+            "messages",
+        ),
         ("/v1/completions", {"prompt": "x", "priority": 7}, "priority"),
         ("/v1/chat/completions", {"max_tokens": 3}, "messages"),
         (
