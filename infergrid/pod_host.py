@@ -10,10 +10,10 @@ together and what any init container needs while the sidecars declared before it
 run, plus the pod's overhead.
 """
 
-from collections.abc import Iterable
 from typing import Any, Final
 
 from infergrid.constants import LABEL_GPU_PRODUCT
+from infergrid.errors import ContractError
 from infergrid.placement.host import HostRequest
 from infergrid.quantity import parse_milli_quantity, parse_whole_quantity
 
@@ -28,7 +28,7 @@ def mib_rounded_up(amount: int) -> int:
 def parse_host_request(pod: dict[str, Any]) -> HostRequest:
     """The pod's effective CPU (millicores) and memory (MiB, rounded up) requests and the
     GPU models it may run on (empty: any). A bad amount raises a ContractError naming it."""
-    spec = pod.get("spec") or {}
+    spec = _object(pod.get("spec"), "spec")
     cpu = _effective(spec, "cpu", parse_milli_quantity)
     memory = _effective(spec, "memory", parse_whole_quantity)
     return HostRequest(cpu, mib_rounded_up(memory), gpu_models(spec))
@@ -38,29 +38,32 @@ def gpu_models(spec: dict[str, Any]) -> frozenset[str]:
     """The GPU models (``infergrid.io/gpu.product`` values) the pod's nodeSelector and
     required node affinity allow; empty when they allow any."""
     allowed: frozenset[str] | None = None
-    selected = (spec.get("nodeSelector") or {}).get(LABEL_GPU_PRODUCT)
+    selected = _object(spec.get("nodeSelector"), "spec.nodeSelector").get(LABEL_GPU_PRODUCT)
     if isinstance(selected, str):
         allowed = frozenset({selected})
-    terms = (
-        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        )
-        or {}
-    ).get("nodeSelectorTerms") or []
-    by_terms = _term_models(terms)
+    required, path = spec, "spec"
+    for key in ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution"):
+        path = f"{path}.{key}"
+        required = _object(required.get(key), path)
+    path = f"{path}.nodeSelectorTerms"
+    by_terms = _term_models(_array(required.get("nodeSelectorTerms"), path), path)
     if by_terms is not None:
         allowed = by_terms if allowed is None else allowed & by_terms
     return allowed or frozenset()
 
 
-def _term_models(terms: Iterable[Any]) -> frozenset[str] | None:
+def _term_models(terms: list[Any], path: str) -> frozenset[str] | None:
     """Models the ORed node selector terms allow; None when some term allows any."""
     union: set[str] = set()
-    for term in terms:
+    for at, term in enumerate(terms):
         values = None
-        for expression in (term or {}).get("matchExpressions") or []:
+        where = f"{path}[{at}].matchExpressions"
+        expressions = _array(_object(term, f"{path}[{at}]").get("matchExpressions"), where)
+        for i, listed_expression in enumerate(expressions):
+            expression = _object(listed_expression, f"{where}[{i}]")
             if expression.get("key") == LABEL_GPU_PRODUCT and expression.get("operator") == "In":
-                found = frozenset(v for v in expression.get("values") or [] if isinstance(v, str))
+                listed = _array(expression.get("values"), f"{where}[{i}].values")
+                found = frozenset(v for v in listed if isinstance(v, str))
                 values = found if values is None else values & found
         if values is None:
             return None
@@ -69,20 +72,41 @@ def _term_models(terms: Iterable[Any]) -> frozenset[str] | None:
 
 
 def _effective(spec: dict[str, Any], resource: str, parse: Any) -> int:
-    def asked(container: dict[str, Any], path: str) -> int:
-        raw = ((container.get("resources") or {}).get("requests") or {}).get(resource)
+    def asked(container: Any, path: str) -> int:
+        resources = _object(_object(container, path).get("resources"), f"{path}.resources")
+        requests = _object(resources.get("requests"), f"{path}.resources.requests")
+        raw = requests.get(resource)
         return 0 if raw is None else int(parse(raw, f"{path}.resources.requests.{resource}"))
 
     running = 0
     init_peak = 0
-    for at, init in enumerate(spec.get("initContainers") or []):
+    for at, init in enumerate(_array(spec.get("initContainers"), "spec.initContainers")):
         amount = asked(init, f"spec.initContainers[{at}]")
         if init.get("restartPolicy") == "Always":
             running += amount  # a sidecar runs beside everything after it
         else:
             init_peak = max(init_peak, running + amount)
-    for at, container in enumerate(spec.get("containers") or []):
+    for at, container in enumerate(_array(spec.get("containers"), "spec.containers")):
         running += asked(container, f"spec.containers[{at}]")
-    overhead = (spec.get("overhead") or {}).get(resource)
+    overhead = _object(spec.get("overhead"), "spec.overhead").get(resource)
     extra = 0 if overhead is None else int(parse(overhead, f"spec.overhead.{resource}"))
     return max(running, init_peak) + extra
+
+
+def _object(value: Any, path: str) -> dict[str, Any]:
+    """An object of the pod's JSON, absent (null) read as empty; any other kind is refused:
+    hand-made pods reach the extender, and `.get` on a list raised past its readers."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ContractError(path, f"must be an object, not {type(value).__name__}")
+    return value
+
+
+def _array(value: Any, path: str) -> list[Any]:
+    """A list of the pod's JSON, absent (null) read as empty; any other kind is refused."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ContractError(path, f"must be a list, not {type(value).__name__}")
+    return value

@@ -1,8 +1,8 @@
 """The extender's HTTP service (aiohttp): /filter, /prioritize, /bind, health and metrics.
 
-Two apps, on two listeners: `app` (the verbs, /healthz and /readyz) for kube-scheduler on
-loopback, and `metrics_app` (/metrics and /healthz) for Prometheus; neither serves the
-other's paths, so exposing /metrics never exposes the unauthenticated verbs.
+Two apps, on two listeners: `app` (the verbs, /healthz, /readyz and /openapi.json) for
+kube-scheduler on loopback, and `metrics_app` (/metrics and /healthz) for Prometheus; neither
+serves the other's paths, so exposing /metrics never exposes the unauthenticated verbs.
 
 Handlers only decode, ask `decisions` or the `Binder`, and encode. Bad input
 gets a 400 (or 413 past the body limit) with an `Error` naming the field,
@@ -26,13 +26,16 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from infergrid.errors import ContractError
+from infergrid.openapi import OPENAPI_PATH, handler
 from scheduler_extender import metrics
 from scheduler_extender.binder import Binder, BindError
 from scheduler_extender.config import DEFAULT_PREEMPTIBLE
 from scheduler_extender.decisions import filter_nodes, preempt_nodes, prioritize_nodes
+from scheduler_extender.openapi import DOCUMENT
 from scheduler_extender.pending_binds import BindBarrier
 from scheduler_extender.preemptor import Preemptor
 from scheduler_extender.protocol import (
+    ERROR,
     binding_result,
     decode_binding_args,
     decode_extender_args,
@@ -97,6 +100,7 @@ class ExtenderService:
         app.router.add_post("/preempt", self._timed("preempt", self.preempt))
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        app.router.add_get(OPENAPI_PATH, handler(DOCUMENT))
         return app
 
     def metrics_app(self) -> web.Application:
@@ -114,10 +118,10 @@ class ExtenderService:
             except web.HTTPException:
                 raise
             except ContractError as err:
-                return _reply({"Error": str(err)}, status=400)
+                return _reply({ERROR: str(err)}, status=400)
             except Exception as err:  # noqa: BLE001 - the scheduler gets an answer, not a 500
                 log.exception("%s failed", verb)
-                return _reply({"Error": f"internal error: {err}"}, status=200)
+                return _reply({ERROR: f"internal error: {err}"}, status=200)
             finally:
                 metrics.REQUEST_SECONDS.labels(verb).observe(time.perf_counter() - started)
 

@@ -17,6 +17,27 @@ import orjson
 
 from infergrid.errors import ContractError
 
+# The envelope's keys, as kube-scheduler's Go field names spell them (extender/v1 types.go);
+# the readers below and the OpenAPI document (scheduler_extender/openapi.py) both use these.
+POD = "Pod"
+NODES = "Nodes"
+NODE_NAMES = "NodeNames"
+FAILED_NODES = "FailedNodes"
+FAILED_AND_UNRESOLVABLE = "FailedAndUnresolvableNodes"
+ERROR = "Error"
+HOST = "Host"
+SCORE = "Score"
+POD_NAME = "PodName"
+POD_NAMESPACE = "PodNamespace"
+POD_UID = "PodUID"
+NODE = "Node"
+NODE_TO_VICTIMS = "NodeNameToVictims"
+NODE_TO_META_VICTIMS = "NodeNameToMetaVictims"
+VICTIM_PODS = "Pods"
+PDB_VIOLATIONS = "NumPDBViolations"
+UID = "UID"
+POD_IDENTITY = ("name", "namespace", "uid")  # the Pod's metadata fields every verb reads
+
 
 @dataclass(frozen=True, slots=True)
 class ExtenderArgs:
@@ -66,32 +87,57 @@ def _string(doc: dict[str, Any], key: str) -> str:
 
 def _node_names(doc: dict[str, Any]) -> list[str]:
     """NodeNames, or the names in a full NodeList when the scheduler sent one."""
-    names = doc.get("NodeNames")
-    if names is None and isinstance(doc.get("Nodes"), dict):
-        items = doc["Nodes"].get("items") or []
-        names = [((n or {}).get("metadata") or {}).get("name") for n in items]
+    names, nodes = doc.get(NODE_NAMES), doc.get(NODES)
+    if nodes is not None and not isinstance(nodes, dict):
+        raise ContractError(NODES, "must be a NodeList object")
+    if names is None and nodes is not None:
+        names = _names_in(nodes)
     # Whole-list checks in C: thousands of names arrive per call.
     if not isinstance(names, list) or not {str}.issuperset(map(type, names)) or "" in names:
-        raise ContractError("NodeNames", "must be a list of node names")
+        raise ContractError(NODE_NAMES, "must be a list of node names")
     return names
+
+
+def _names_in(nodes: dict[str, Any]) -> list[str]:
+    """The node names of a NodeList, each one required."""
+    items = nodes.get("items") or []
+    if not isinstance(items, list):
+        raise ContractError(f"{NODES}.items", "must be a list of nodes")
+    names = []
+    for i, node in enumerate(items):
+        meta = node.get("metadata") if isinstance(node, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ContractError(f"{NODES}.items[{i}].metadata.name", "is required")
+        names.append(name)
+    return names
+
+
+def _pod(doc: dict[str, Any]) -> dict[str, Any]:
+    """The Pod, with the parts every verb reads checked: its name, namespace and uid are
+    strings (a uid nested a thousand deep made `str()` of it raise), its spec an object."""
+    pod = doc.get(POD)
+    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
+        raise ContractError(POD, "is required and must be a Pod object")
+    for key in POD_IDENTITY:
+        if not isinstance(pod["metadata"].get(key) or "", str):
+            raise ContractError(f"{POD}.metadata.{key}", "must be a string")
+    if not isinstance(pod.get("spec") or {}, dict):
+        raise ContractError(f"{POD}.spec", "must be a PodSpec object")
+    return pod
 
 
 def decode_extender_args(body: bytes) -> ExtenderArgs:
     doc = _object(body)
-    pod = doc.get("Pod")
-    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
-        raise ContractError("Pod", "is required and must be a Pod object")
-    return ExtenderArgs(pod=pod, node_names=_node_names(doc))
+    return ExtenderArgs(pod=_pod(doc), node_names=_node_names(doc))
 
 
 def decode_preemption_args(body: bytes) -> PreemptionArgs:
     """ExtenderPreemptionArgs: NodeNameToMetaVictims (uids only, with nodeCacheCapable) or
     NodeNameToVictims (whole pods)."""
     doc = _object(body)
-    pod = doc.get("Pod")
-    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
-        raise ContractError("Pod", "is required and must be a Pod object")
-    key = "NodeNameToMetaVictims" if doc.get("NodeNameToMetaVictims") else "NodeNameToVictims"
+    pod = _pod(doc)
+    key = NODE_TO_META_VICTIMS if doc.get(NODE_TO_META_VICTIMS) else NODE_TO_VICTIMS
     table = doc.get(key) or {}
     if not isinstance(table, dict):
         raise ContractError(key, "must map node names to victims")
@@ -102,27 +148,28 @@ def _victims(key: str, node: str, victims: Any) -> Victims:
     field = f"{key}[{node!r}]"
     if not node or not isinstance(victims, dict):
         raise ContractError(field, "must be a victims object under a node name")
-    pods, violations = victims.get("Pods") or [], victims.get("NumPDBViolations") or 0
+    pods, violations = victims.get(VICTIM_PODS) or [], victims.get(PDB_VIOLATIONS) or 0
     if not isinstance(pods, list) or not isinstance(violations, int):
         raise ContractError(field, "Pods must be a list and NumPDBViolations an integer")
-    uids = []
-    for pod in pods:
-        uid = (
-            (pod.get("UID") or (pod.get("metadata") or {}).get("uid"))
-            if isinstance(pod, dict)
-            else None
-        )
-        if not isinstance(uid, str) or not uid:
-            raise ContractError(f"{field}.Pods", "every victim needs a UID")
-        uids.append(uid)
+    uids = [_victim_uid(pod) for pod in pods]
+    if not all(isinstance(uid, str) and uid for uid in uids):
+        raise ContractError(f"{field}.Pods", "every victim needs a UID")
     return Victims(tuple(uids), violations)
+
+
+def _victim_uid(pod: Any) -> Any:
+    """A MetaPod's `UID`, or a whole pod's `metadata.uid`; None where neither is there."""
+    if not isinstance(pod, dict):
+        return None
+    meta = pod.get("metadata")
+    return pod.get(UID) or (meta.get("uid") if isinstance(meta, dict) else None)
 
 
 def preemption_result(nodes: dict[str, Victims]) -> dict[str, Any]:
     """ExtenderPreemptionResult: the nodes that remain candidates, each with its victims."""
     return {
-        "NodeNameToMetaVictims": {
-            node: {"Pods": [{"UID": uid} for uid in v.uids], "NumPDBViolations": v.pdb_violations}
+        NODE_TO_META_VICTIMS: {
+            node: {VICTIM_PODS: [{UID: uid} for uid in v.uids], PDB_VIOLATIONS: v.pdb_violations}
             for node, v in nodes.items()
         }
     }
@@ -131,10 +178,10 @@ def preemption_result(nodes: dict[str, Victims]) -> dict[str, Any]:
 def decode_binding_args(body: bytes) -> BindingArgs:
     doc = _object(body)
     return BindingArgs(
-        pod_name=_string(doc, "PodName"),
-        pod_namespace=_string(doc, "PodNamespace"),
-        pod_uid=_string(doc, "PodUID"),
-        node=_string(doc, "Node"),
+        pod_name=_string(doc, POD_NAME),
+        pod_namespace=_string(doc, POD_NAMESPACE),
+        pod_uid=_string(doc, POD_UID),
+        node=_string(doc, NODE),
     )
 
 
@@ -143,20 +190,20 @@ def filter_result(
 ) -> dict[str, Any]:
     """FailedAndUnresolvableNodes tells preemption that evicting pods would not help."""
     return {
-        "NodeNames": passed,
-        "FailedNodes": failed,
-        "FailedAndUnresolvableNodes": unresolvable,
-        "Error": error,
+        NODE_NAMES: passed,
+        FAILED_NODES: failed,
+        FAILED_AND_UNRESOLVABLE: unresolvable,
+        ERROR: error,
     }
 
 
 def priority_list(scores: dict[str, int]) -> list[dict[str, Any]]:
     """A bare array, as kube-scheduler expects from prioritize."""
-    return [{"Host": host, "Score": score} for host, score in scores.items()]
+    return [{HOST: host, SCORE: score} for host, score in scores.items()]
 
 
 def binding_result(error: str = "") -> dict[str, str]:
-    return {"Error": error}
+    return {ERROR: error}
 
 
 def encode(doc: dict[str, Any] | list[dict[str, Any]]) -> bytes:
