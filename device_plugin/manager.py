@@ -114,24 +114,40 @@ class DeviceManager:
     def preferred(
         self, resource: str, available: Sequence[str], must: Sequence[str], size: int
     ) -> list[str]:
-        """GetPreferredAllocation's answer: the devices a pending assignment names, for whole
-        GPUs too, so a time slice lands on the GPU the extender counted it on.
+        """GetPreferredAllocation's answer for one container (see `preferred_each`)."""
+        return self.preferred_each(resource, [(available, must, size)])[0]
+
+    def preferred_each(
+        self, resource: str, requests: Sequence[tuple[Sequence[str], Sequence[str], int]]
+    ) -> list[list[str]]:
+        """GetPreferredAllocation's answer per container (available, must include, size): the
+        devices a pending assignment names, for whole GPUs too, so a time slice lands on the
+        GPU the extender counted it on. The devices and the node's pods are read once per
+        call, however many containers it names: per container, a call naming thousands took
+        seconds, and as many reads of the pods.
 
         Without the node's pods it prefers by topology alone: a preference is no grant,
         and Allocate, which refuses what it cannot check, still decides.
         """
         known = by_id({resource: self.devices(resource)})
-        missing = [i for i in [*available, *must] if i not in known]
-        if missing:
-            raise AllocationError(f"unknown device IDs: {', '.join(missing)}")
-        offered = [known[i] for i in available]
+        pending: list[Pending] | None = None
+        answers = []
+        for available, must, size in requests:
+            missing = [i for i in [*available, *must] if i not in known]
+            if missing:
+                raise AllocationError(f"unknown device IDs: {', '.join(missing)}")
+            if pending is None:
+                pending = self._pending_or_none(resource)
+            offered, musts = [known[i] for i in available], [known[i] for i in must]
+            answers.append([d.id for d in preferred_devices(offered, musts, size, pending)])
+        return answers
+
+    def _pending_or_none(self, resource: str) -> list[Pending]:
         try:
-            pending = self._pending()
+            return self._pending()
         except AllocationError as err:
             log.warning("preferring %s devices without the assignments: %s", resource, err)
-            pending = []
-        chosen = preferred_devices(offered, [known[i] for i in must], size, pending)
-        return [d.id for d in chosen]
+            return []
 
     def _pending(self) -> list[Pending]:
         """The assignments on this node, of pods our scheduler bound, that wait for Allocate."""

@@ -26,6 +26,22 @@ WaitForChange = Callable[[int, float], int]
 """(last seen version, timeout seconds) -> current version; returns early on a change."""
 
 
+MAX_STATUS_MESSAGE_BYTES = 2048
+"""A gRPC client drops a call whose trailers pass its metadata limit (8 KiB soft, 16 KiB hard,
+after percent-encoding, which can triple non-ASCII bytes) and reports RESOURCE_EXHAUSTED in
+place of the reason: a refusal naming thousands of device IDs reached the kubelet as
+"received metadata size exceeds hard limit". Cut, the reason arrives."""
+
+
+def status_message(reason: str) -> str:
+    """`reason`, cut to what a gRPC status carries to every client, saying how much was cut."""
+    data = reason.encode("utf-8", "surrogatepass")
+    if len(data) <= MAX_STATUS_MESSAGE_BYTES:
+        return reason
+    kept = data[: MAX_STATUS_MESSAGE_BYTES - 64].decode("utf-8", "ignore")
+    return f"{kept}... ({len(reason) - len(kept)} more characters)"
+
+
 def _device_pb(device: Device) -> api_pb2.Device:
     return api_pb2.Device(
         ID=device.id,
@@ -80,19 +96,19 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             version = self.wait_for_change(version, self.wake_interval)
 
     def GetPreferredAllocation(self, request, context):
-        responses = []
-        for req in request.container_requests:
-            try:
-                ids = self.manager.preferred(
-                    self.resource,
-                    list(req.available_deviceIDs),
-                    list(req.must_include_deviceIDs),
-                    req.allocation_size,
-                )
-            except AllocationError as err:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-            responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
-        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+        asked = [
+            (list(r.available_deviceIDs), list(r.must_include_deviceIDs), r.allocation_size)
+            for r in request.container_requests
+        ]
+        try:
+            chosen = self.manager.preferred_each(self.resource, asked)
+        except AllocationError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, status_message(str(err)))
+        return api_pb2.PreferredAllocationResponse(
+            container_responses=[
+                api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids) for ids in chosen
+            ]
+        )
 
     def Allocate(self, request, context):
         started = time.perf_counter()
@@ -101,8 +117,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             grants = self.manager.allocate(self.resource, requests)
         except AllocationError as err:
             metrics.ALLOCATIONS.labels(self.resource, "refused").inc()
-            log.warning("refused Allocate for %s %s: %s", self.resource, requests, err)
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+            message = status_message(str(err))
+            asked = status_message(repr(requests))
+            log.warning("refused Allocate for %s %s: %s", self.resource, asked, message)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
         self.on_grants(grants)
         metrics.ALLOCATIONS.labels(self.resource, "granted").inc()
         metrics.ALLOCATE_SECONDS.labels(self.resource).observe(time.perf_counter() - started)
