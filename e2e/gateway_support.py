@@ -60,11 +60,12 @@ def wait_ready_pods(core, namespace: str, service: str, count: int) -> list[clie
 
 
 def install_gateway(
-    cluster, namespace: str, watched: tuple[str, ...] = (), values: tuple[str, ...] = ()
-) -> tuple[str, str]:
+    cluster, namespace: str, watched: tuple[str, ...] = (), values: tuple[str, ...] = (),
+    replicas: int = 1,
+) -> tuple[str, str]:  # fmt: skip
     """A release of the chart with only the gateway on, in `namespace`, serving it and the
     `watched` namespaces, with more `--set` `values`; returns the release name and the
-    gateway pod's metrics URL (the operator reads it from the host)."""
+    (first) gateway pod's metrics URL (the operator reads it from the host)."""
     served = ",".join((namespace, *watched))
     name = f"gw{uuid.uuid4().hex[:5]}"
     repository, tag = image_ref("gateway").removeprefix("docker.io/").rsplit(":", 1)
@@ -74,7 +75,7 @@ def install_gateway(
         "--set", "devicePlugin.enabled=false", "--set", "admissionPolicy.enabled=false",
         "--set", "priorityClasses.create=false",
         "--set", f"gateway.image.repository={repository}", "--set", f"gateway.image.tag={tag}",
-        "--set", "gateway.replicas=1",
+        "--set", f"gateway.replicas={replicas}",
         "--set", f"gateway.watchNamespaces={{{served}}}",
         "--set", f"gateway.apiKeysSecret.name={KEYS}",
         "--set", "gateway.holdTimeoutSeconds=600",
@@ -88,7 +89,7 @@ def install_gateway(
     pods = core.list_namespaced_pod(
         namespace, label_selector=f"app.kubernetes.io/instance={name}"
     ).items
-    assert len(pods) == 1 and is_ready(pods[0])
+    assert len(pods) == replicas and all(is_ready(p) for p in pods)
     return name, f"http://{pods[0].status.pod_ip}:9090/metrics"
 
 

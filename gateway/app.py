@@ -34,7 +34,8 @@ from gateway.live_catalog import LiveCatalog
 from gateway.loads import Loads, scrape
 from gateway.metrics import GatewayMetrics
 from gateway.model_names import MayCall, Unresolved, as_served, names, qualified, resolve
-from gateway.proxy import Answer, Retryable, UpstreamTimeout, forward
+from gateway.openapi import DOCUMENT
+from gateway.proxy import SHUT_DOWN, Answer, Retryable, UpstreamTimeout, forward, shut_down
 from gateway.request_body import (
     CHAT,
     COMPLETIONS,
@@ -51,6 +52,8 @@ from infergrid.capped_read import read_capped
 from infergrid.engine_token import derive as derive_engine_token
 from infergrid.errors import ContractError
 from infergrid.openai_error import error_body
+from infergrid.openapi import OPENAPI_PATH
+from infergrid.openapi import handler as openapi_handler
 
 log = logging.getLogger("infergrid.gateway")
 
@@ -123,6 +126,7 @@ class Gateway:
         self.asked_at: dict[Key, float] = {}
         self.in_flight = 0
         self.draining = False
+        self._admitted_tasks: set[asyncio.Task] = set()  # what `cut_off` ends
         self.session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task] = set()
         self.failed_keys = FailedKeys()
@@ -139,6 +143,8 @@ class Gateway:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        app.router.add_get(OPENAPI_PATH, openapi_handler(DOCUMENT))
+        app.on_response_prepare.append(self._close_while_draining)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
@@ -158,6 +164,25 @@ class Gateway:
             task.cancel()
         if self.session is not None:
             await self.session.close()
+
+    async def _close_while_draining(
+        self, _request: web.Request, response: web.StreamResponse
+    ) -> None:
+        """While draining, every answer closes its connection, so a client's next request
+        opens a new one, which the Service sends to a replica still ready. (aiohttp has
+        computed the headers by this hook, so the header is set here too.)"""
+        if self.draining:
+            response.force_close()
+            response.headers["Connection"] = "close"
+
+    def cut_off(self) -> list[asyncio.Task]:
+        """Ends the admitted requests still in flight at the end of a drain, each with what
+        its client can act on: a stream with an error event, a request whose answer has not
+        begun with a 503 to retry. Returns their tasks, to wait for."""
+        tasks = list(self._admitted_tasks)
+        for task in tasks:
+            task.cancel(SHUT_DOWN)
+        return tasks
 
     def _spawn(self, coro: Awaitable[object]) -> None:
         task = asyncio.ensure_future(coro)
@@ -259,13 +284,26 @@ class Gateway:
         served, used = Served(), None
         self.in_flight += 1
         self.metrics.in_flight.labels(route.model).inc()
+        task = asyncio.current_task()
+        self._admitted_tasks.add(task)
         try:
             answer = await self._serve(request, raw, parsed, route, arrived, served, tenant)
             used = answer.tokens_used
             return answer.response
         except Refusal as refusal:
             return self._refused(refusal, tenant)
+        except asyncio.CancelledError as err:
+            if not shut_down(err):
+                raise
+            task.uncancel()  # the cancel was the drain's, answered here
+            served.track = ""
+            return self._refused(Refusal(
+                503, "shut_down", "the gateway replica shut down before the answer began; "
+                "retry the request", kind="service_unavailable", code="gateway_shut_down",
+                retry_after=1,
+            ), tenant)  # fmt: skip
         finally:
+            self._admitted_tasks.discard(task)
             self.in_flight -= 1
             self.metrics.in_flight.labels(route.model).dec()
             self.admission.settle(tenant, reserved, used, self.clock())

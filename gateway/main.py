@@ -7,8 +7,10 @@ Keys are required: without --api-keys-secret the gateway refuses to start, unles
 --allow-anonymous opens it to every caller as one bounded tenant (--anonymous-* limits).
 
 SIGTERM drains: /readyz turns 503 so the Service stops sending new requests, requests
-still arriving are served, and the process exits once none is in flight (or after
---drain seconds).
+still arriving are served (each answer closing its connection, so clients reconnect to a
+replica still ready), and the process exits once none is in flight. After --drain seconds,
+what is still in flight is ended with what its client can act on: a stream with an error
+event, a request whose answer has not begun with a 503 to retry.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from infergrid.settings import add_flags, load_settings
 KEEPALIVE_S = 30.0
 log = logging.getLogger("infergrid.gateway")
 QUIET_S = 1.0  # after SIGTERM, at least this long before exiting with nothing in flight
+CUT_OFF_S = 2.0  # after the drain, time for the requests cut off to send their last words
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +90,8 @@ async def serve(cfg: GatewayConfig, api: client.ApiClient) -> None:
 
 
 async def drain(gateway: Gateway, limit_s: float) -> None:
-    """Readiness off, then wait for the requests in flight (new ones are still served)."""
+    """Readiness off, then wait for the requests in flight (new ones are still served);
+    those still in flight after `limit_s` are cut off (Gateway.cut_off), never dropped."""
     gateway.draining = True
     log.info("draining: %d requests in flight", gateway.in_flight)
     loop = asyncio.get_running_loop()
@@ -96,6 +100,11 @@ async def drain(gateway: Gateway, limit_s: float) -> None:
         if gateway.in_flight == 0 and loop.time() - began >= min(QUIET_S, limit_s):
             break
         await asyncio.sleep(0.1)
+    if gateway.in_flight:
+        log.warning("drain over; ending %d requests still in flight", gateway.in_flight)
+        tasks = gateway.cut_off()
+        if tasks:
+            await asyncio.wait(tasks, timeout=CUT_OFF_S)
     log.info("drained; %d requests still in flight", gateway.in_flight)
 
 

@@ -37,6 +37,13 @@ ANSWER_HEADERS: Final = ("content-type", "cache-control", "retry-after", "x-requ
 MAX_ANSWER_BYTES: Final = 256 << 20  # a whole (non-streamed) answer relayed at most
 HELD_ANSWER_BYTES: Final = 1 << 20  # a whole answer held (and retried) at most
 UPSTREAM_FAILURES: Final = (aiohttp.ClientError, OSError, TimeoutError, asyncio.IncompleteReadError)
+SHUT_DOWN: Final = "the gateway replica is shutting down"  # a drain's cancel message
+
+
+def shut_down(err: asyncio.CancelledError) -> bool:
+    """Whether the cancel is a drain's cut-off (Gateway.cut_off), which is answered, not a
+    client that went away, which is not."""
+    return err.args[:1] == (SHUT_DOWN,)
 
 
 class UpstreamTimeout(Exception):
@@ -159,6 +166,11 @@ async def _relay(
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         log.debug("the client of an answer from %s went away", backend.pod)
         return Answer(response, upstream.status, None)
+    except asyncio.CancelledError as err:  # begun, so it cannot end well: cut as cut
+        if not shut_down(err):
+            raise
+        _uncancel()
+        return _break(request, response, upstream.status, backend, SHUT_DOWN)
     return Answer(response, upstream.status, _reported(upstream.status, tail.bytes()))
 
 
@@ -207,6 +219,11 @@ async def _stream(
         await response.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         log.debug("the client of a stream from %s went away", backend.pod)
+    except asyncio.CancelledError as err:
+        if not shut_down(err):
+            raise
+        _uncancel()
+        await _end_shut_down(response, backend)
     return Answer(response, upstream.status, usage.used)
 
 
@@ -220,6 +237,27 @@ async def _end_with_error(response: web.StreamResponse, backend: Backend, detail
     )
     await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
     await response.write_eof()
+
+
+async def _end_shut_down(response: web.StreamResponse, backend: Backend) -> None:
+    """What a client sees of a stream still running when its gateway replica's drain ends:
+    an error event saying to retry, then the end; never a silent cut."""
+    log.warning("stream from %s/%s cut off: %s", backend.namespace, backend.pod, SHUT_DOWN)
+    event = error_body(
+        f"{SHUT_DOWN} and ended this stream before the engine did; retry the request",
+        "service_unavailable",
+        code="gateway_shut_down",
+    )
+    await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
+    response.force_close()  # the replica is going away: so is the connection, now
+    await response.write_eof()
+
+
+def _uncancel() -> None:
+    """The drain's cancel, answered here: the task goes on to send the answer's end."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 def _describe(err: BaseException) -> str:

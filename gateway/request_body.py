@@ -13,6 +13,7 @@ misspelt `max_token` fails loudly instead of being ignored. The engine's own ext
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -38,6 +39,11 @@ PROMPT_TOKENS: Final = 64
 # request's prompt fits a model's context and comes nowhere near it (prose has a comma
 # every 50 bytes or so, a token id takes one).
 PARSED_VALUES: Final = 1 << 18
+# An unknown field is named by itself when its name could be a field's (OpenAI's are short
+# snake_case); any other name (empty, "[", a megabyte, a lone surrogate) is named `body`
+# and shown cut short, so a refusal names a field a client can find and echoes little.
+FIELD_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+NAME_SHOWN: Final = 64
 _SAMPLING: Final = (
     "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "seed",
@@ -52,7 +58,7 @@ FIELDS: Final[Mapping[str, frozenset[str]]] = {
         "web_search_options",
     )),
     COMPLETIONS: frozenset((*_SAMPLING, "prompt", "suffix", "echo", "best_of")),
-    EMBEDDINGS: frozenset(("model", "input", "encoding_format", "dimensions", "user")),
+    EMBEDDINGS: frozenset(("model", "input", "encoding_format", "dimensions", "user", "priority")),
 }  # fmt: skip
 
 
@@ -75,7 +81,7 @@ def parse_request(raw: bytes, endpoint: str) -> ParsedRequest:
     known = FIELDS[endpoint]
     for key in doc:
         if key not in known:
-            raise ContractError(key, f"unknown field for {endpoint}")
+            raise _unknown(key, endpoint)
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise ContractError("model", "is required: the name of a served model (GET /v1/models)")
@@ -149,6 +155,13 @@ def _json(raw: bytes) -> Any:
         return json.loads(raw, parse_constant=_no_constant)
     except (ValueError, RecursionError):
         raise ContractError("body", f"not valid JSON: {first}") from None
+
+
+def _unknown(key: str, endpoint: str) -> ContractError:
+    if FIELD_NAME.fullmatch(key):
+        return ContractError(key, f"unknown field for {endpoint}")
+    shown = json.dumps(key[:NAME_SHOWN]) + ("..." if len(key) > NAME_SHOWN else "")
+    return ContractError("body", f"holds a field {shown}, unknown for {endpoint}")
 
 
 def _no_constant(name: str) -> None:

@@ -102,6 +102,11 @@ def test_a_body_that_needs_no_usage_asked_is_forwarded_byte_for_byte():
         ({"model": "m", "prompt": "x", "messages": []}, COMPLETIONS, "messages", "unknown field"),
         ({"model": "m", "input": "x", "stream": True}, EMBEDDINGS, "stream", "unknown field"),
         ({"model": "m", "messages": [], "stream": "yes"}, CHAT, "stream", "expected true or false"),
+        # A name no field could have is named `body`, shown cut short (found by the fuzzer).
+        ({"model": "m", "messages": [], "": 1}, CHAT, "body", 'holds a field "", unknown'),
+        ({"model": "m", "messages": [], "[": 1}, CHAT, "body", 'holds a field "[", unknown'),
+        ({"model": "m", "prompt": "x", "\ud800": 1}, COMPLETIONS, "body", '"\\ud800"'),
+        ({"model": "m", "prompt": "x", "k" * 10**6: 1}, COMPLETIONS, "body", f'"{"k" * 64}"...'),
     ],
 )
 def test_a_bad_body_is_refused_naming_the_field(body, endpoint, field, reason):
