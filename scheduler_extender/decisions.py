@@ -25,6 +25,7 @@ from infergrid.placement import (
     HostRequest,
     Policy,
     choose_victims,
+    fit,
     normalize_scores,
     resolve_policy,
 )
@@ -68,11 +69,54 @@ def filter_nodes(
             unresolvable={n: f"invalid GPU request: {err}" for n in names},
             categories=["invalid-request"] * len(names),
         )
-    view.observe(str((pod.get("metadata") or {}).get("uid", "")), request, _host(pod))
+    uid = str((pod.get("metadata") or {}).get("uid", ""))
+    view.observe(uid, request, _host(pod))
+    policy = _policy(request, view)
     rows, missing = view.current(names, now)
-    found = view.nodes.filter(names, request, _policy(request, view), rows, missing)
+    found = view.nodes.filter(names, request, policy, rows, missing)
     view.remember(found, len(names))
-    return FilterOutcome(found.passed, found.failed, found.unresolvable, found.categories)
+    out = FilterOutcome(found.passed, found.failed, found.unresolvable, found.categories)
+    own = _recorded_on(uid, view)
+    if own in out.failed and _fits_beside_others(request, uid, own, view, policy, now):
+        del out.failed[own]
+        out.passed = [n for n in names if n in out.passed or n == own]
+        for category in _shortfalls(request, view, own, policy, now):  # not a rejection now
+            if category in out.categories:
+                out.categories.remove(category)
+    return out
+
+
+def _recorded_on(uid: str, view: PlacementView) -> str | None:
+    """The node an unbound pod's own assignment names: a bind wrote it and never created the
+    Binding (its extender was killed between the two, or the API server failed both the
+    Binding and the undo). The cache counts those GPUs as the pod's, so the pod must be
+    judged there without them, or it waits forever for room it holds itself."""
+    record = view.cache.pod(uid)
+    if record is None or record.node_name or record.assignment is None:
+        return None
+    return record.assignment.node
+
+
+def _fits_beside_others(
+    request: PodGpuRequest, uid: str, node: str, view: PlacementView, policy: Policy, now: datetime
+) -> bool:
+    """Whether the pod fits `node` once what it holds there itself is set aside; bind then
+    honours its recorded assignment as a retried bind does."""
+    state = view.node_state(node, now)
+    if isinstance(state, str):
+        return False
+    itself, _ = split_holders(view.cache, node, {uid})
+    return fit(request, without(state, itself), policy).fits
+
+
+def _shortfalls(
+    request: PodGpuRequest, view: PlacementView, node: str, policy: Policy, now: datetime
+) -> list[str]:
+    """The rejection categories filter counted for `node`: the resources it fell short of."""
+    state = view.node_state(node, now)
+    if isinstance(state, str):
+        return []
+    return [s.resource for s in fit(request, state, policy).shortfalls]
 
 
 def prioritize_nodes(
