@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import sys
+import threading
+import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -29,20 +32,121 @@ a Lease in kube-system; the suite's holds its chart identity's Lease (e2e/identi
 
 
 class ExtenderProcess(PartProcess):
-    """`infergrid-scheduler-extender` on the port infergrid-scheduler calls."""
+    """`infergrid-scheduler-extender` on the port infergrid-scheduler calls.
 
-    def __init__(self, url: str, kubeconfig: Path, log: Path, lease: list[str]):
+    `start` waits for /readyz, which only the Lease's holder answers; a standby replica
+    (`standby=True`) is started once it is live (/healthz), since it leads only later.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        kubeconfig: Path,
+        log: Path,
+        lease: list[str],
+        identity: str = "e2e-extender",
+        standby: bool = False,
+    ):
         self.port = urlparse(url).port
-        super().__init__("extender", kubeconfig, log, f"http://127.0.0.1:{self.port}/readyz")
+        probe = "healthz" if standby else "readyz"
+        super().__init__("extender", kubeconfig, log, f"http://127.0.0.1:{self.port}/{probe}")
         self.lease = lease  # --lease-namespace, --lease-name: the one its identity may update
+        self.identity = identity  # its holder name in the Lease: one per replica
         self.args: list[str] = []
 
     def argv(self) -> list[str]:
         return [
             sys.executable, "-m", "scheduler_extender.main",
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--identity", "e2e-extender", *self.lease, *self.args,
+            "--identity", self.identity, *self.lease, *self.args,
         ]  # fmt: skip
+
+    def leading(self) -> bool:
+        """Whether its /readyz says 200: its cache is synced and it holds the Lease."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+
+class LeaderRoute:
+    """One address in front of several extender replicas, as a Service with a readiness probe
+    is: every second it probes each replica's /readyz (only the Lease's holder is ready), and
+    each new connection goes to the ready one. A connection that finds none ready is closed,
+    and one whose replica dies is cut: kube-scheduler sees an error and schedules the pod
+    again, as it would through a Service whose endpoint went away.
+    """
+
+    def __init__(self, port: int, replicas: list[ExtenderProcess], probe_s: float = 1.0):
+        self.port = port
+        self.replicas = replicas
+        self.probe_s = probe_s
+        self.target: int | None = None  # the port of the replica connections go to
+        self._stop = threading.Event()
+        self._listener: socket.socket | None = None
+
+    def start(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        listener.settimeout(0.5)
+        self._listener = listener
+        for work in (self._probe, self._accept):
+            threading.Thread(target=work, name=f"route-{work.__name__}", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._listener is not None:
+            self._listener.close()
+
+    def _probe(self) -> None:
+        while not self._stop.is_set():
+            ready = [r.port for r in self.replicas if r.leading()]
+            self.target = ready[0] if ready else None
+            self._stop.wait(self.probe_s)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # closed by stop
+            threading.Thread(target=self._relay, args=(conn,), daemon=True).start()
+
+    def _relay(self, conn: socket.socket) -> None:
+        target = self.target
+        try:
+            upstream = socket.create_connection(("127.0.0.1", target), 2) if target else None
+        except OSError:
+            upstream = None
+        if upstream is None:
+            conn.close()
+            return
+        upstream.settimeout(None)
+        back = threading.Thread(target=_pump, args=(upstream, conn), daemon=True)
+        back.start()
+        _pump(conn, upstream)
+        back.join()
+        conn.close()
+        upstream.close()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    """Copies bytes until either side ends, then ends both directions."""
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    for side in (source, sink):
+        try:
+            side.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 @contextmanager
@@ -104,7 +208,8 @@ def gpu_pod(
         "containers": [{"name": "engine", "image": "infergrid/engine",
                         "resources": {"limits": limits}}],
     }  # fmt: skip
-    spec["nodeSelector"] = {"kubernetes.io/hostname": node} if node else KWOK_NODE_SELECTOR
+    # A copy: a test that adds to one pod's selector must not change every later pod's.
+    spec["nodeSelector"] = {"kubernetes.io/hostname": node} if node else dict(KWOK_NODE_SELECTOR)
     return {"metadata": {"name": name, "annotations": annotations or {}}, "spec": spec}
 
 
@@ -175,6 +280,22 @@ def audit(core: client.CoreV1Api) -> dict[str, int]:
         assert wholes <= slices[uuid], f"{uuid}: {wholes} holders, {slices[uuid]} time slices"
     assert len(migs) == len(set(migs)), "a MIG instance given twice"
     return dict(per_node)
+
+
+def orphans(core: client.CoreV1Api, namespace: str) -> list[str]:
+    """Assignments that hold GPUs for no running work: on a pod bound to another node than the
+    one it names, or on a pod not bound at all. Asked once every pod should be bound, the
+    list must be empty; each entry names the pod and what is wrong."""
+    found = []
+    for pod in core.list_namespaced_pod(namespace).items:
+        text = (pod.metadata.annotations or {}).get(constants.ANNOTATION_GPU_ASSIGNMENT)
+        if not text:
+            continue
+        named = decode_assignment(text).node
+        if pod.spec.node_name != named:
+            where = pod.spec.node_name or "no node"
+            found.append(f"{pod.metadata.name}: assigned on {named}, bound to {where}")
+    return found
 
 
 def now_utc() -> datetime:

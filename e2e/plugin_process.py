@@ -28,8 +28,22 @@ def plugin_process(
     plugin_dir = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))  # short socket paths
     kubelet = FakeKubelet(plugin_dir)
     kubelet.start()
+    proc = spawn_plugin(kubeconfig, fleet, node, plugin_dir, log, *args)
+    try:
+        registered = kubelet.wait_registered({constants.RESOURCE_GPU}, timeout=30)
+        assert registered, log.read_text()
+        yield kubelet, proc
+    finally:
+        stop_plugin(proc, kubelet, plugin_dir)
+
+
+def spawn_plugin(
+    kubeconfig: Path, fleet: Path, node: str, plugin_dir: Path, log: Path, *args: str
+) -> subprocess.Popen:
+    """The plugin process for ``node``, registering in ``plugin_dir``: also how a test starts
+    it again after killing it, as the DaemonSet's pod restarts."""
     with open(log, "ab") as out:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             [
                 sys.executable, "-m", "device_plugin.main",
                 "--fake-fleet", str(fleet), "--node", node, "--plugin-dir", str(plugin_dir),
@@ -38,12 +52,6 @@ def plugin_process(
             stdout=out, stderr=subprocess.STDOUT,
             env={**os.environ, "KUBECONFIG": str(kubeconfig)},
         )  # fmt: skip
-    try:
-        registered = kubelet.wait_registered({constants.RESOURCE_GPU}, timeout=30)
-        assert registered, log.read_text()
-        yield kubelet, proc
-    finally:
-        stop_plugin(proc, kubelet, plugin_dir)
 
 
 def stop_plugin(proc: subprocess.Popen, kubelet: FakeKubelet, plugin_dir: Path) -> None:
