@@ -404,6 +404,11 @@ def test_scheduler_configuration_matches_the_local_cluster(default):
         "resourceLock": "leases",
         "resourceNamespace": NAMESPACE,
         "resourceName": "ig-infergrid-scheduler",
+        # Longer than upstream's 15s/10s/2s, so an API server or etcd outage of up to 45 s
+        # passes without kube-scheduler exiting (e2e/test_faults_cluster.py).
+        "leaseDuration": "60s",
+        "renewDeadline": "45s",
+        "retryPeriod": "5s",
     }
     (extender,) = config["extenders"]
     assert extender["urlPrefix"] == "http://127.0.0.1:8888"

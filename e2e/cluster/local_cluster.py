@@ -197,18 +197,29 @@ class LocalCluster:
     def api(self) -> client.ApiClient:
         return config.new_client_from_config(str(self.kubeconfig))
 
+    @contextmanager
+    def stopped(self, name: str, timeout: float = 120) -> Iterator[None]:
+        """One control-plane process (etcd, kube-apiserver, a scheduler...) down for as long
+        as the block runs, as a crash or an upgrade takes it down: then started again with
+        its own command line, and the API server ready (/readyz) again, before this returns.
+        What the fault tests inject; whatever talks to the API server must ride it out."""
+        layout = self._load_layout()
+        ready = self._ready_checks(layout)[name]
+        argv = self.processes.argv(name)
+        self.processes.stop(name)
+        try:
+            yield
+        finally:
+            self.processes.start(name, argv)
+            wait_until(ready, timeout, f"{name} ready again",
+                       lambda: self.processes.check_alive(name))  # fmt: skip
+            wait_until(lambda: self._apiserver_ready(layout), timeout, "the API server's /readyz")
+
     def _start(self, layout: components.Layout, for_chart: bool) -> None:
         argv = components.commands(layout)
         if for_chart:
             del argv["infergrid-scheduler"]  # the chart's scheduler Deployment takes the name
-        ready = {
-            "etcd": lambda: url_ok(f"http://127.0.0.1:{layout.etcd_port}/health"),
-            "kube-apiserver": lambda: self._apiserver_ready(layout),
-            "kube-controller-manager": _healthz(layout.controller_manager_port),
-            "kube-scheduler": _healthz(layout.scheduler_port),
-            "infergrid-scheduler": _healthz(layout.infergrid_scheduler_port),
-            "kwok": lambda: url_ok(f"http://127.0.0.1:{layout.kwok_port}/healthz"),
-        }
+        ready = self._ready_checks(layout)
         for name, args in argv.items():
             self._start_ready(name, args, ready[name])
         wait_until(
@@ -218,6 +229,17 @@ class LocalCluster:
             60,
             "the default ServiceAccount",
         )
+
+    def _ready_checks(self, layout: components.Layout) -> dict[str, Callable[[], bool]]:
+        """How each control-plane process says it is ready."""
+        return {
+            "etcd": lambda: url_ok(f"http://127.0.0.1:{layout.etcd_port}/health"),
+            "kube-apiserver": lambda: self._apiserver_ready(layout),
+            "kube-controller-manager": _healthz(layout.controller_manager_port),
+            "kube-scheduler": _healthz(layout.scheduler_port),
+            "infergrid-scheduler": _healthz(layout.infergrid_scheduler_port),
+            "kwok": lambda: url_ok(f"http://127.0.0.1:{layout.kwok_port}/healthz"),
+        }
 
     def _start_ready(self, name: str, argv: list[str], ready: Callable[[], bool]) -> None:
         """Starts a process and waits until it answers ready; fails at once if it exits."""

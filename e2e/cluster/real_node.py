@@ -174,6 +174,27 @@ class RealNodes:
         """What a node upgrade or a kubelet crash does: the pods' containers keep running."""
         self.processes.restart(f"kubelet-{name}")
 
+    def restart_containerd(self, name: str) -> None:
+        """What `systemctl restart containerd` does on a node, whose unit has KillMode=process:
+        containerd alone goes and comes back. Its shims, each started in a process group of
+        its own, are not in containerd's group that `stop` signals, so they and the
+        containers they hold keep running, and the new containerd reconnects to them."""
+        self.processes.restart(f"containerd-{name}")
+        socket_path = RUN_ROOT / name / "containerd.sock"
+        wait_until(
+            lambda: _ctr_at(socket_path, "version") is not None,
+            30,
+            f"containerd of {name} back",
+            lambda: self.processes.check_alive(f"containerd-{name}"),
+        )
+
+    def running_containers(self, name: str) -> set[str]:
+        """Ids of the containers the node's containerd runs now, as its own tasks list says
+        (what it re-attached to after a restart, apart from what the kubelet last reported)."""
+        out = _ctr_at(RUN_ROOT / name / "containerd.sock", "tasks", "ls") or ""
+        rows = [line.split() for line in out.splitlines()[1:]]
+        return {row[0] for row in rows if len(row) >= 3 and row[2] == "RUNNING"}
+
     def down(self) -> list[str]:
         """Stops this cluster's real nodes and puts the machine back; returns what still
         differs. Another cluster's real node is never touched."""
@@ -239,8 +260,12 @@ def _service_to_apiserver(node: NodeLayout, apiserver_port: int) -> None:
 
 
 def _ctr(node: NodeLayout, *args: str) -> str | None:
+    return _ctr_at(node.containerd_socket, *args)
+
+
+def _ctr_at(socket_path: Path, *args: str) -> str | None:
     done = subprocess.run(
-        ["ctr", "--address", str(node.containerd_socket), "-n", "k8s.io", *args],
+        ["ctr", "--address", str(socket_path), "-n", "k8s.io", *args],
         capture_output=True,
         text=True,
     )

@@ -11,6 +11,9 @@ leaderElection:
   resourceLock: leases
   resourceNamespace: {{ .Release.Namespace }}
   resourceName: {{ include "infergrid.scheduler.lease" . }}
+  leaseDuration: {{ .Values.scheduler.kubeScheduler.leaderElection.leaseDuration }}
+  renewDeadline: {{ .Values.scheduler.kubeScheduler.leaderElection.renewDeadline }}
+  retryPeriod: {{ .Values.scheduler.kubeScheduler.leaderElection.retryPeriod }}
 percentageOfNodesToScore: {{ .Values.scheduler.kubeScheduler.percentageOfNodesToScore }}
 profiles:
   # The extender's score decides for InferGrid pods: the score plugins with a placement
