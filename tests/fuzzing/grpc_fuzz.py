@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.fuzzing.hostile import EDGE_INTEGERS, hostile_strings
@@ -188,14 +188,7 @@ def fuzz_rpc(
     for each case, and `decode` must read every OK answer."""
     key_name = f"{label} {rpc.name}"
 
-    @settings(
-        max_examples=budget.examples,
-        derandomize=budget.fixed_seed,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-        deadline=None,
-        print_blob=True,
-    )
+    @budget.hypothesis_settings()
     @given(data=st.data(), request=requests(rpc, words))
     def run(data: st.DataObject, request: bytes) -> None:
         CASES[key_name] += 1

@@ -68,6 +68,18 @@ class Budget:
     examples: int
     fixed_seed: bool = True
 
+    def hypothesis_settings(self) -> settings:
+        """The settings of one fuzzed operation or RPC: no example database (a fixed seed
+        replays the same cases anyway) and no deadline (a case's time is the server's)."""
+        return settings(
+            max_examples=self.examples,
+            derandomize=self.fixed_seed,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+            deadline=None,
+            print_blob=True,
+        )
+
 
 @dataclass(frozen=True)
 class Case:
@@ -160,14 +172,7 @@ def fuzz_operation(surface: Surface, method: str, path: str, budget: Budget) -> 
     schema = next(s for m, p, s in operations(surface.document) if (m, p) == (method, path))
     key = f"{surface.name} {method.upper()} {path}"
 
-    @settings(
-        max_examples=budget.examples,
-        derandomize=budget.fixed_seed,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-        deadline=None,
-        print_blob=True,
-    )
+    @budget.hypothesis_settings()
     @given(case=cases(schema or {}) if schema is not None else query_cases())
     def run(case: Case) -> None:
         CASES[key] += 1
