@@ -213,6 +213,39 @@ def gpu_pod(
     return {"metadata": {"name": name, "annotations": annotations or {}}, "spec": spec}
 
 
+@contextmanager
+def renewed_heartbeats(api: client.ApiClient, names: list[str]) -> Iterator[None]:
+    """The idle usage of KWOK nodes renewed every few seconds, as their device plugin would
+    renew it: a test that outlives the extender's 30 s staleness finds them fresh. A renewal
+    that fails (the API server away) is tried again at the next beat, as a plugin's is."""
+    core, stop = client.CoreV1Api(api), threading.Event()
+
+    def beat(name: str) -> None:
+        try:
+            node = core.read_node(name, _request_timeout=5)
+            annotations = node.metadata.annotations
+            inventory = decode_inventory(annotations[constants.ANNOTATION_GPU_INVENTORY])
+            samples = tuple(GpuUsageSample(g.uuid, 0, 0) for g in inventory.gpus)
+            usage = encode_usage(GpuUsage(name, now_utc(), samples))
+            patch = {"metadata": {"annotations": {constants.ANNOTATION_GPU_USAGE: usage}}}
+            core.patch_node(name, patch, _request_timeout=5)
+        except Exception:  # noqa: BLE001 - the API server is away: the next beat renews
+            pass
+
+    def run() -> None:
+        while not stop.wait(5):
+            for name in names:
+                beat(name)
+
+    thread = threading.Thread(target=run, name="heartbeats", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(30)
+
+
 def bound(core: client.CoreV1Api, namespace: str, names: list[str]) -> bool:
     pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items}
     return all(n in pods and pods[n].spec.node_name for n in names)

@@ -37,7 +37,7 @@ from kubernetes import client
 
 from e2e.cluster.local_cluster import LocalCluster
 from e2e.cluster.processes import wait_until
-from e2e.extender_support import audit, idle_nodes, now_utc, share_pod
+from e2e.extender_support import audit, idle_nodes, renewed_heartbeats, share_pod
 from e2e.fault_report import Tally, load_scale, publish
 from e2e.gateway_support import engine_pods, is_ready, wait_ready_pods
 from e2e.helm_release import CHART_SCHEDULER, E2E_LABEL, Release, helm, install_on_real_node
@@ -53,13 +53,9 @@ from e2e.operator_support import (
 from e2e.real_pods import real_node_name, serving_namespace
 from infergrid import constants
 from infergrid.constants import (
-    ANNOTATION_GPU_INVENTORY,
-    ANNOTATION_GPU_USAGE,
     CRD_GROUP,
     CRD_VERSION,
 )
-from infergrid.inventory import decode_inventory
-from infergrid.usage import GpuUsage, GpuUsageSample, encode_usage
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -233,39 +229,8 @@ def pool(cluster) -> Iterator[str]:
     suffix = uuid.uuid4().hex[:6]
     entries = [{"name": f"flt{i}-{suffix}", "gpus": gpus} for i in range(2 * load_scale())]
     with idle_nodes(cluster.api, entries, {POOL_LABEL: suffix}) as names:
-        beats = Heartbeats(client.CoreV1Api(cluster.api), names)
-        thread = threading.Thread(target=beats.run, daemon=True)
-        thread.start()
-        try:
+        with renewed_heartbeats(cluster.api, names):
             yield suffix
-        finally:
-            beats.stop.set()
-            thread.join(30)
-
-
-@dataclass
-class Heartbeats:
-    """Renews the idle usage of KWOK nodes every few seconds, as their device plugin would."""
-
-    core: client.CoreV1Api
-    nodes: list[str]
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        while not self.stop.wait(5):
-            for name in self.nodes:
-                self.beat(name)
-
-    def beat(self, name: str) -> None:
-        try:
-            node = self.core.read_node(name, _request_timeout=5)
-            inventory = decode_inventory(node.metadata.annotations[ANNOTATION_GPU_INVENTORY])
-            samples = tuple(GpuUsageSample(g.uuid, 0, 0) for g in inventory.gpus)
-            usage = encode_usage(GpuUsage(name, now_utc(), samples))
-            patch = {"metadata": {"annotations": {ANNOTATION_GPU_USAGE: usage}}}
-            self.core.patch_node(name, patch, _request_timeout=5)
-        except Exception:  # noqa: BLE001 - the API server is away: the next beat renews
-            pass
 
 
 # --- the control-plane faults -----------------------------------------------------------

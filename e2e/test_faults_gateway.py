@@ -33,6 +33,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from e2e.cluster.processes import wait_until
+from e2e.extender_support import audit
 from e2e.fault_report import Tally, load_scale, publish
 from e2e.gateway_support import (
     GATEWAY_SAMPLES,
@@ -317,3 +318,4 @@ def test_a_gateway_replica_deleted_under_load_loses_nothing(cluster, gateways):
             ), r
     assert after_gone, "no request started once the pod was gone"
     assert all(r.pod_ip != victim.status.pod_ip for r in after_gone)
+    audit(core)

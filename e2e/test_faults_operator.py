@@ -16,6 +16,7 @@ import pytest
 from kubernetes import client
 
 from e2e.cluster.processes import wait_until
+from e2e.extender_support import audit, orphans
 from e2e.fault_report import Tally, load_scale, publish
 from e2e.operator_support import condition, create_service, on_kwok, owned, read_service
 from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
@@ -145,5 +146,7 @@ def test_a_rollout_the_operator_was_killed_in_finishes_after_it_comes_back(
         "ConfigMap"
     )
     publish(tally)
-    print(tally.as_dict())
     assert {seqs: wrong for seqs, wrong in left.items() if wrong} == {}
+    core = client.CoreV1Api(cluster.api)
+    assert orphans(core, namespace) == []
+    audit(core)

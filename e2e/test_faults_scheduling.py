@@ -44,6 +44,7 @@ from e2e.extender_support import (
     gpu_pod,
     idle_nodes,
     orphans,
+    renewed_heartbeats,
     scheduling_failures,
 )
 from e2e.fault_report import Tally, load_scale, publish
@@ -77,7 +78,8 @@ def burst_pool(cluster):
     entries = [{"name": f"burst{i}-{suffix}", "gpus": A10}
                for i in range(BURST_NODES * load_scale())]  # fmt: skip
     with idle_nodes(cluster.api, entries, labels={POOL_LABEL: suffix}) as names:
-        yield suffix, names
+        with renewed_heartbeats(cluster.api, names):  # the burst may outlive 30 s
+            yield suffix, names
 
 
 @pytest.fixture()
@@ -226,7 +228,6 @@ def test_the_standby_extender_takes_over_a_burst_when_the_leader_is_killed(
             f"FailedScheduling; {len(bound)} of {count} bound"
         )
         publish(tally)
-        print(tally.as_dict())
     assert tally.outcomes["lost"] == 0
     for n in names:
         history.record(core.read_namespaced_pod(n, namespace))  # the last state, if unseen
@@ -463,7 +464,6 @@ def test_a_plugin_restarted_under_allocate_load_without_its_marks_gives_nothing_
                   f"status: {refusals or 'none'}; every pod granted once; the ledger rebuilt "
                   "from PodResources: a fifth share of a full GPU refused")  # fmt: skip
     publish(tally)
-    print(tally.as_dict())
     assert tally.outcomes["lost"] == 0
     assert fifth is not None and fifth.code() == grpc.StatusCode.FAILED_PRECONDITION, fifth
     assert "does not fit beside the containers already granted" in fifth.details()
