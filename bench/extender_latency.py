@@ -12,11 +12,15 @@ baseline's under the same policy (or, for a policy the baseline lacks, over its
 binpack, its default, and its fgd). Then the preempt verb's p50 and p99 at each size (this
 checkout only), for pods above every seeded pod's priority but the online ones', over as
 many candidate nodes as kube-scheduler sends by default (10% of the nodes, at least 100).
-Throughput through the real kube-scheduler, with the wait for binds and with tentative
-reservations, is ``bench/burst_placement.py``'s.
+``--warmup N`` sends N pods of the same stream first, placed but not counted: the first
+pod of each shape, and the first after the learned workload is adopted (at the first pod
+and the 50th here), explain or score every node afresh, and a warmed extender shows what
+the pods after those pay. Throughput through the real kube-scheduler, with the wait for
+binds and with tentative reservations, is ``bench/burst_placement.py``'s.
 
     .venv/bin/python -m bench.extender_latency --nodes 100,1000,5000 [--pods 200]
-        [--policies binpack,fgd,fgd-cluster-aware] [--baseline b67179c] [--no-preempt] [--json]
+        [--policies binpack,fgd,fgd-cluster-aware] [--baseline b67179c] [--no-preempt]
+        [--warmup 0] [--json]
 """
 
 from __future__ import annotations
@@ -78,9 +82,11 @@ def pct(samples: list[float]) -> dict[str, float]:
             "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 3)}  # fmt: skip
 
 
-def latency(tree: Path, label: str, nodes: int, pods: int, policy: str, seed: int = 7) -> dict:
+def latency(
+    tree: Path, label: str, nodes: int, pods: int, policy: str, seed: int = 7, warmup: int = 0
+) -> dict:
     """One extender, one stream of pods: each filtered, scored, and bound where it scored
-    best."""
+    best; the first ``warmup`` of them are not counted."""
     sys.path.insert(0, str(HERE))
     from extender_server import pod_json  # the pods the server's cache was built from
 
@@ -88,22 +94,25 @@ def latency(tree: Path, label: str, nodes: int, pods: int, policy: str, seed: in
     rnd = random.Random(seed + 1)
     filters, priorities, passed = [], [], []
     try:
-        for i in range(pods):
+        for i in range(warmup + pods):
+            counted = i >= warmup
             pod = pod_json(10_000_000 + i, rnd)
             took, result = server.post("/filter", {"Pod": pod, "NodeNames": server.names})
-            filters.append(took)
             feasible = result["NodeNames"]
-            passed.append(len(feasible))
+            if counted:
+                filters.append(took)
+                passed.append(len(feasible))
             if not feasible:
                 continue
             took, scores = server.post("/prioritize", {"Pod": pod, "NodeNames": feasible})
-            priorities.append(took)
+            if counted:
+                priorities.append(took)
             best = max(scores, key=lambda s: (s["Score"], s["Host"]))["Host"]
             server.post("/bench/reserve", {"Pod": pod, "Node": best})
     finally:
         server.stop()
     return {"code": label, "policy": policy, "nodes": nodes, "gpus": nodes * 8, "pods": pods,
-            "mean_feasible_nodes": round(statistics.mean(passed)),
+            "warmup": warmup, "mean_feasible_nodes": round(statistics.mean(passed)),
             "filter": pct(filters), "prioritize": pct(priorities)}  # fmt: skip
 
 
@@ -192,6 +201,7 @@ def main() -> None:
     parser.add_argument("--policies", default="binpack,fgd,fgd-cluster-aware")
     parser.add_argument("--baseline", help="a git revision whose code to measure beside")
     parser.add_argument("--no-preempt", action="store_true", help="skip the preempt verb's rows")
+    parser.add_argument("--warmup", type=int, default=0, help="pods placed first, not counted")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     policies = args.policies.split(",")
@@ -210,7 +220,7 @@ def main() -> None:
                 for label, tree in trees:
                     if policy not in known[label]:
                         continue
-                    rows.append(latency(tree, label, n, args.pods, policy))
+                    rows.append(latency(tree, label, n, args.pods, policy, warmup=args.warmup))
                     if not args.json:
                         print_row(rows[-1])
     preempts = [preempt_latency(ROOT, CURRENT, n, args.pods) for n in sizes if not args.no_preempt]

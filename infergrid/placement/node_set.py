@@ -16,7 +16,7 @@ two equal.
 """
 
 from collections.abc import Hashable, Mapping, Sequence
-from itertools import compress
+from itertools import chain, compress
 from typing import Final, NamedTuple
 
 import numpy as np
@@ -36,6 +36,11 @@ MAX_SHAPES: Final = 4096
 MAX_SCORED_SHAPES: Final = 64
 """Pod shapes whose index scores (one float per index row) are kept for the next pod of the
 shape; the oldest goes first. 64 shapes of 5,000 nodes hold 5 MiB."""
+
+MAX_REJECTED_SHAPES: Final = 16
+"""Pod shapes whose index rejection lines (one per index row) are kept for the next pod of
+the shape. A whole-GPU line names every busy GPU (about 600 bytes), so 16 shapes of 5,000
+nodes hold up to 48 MiB (it grows with the nodes); shares' lines are a few times shorter."""
 
 MAX_KEYS: Final = 1 << 16
 """Node keys whose decisions one pod shape remembers before its memo starts over. A key no
@@ -83,9 +88,13 @@ class NodeSet:
         self._decisions: dict[int, dict[int, Decision]] = {}
         """Per pod shape, the decision on each node key's number: looked up with ``map``."""
         self._shapes: dict[tuple[object, ...], int] = {}
-        self._scored: dict[int, tuple[Floats, npt.NDArray[np.int64]]] = {}
+        self._scored: dict[Hashable, _Kept] = {}
         """Per pod shape, the index's raw score of each row and when the row was written
         then (``OfferIndex.written``): rows written since are scored again."""
+        self._rejected: dict[Hashable, _Kept] = {}
+        """Per pod shape (the request and policy, not the learned workload, which no reason
+        reads), the index's rejection line of each row and the resources it is short of,
+        kept as the scores are: rows written since are explained again."""
         self.evaluations = 0
         """How many times the exact core ran (a fit, and a score where asked): for tests and
         the simulator's report."""
@@ -166,10 +175,10 @@ class NodeSet:
             passed[held[fits]] = True
             rejected = held[~fits]
             if len(rejected):
-                why = self._index.why_not(rows[rejected], request, policy)
+                reasons, short = self._index_why_not(rows[rejected], request, policy)
                 failed = compress(names, _mask(len(names), rejected))
-                out.failed.update(zip(failed, why.reasons, strict=True))
-                out.categories.extend(why.resources)
+                out.failed.update(zip(failed, reasons, strict=True))
+                out.categories.extend(chain.from_iterable(short))
             others = np.flatnonzero(rows < 0).tolist()
         else:
             others = range(len(names))
@@ -232,26 +241,33 @@ class NodeSet:
         """The index's raw scores of the rows, reusing those of rows not written since the
         shape was last scored: between two pods of a shape, most nodes do not change."""
         shape = self._shape_id(request, host, policy, True)
-        kept = self._scored.pop(shape, None)
-        height = int(rows.max(initial=-1)) + 1
-        if kept is None or len(kept[0]) < height:
-            size = max(height, 2 * len(kept[0]) if kept else 0)
-            grown = (np.full(size, np.nan), np.full(size, -1, dtype=np.int64))
-            if kept is not None:
-                grown[0][: len(kept[0])], grown[1][: len(kept[1])] = kept
-            kept = grown
-        if len(self._scored) >= MAX_SCORED_SHAPES:
-            del self._scored[next(iter(self._scored))]  # the least recently asked
-        self._scored[shape] = kept
-        raw, when = kept
+        kept = _kept(self._scored, shape, rows, MAX_SCORED_SHAPES, np.float64)
         written = self._index.written(rows)
-        stale = written != when[rows]
+        stale = written != kept.when[rows]
         if stale.any():
             again = rows[stale]
             scored = self._index.raw_scores(again, request, policy, host)
             assert scored is not None
-            raw[again], when[again] = scored, written[stale]
-        return raw[rows]
+            kept.values[again], kept.when[again] = scored, written[stale]
+        return kept.values[rows]
+
+    def _index_why_not(
+        self, rows: Rows, request: PodGpuRequest, policy: Policy
+    ) -> tuple[list[str], list[tuple[str, ...]]]:
+        """The index's rejection line of each row and the resources it is short of, reusing
+        those of rows not written since the shape was last rejected: a whole-GPU pod that
+        most nodes turn down would otherwise build thousands of long lines again."""
+        shape = (request, policy.name, policy.salt)
+        kept = _kept(self._rejected, shape, rows, MAX_REJECTED_SHAPES, np.object_)
+        written = self._index.written(rows)
+        stale = written != kept.when[rows]
+        if stale.any():
+            again = rows[stale]
+            why = self._index.why_not(again, request, policy)
+            kept.values[again] = why.reasons
+            kept.extra[again] = _tuples(why.short)
+            kept.when[again] = written[stale]
+        return kept.values[rows].tolist(), kept.extra[rows].tolist()
 
     def place(
         self, name: str, request: PodGpuRequest, policy: Policy, host: HostRequest | None = None
@@ -316,8 +332,52 @@ class NodeSet:
                 self._shapes.clear()
                 self._decisions.clear()
                 self._scored.clear()
+                self._rejected.clear()
             found = self._shapes[shape] = len(self._shapes)
         return found
+
+
+class _Kept:
+    """Per index row, an answer kept for one pod shape (``values``, and ``extra`` where the
+    answer has two parts) and when the row was written then (-1: never answered)."""
+
+    __slots__ = ("extra", "values", "when")
+
+    def __init__(self, size: int, dtype: type[np.generic]) -> None:
+        fill = np.nan if dtype is np.float64 else None
+        self.values = np.full(size, fill, dtype=dtype)
+        self.extra = np.full(size, None, dtype=np.object_) if dtype is np.object_ else None
+        self.when = np.full(size, -1, dtype=np.int64)
+
+    def grown(self, size: int) -> "_Kept":
+        """A copy at least ``size`` rows tall, doubling, so growing row by row stays cheap."""
+        if len(self.when) >= size:
+            return self
+        bigger = _Kept(max(size, 2 * len(self.when)), self.values.dtype.type)
+        for name in self.__slots__:
+            old = getattr(self, name)
+            if old is not None:
+                getattr(bigger, name)[: len(old)] = old
+        return bigger
+
+
+def _kept(
+    memo: dict[Hashable, _Kept], shape: Hashable, rows: Rows, most: int, dtype: type[np.generic]
+) -> _Kept:
+    """The shape's kept answers, tall enough for ``rows``, now the most recently asked; the
+    least recently asked shape goes when ``most`` are kept."""
+    height = int(rows.max(initial=-1)) + 1
+    found = memo.pop(shape, None)
+    kept = _Kept(height, dtype) if found is None else found.grown(height)
+    if len(memo) >= most:
+        del memo[next(iter(memo))]
+    memo[shape] = kept
+    return kept
+
+
+def _tuples(items: list[tuple[str, ...]]) -> npt.NDArray[np.object_]:
+    """The tuples as a one-dimensional object array (never read as a 2-D table)."""
+    return np.fromiter(items, dtype=np.object_, count=len(items))
 
 
 def _mask(size: int, positions: npt.NDArray[np.intp]) -> list[bool]:

@@ -32,7 +32,7 @@ shares at all.
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Final
 
 import numpy as np
@@ -99,10 +99,16 @@ _BLOCKED_AS: Final = (
 
 @dataclass(frozen=True, slots=True)
 class Rejections:
-    """Why each rejected row does not fit: one line per row, and the resources short (flat)."""
+    """Why each rejected row does not fit: one line per row, and per row the resources it
+    is short of (one per reason the line gives), which a caller may keep with the line."""
 
     reasons: list[str]
-    resources: list[str]
+    short: list[tuple[str, ...]]
+
+    @property
+    def resources(self) -> list[str]:
+        """The resources short, row after row: what filter counts for its metrics."""
+        return list(chain.from_iterable(self.short))
 
 
 def single_container(request: PodGpuRequest) -> ContainerGpuRequest | None:
@@ -367,19 +373,17 @@ class OfferIndex:
         container = single_container(request)
         assert container is not None, "why_not answers only what fits answers"
         reasons = np.empty(len(rows), dtype=object)
-        resources: list[str] = []
+        short = np.empty(len(rows), dtype=object)
         stale = ~self._offers[rows]
         for at in np.flatnonzero(stale).tolist():
             reasons[at], resource = self._why_stale(int(rows[at]), request, policy)
-            resources.append(resource)
+            short[at] = (resource,)
         fresh = np.flatnonzero(~stale)
         if container.kind == "share":
-            lines, short = self._why_no_share(rows[fresh], container)
+            reasons[fresh], short[fresh] = self._why_no_share(rows[fresh], container)
         else:
-            lines, short = self._why_no_whole(rows[fresh], request, policy)
-        reasons[fresh] = lines
-        resources += short
-        return Rejections(reasons.tolist(), resources)
+            reasons[fresh], short[fresh] = self._why_no_whole(rows[fresh], request, policy)
+        return Rejections(reasons.tolist(), short.tolist())
 
     def _why_stale(self, row: int, request: PodGpuRequest, policy: Policy) -> tuple[str, str]:
         """``fit``'s reason for a node that offers nothing, kept with the row: it names the
@@ -420,14 +424,12 @@ class OfferIndex:
         busy = self._busy[rows] - self._gpu_busy[rows, col] + 1
         return held, busy
 
-    def _why_no_share(
-        self, rows: Rows, container: ContainerGpuRequest
-    ) -> tuple[Objects, list[str]]:
+    def _why_no_share(self, rows: Rows, container: ContainerGpuRequest) -> tuple[Objects, Objects]:
         """The GPU with most free memory among those taking shares, with all its reasons;
         or, where none takes shares, how many are out and why. Reasons per row, and the
-        resources short."""
+        resources each is short of."""
         reasons = np.empty(len(rows), dtype=object)
-        resources: list[str] = []
+        resources = np.empty(len(rows), dtype=object)
         block = self._block[rows]
         open_mib = np.where(block == _TAKES_SHARES, self._free_mib[rows], -1)
         col = np.argmax(open_mib, axis=1)
@@ -437,7 +439,7 @@ class OfferIndex:
             gpu = self.node(int(rows[at])).gpus[int(col[at])]
             found = why_not_share(gpu, container.memory_mib, container.cores)
             reasons[at] = "; ".join(prefix + s.reason for s in found)  # as Shortfall.message
-            resources += (s.resource for s in found)
+            resources[at] = tuple(s.resource for s in found)
         none = np.flatnonzero(~has)
         columns = [self._gpu_count[rows[none]]]
         columns += [(block[none] == code).sum(axis=1) for code, _ in _BLOCKED_AS]
@@ -453,7 +455,7 @@ class OfferIndex:
 
         lines, short = _per_group(_packed(columns), line)
         reasons[none] = lines
-        resources += short.tolist()
+        resources[none] = _singles(short)
         return reasons, resources
 
     # Whole GPUs.
@@ -477,7 +479,7 @@ class OfferIndex:
 
     def _why_no_whole(
         self, rows: Rows, request: PodGpuRequest, policy: Policy
-    ) -> tuple[Objects, list[str]]:
+    ) -> tuple[Objects, Objects]:
         """``fit``'s reasons: the first worked out once per distinct (GPUs, free, largest
         NVLink set), the busy GPUs' (after a count) from the row.
 
@@ -492,15 +494,17 @@ class OfferIndex:
 
         lines, short = _per_group(_packed(columns), line)
         counted = short == RESOURCE_GPU  # a count: every busy GPU says why, as in ``fit``
+        resources = _singles(short)
         if not counted.any():
-            return lines, short.tolist()
+            return lines, resources
         (container,) = request.gpu_containers
         prefix = f"container {container.name!r}: "
         busy = [self._busy_why[row] for row in rows[counted].tolist()]
         tails = np.empty(len(busy), dtype=object)
         tails[:] = [b.joined(prefix) for b in busy]
         lines[counted] = lines[counted] + tails
-        return lines, [*short.tolist(), *[RESOURCE_GPU] * sum(len(b.reasons) for b in busy)]
+        resources[counted] = _objects([b.counted for b in busy])
+        return lines, resources
 
     # Writing a row.
 
@@ -615,16 +619,19 @@ class _BusyWhy:
     """Why each GPU of a row cannot be taken whole, and those reasons as the tail of a
     filter line per container prefix, joined once: most pods name the same container."""
 
-    __slots__ = ("_joined", "reasons")
+    __slots__ = ("_joined", "counted", "reasons")
 
     def __init__(self, reasons: tuple[str, ...]) -> None:
         self.reasons = reasons
+        self.counted = (RESOURCE_GPU,) * (1 + len(reasons))
+        """The resources a count line names: the count, then each busy GPU."""
         self._joined: dict[str, str] = {}
 
     def joined(self, prefix: str) -> str:
         found = self._joined.get(prefix)
         if found is None:
-            found = self._joined[prefix] = "".join(f"; {prefix}{r}" for r in self.reasons)
+            each = "; " + prefix
+            found = self._joined[prefix] = each + each.join(self.reasons) if self.reasons else ""
         return found
 
 
@@ -657,6 +664,18 @@ def _packed(columns: list[Rows]) -> Rows:
     for column in columns:
         key = key * (MAX_GPUS + 1) + column
     return key
+
+
+def _singles(resources: Objects) -> Objects:
+    """Each resource as a one-element tuple, one tuple per distinct resource."""
+    names = resources.tolist()
+    one = {r: (r,) for r in set(names)}
+    return _objects([one[r] for r in names])
+
+
+def _objects(items: list[tuple[str, ...]]) -> Objects:
+    """The tuples as a one-dimensional object array (never read as a 2-D table)."""
+    return np.fromiter(items, dtype=object, count=len(items))
 
 
 def _per_group(keys: Rows, describe: Callable[[int], tuple[str, str]]) -> tuple[Objects, Objects]:

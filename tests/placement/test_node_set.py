@@ -80,6 +80,38 @@ def test_scores_kept_for_a_shape_follow_every_node_that_changes(data, request):
         assert np.array_equal(kept, fresh.scores(names, request, policy), equal_nan=True)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.data(), requests)
+def test_reasons_kept_for_a_shape_follow_every_node_that_changes(data, request):
+    """A pod shape's rejection lines are kept, and a node rewritten, dropped or added since is
+    explained again: filter says what a node set that never saw the shape says."""
+    states = node_list(data.draw, 4)
+    node_set = NodeSet()
+    for state in states:
+        node_set.put(state, state.name)
+    names = [s.name for s in states]
+    for policy in POLICIES:
+        node_set.filter(names, request, policy)
+    for step in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, 3))
+        states[at] = data.draw(nodes(states[at].name))
+        node_set.put(states[at], (states[at].name, step))
+        if data.draw(st.booleans()):
+            node_set.discard(names[at])
+            node_set.put(states[at], (states[at].name, step, "back"))
+    fresh = NodeSet()
+    for state in states:
+        fresh.put(state, state.name)
+    for policy in POLICIES:
+        kept, anew = node_set.filter(names, request, policy), fresh.filter(names, request, policy)
+        assert (kept.passed, kept.failed, kept.unresolvable) == (
+            anew.passed,
+            anew.failed,
+            anew.unresolvable,
+        )
+        assert sorted(kept.categories) == sorted(anew.categories)
+
+
 def test_nodes_under_one_key_are_checked_once_and_the_cpu_is_checked_too():
     """The simulator's way: nodes alike share a key; a HostRequest goes to the exact core."""
     cpu = HostResources(cpu_milli=8000, memory_mib=65536)
