@@ -1,0 +1,72 @@
+"""HAMi's scheduler extender, built once from a checkout of its public repository into the cache.
+
+The Go module proxy does not serve HAMi's own module, but its repository builds here: ``go build
+./cmd/scheduler`` in a checkout fetches its dependencies from the proxy. The binary is cached
+under the commit it was built from (``<cache>/bin/hami-<commit>/scheduler``, beside the local
+cluster's binaries, see ``e2e/cluster/binaries.py``), so a second run builds nothing.
+
+    .venv/bin/python -m bench.hami_build --hami-src DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from e2e.cluster.binaries import cache_dir
+
+
+class HamiSourceError(ValueError):
+    """--hami-src does not name a git checkout of HAMi."""
+
+
+def commit_of(src: Path) -> str:
+    """The full commit the checkout at ``src`` stands on: what the cache is keyed by."""
+    if not (src / "cmd" / "scheduler").is_dir():
+        raise HamiSourceError(f"--hami-src {src}: no cmd/scheduler; not a checkout of HAMi")
+    found = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"],
+                           capture_output=True, text=True)  # fmt: skip
+    if found.returncode != 0:
+        raise HamiSourceError(f"--hami-src {src}: not a git checkout ({found.stderr.strip()})")
+    return found.stdout.strip()
+
+
+def binary_path(commit: str) -> Path:
+    """Where the scheduler built from ``commit`` lives in the cache."""
+    return cache_dir() / "bin" / f"hami-{commit}" / "scheduler"
+
+
+def ensure_built(src: Path) -> tuple[Path, str]:
+    """The scheduler binary for the checkout's commit, built on first use; and the commit."""
+    commit = commit_of(src)
+    out = binary_path(commit)
+    if out.exists():
+        return out, commit
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    # cgo stays on: HAMi's NVML binding needs it; its deprecation warnings are not ours to read.
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod",
+           "CGO_CFLAGS": "-O2 -Wno-deprecated-declarations"}  # fmt: skip
+    print(f"building HAMi's scheduler at {commit[:12]} (first run only)", file=sys.stderr)
+    subprocess.run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(tmp),
+                    "./cmd/scheduler"], cwd=src, env=env, check=True)  # fmt: skip
+    tmp.rename(out)
+    return out, commit
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hami-src", type=Path, required=True, help="a git checkout of HAMi")
+    args = parser.parse_args()
+    try:
+        path, commit = ensure_built(args.hami_src)
+    except HamiSourceError as err:
+        parser.error(str(err))
+    print(f"{path} ({commit})")
+
+
+if __name__ == "__main__":
+    main()
