@@ -17,12 +17,18 @@ kube-scheduler bound to the same extender:
 
 binpack wants the fewest GPUs (6 shares fill a 24 GiB GPU), spread a GPU per pod, then nodes.
 
+Then HAMi#1367's shape (a 40-pod job of shares across a few nodes, which HAMi's per-node lock
+took 15-30 minutes to schedule): `--job-pods` replicas of one Deployment, through the real
+kube-scheduler and the extender as installed (tentative reservations), timed from the
+Deployment's creation to the last pod bound (a pods watch; an upper bound), with every pod's
+assignment checked: no GPU holds more shares than fit. The goal is 5 s.
+
 Then, in the same run, what each costs in pods/s: `--throughput-nodes` more KWOK nodes of 8
 idle GPUs, and `--throughput-pods` gated whole-GPU pods released at once, bound by the default
 kube-scheduler alone, then by infergrid-scheduler through the extender with the wait, with
 tentative reservations, and with neither; each rate and its ratio to kube-scheduler alone.
 
-    .venv/bin/python -m bench.burst_placement [--pods 8] [--rounds 3]
+    .venv/bin/python -m bench.burst_placement [--pods 8] [--rounds 3] [--job-pods 40]
         [--throughput-nodes 1000] [--throughput-pods 500] [--json]
 """
 
@@ -48,6 +54,8 @@ nodes:
   gpus: {model: NVIDIA L4, count: 4, memoryMiB: 24576, smCount: 58, computeCapability: '8.9'}
 """
 SHARE_MIB = 4096
+L4_MIB = 24576
+JOB_GOAL_S = 5.0
 STOCK = "stock-scheduler"
 NEITHER = ["--bind-wait", "0", "--tentative-reservation", "0"]
 WAIT = ["--bind-wait", "2", "--tentative-reservation", "0"]
@@ -102,7 +110,74 @@ def burst(api, namespace: str, scheduler: str, policy: str, pods: int) -> dict:
     return {"gpus": len(gpus), "nodes": len(nodes), "most_on_one_gpu": max(gpus.values())}
 
 
-def run(pods: int, rounds: int, throughput_nodes: int, throughput_pods: int) -> dict:
+def job(api, namespace: str, pods: int, timeout_s: float = 120.0) -> dict:
+    """HAMi#1367's shape: one Deployment of `pods` shares, created at once; seconds from its
+    creation to the last pod bound (each bind seen on a pods watch opened at the namespace's
+    version before the creation: events already past when it opens count as seen then, so
+    the time is an upper bound), and the GPUs the pods were assigned."""
+    from kubernetes import client, watch
+
+    from e2e.cluster.processes import wait_until
+    from e2e.extender_support import assigned_gpus, share_pod
+
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+    wait_until(lambda: core.read_namespaced_service_account("default", namespace), 60, "the SA")
+    template = share_pod("member", SHARE_MIB)
+    template["metadata"] = {"labels": {"app": "job"}}
+    version = core.list_namespaced_pod(namespace).metadata.resource_version
+    started = time.perf_counter()
+    apps.create_namespaced_deployment(namespace, {
+        "metadata": {"name": "job"},
+        "spec": {"replicas": pods, "selector": {"matchLabels": {"app": "job"}},
+                 "template": template},
+    })  # fmt: skip
+    bound_at = bind_times(core, watch.Watch(), namespace, version, started, pods, timeout_s)
+    placed = assigned_gpus(core, namespace)
+    shares = Counter(uuid for _, uuid in placed)
+    core.delete_namespace(namespace)
+    return {
+        "pods": pods,
+        "bound": len(bound_at),
+        "seconds": round(max(bound_at.values()), 2) if len(bound_at) == pods else None,
+        "gpus": len(shares),
+        "nodes": len({node for node, _ in placed}),
+        "most_on_one_gpu": max(shares.values(), default=0),
+        "overcommitted_gpus": sum(n * SHARE_MIB > L4_MIB for n in shares.values()),
+    }
+
+
+def bind_times(core, watcher, namespace: str, version: str, started: float, pods: int,
+               timeout_s: float) -> dict[str, float]:  # fmt: skip
+    """Seconds after `started` at which each pod was first seen bound, until `pods` are."""
+    bound_at: dict[str, float] = {}
+    events = watcher.stream(core.list_namespaced_pod, namespace, resource_version=version,
+                            timeout_seconds=int(timeout_s))  # fmt: skip
+    for event in events:
+        pod = event["object"]
+        if pod.spec.node_name and pod.metadata.name not in bound_at:
+            bound_at[pod.metadata.name] = time.perf_counter() - started
+            if len(bound_at) == pods:
+                watcher.stop()
+    return bound_at
+
+
+def run_job(cluster, work: Path, pods: int) -> dict | None:
+    """The job through the extender as installed (tentative reservations); None for 0 pods."""
+    if not pods:
+        return None
+    with extender(cluster, work / "extender-job.log", HOLDS):
+        row = job(cluster.api(), "job", pods)
+    seconds = "not all bound" if row["seconds"] is None else f"{row['seconds']:g} s"
+    print(f"\n{pods} shares of {SHARE_MIB} MiB in one Deployment (HAMi#1367's shape): "
+          f"{row['bound']} bound in {seconds} (goal <= {JOB_GOAL_S:g} s); {row['gpus']} GPUs"
+          f" on {row['nodes']} nodes, at most {row['most_on_one_gpu']} on one GPU,"
+          f" {row['overcommitted_gpus']} GPUs overcommitted",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return row
+
+
+def run(pods: int, rounds: int, job_pods: int, throughput_nodes: int, throughput_pods: int) -> dict:
     from e2e.cluster.local_cluster import LocalCluster
 
     work = Path(tempfile.mkdtemp(prefix="infergrid-burst-"))
@@ -112,10 +187,11 @@ def run(pods: int, rounds: int, throughput_nodes: int, throughput_pods: int) -> 
     try:
         cluster.start_scheduler(STOCK, {"schedulerName": STOCK})
         bursts = placement(cluster, work, pods, rounds)
+        together = run_job(cluster, work, job_pods)
         rates = throughput(cluster, work, throughput_nodes, throughput_pods)
     finally:
         cluster.down()
-    return {"bursts": bursts, "throughput": rates}
+    return {"bursts": bursts, "job": together, "throughput": rates}
 
 
 def placement(cluster, work: Path, pods: int, rounds: int) -> list[dict]:
@@ -228,6 +304,9 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=8, help="pods per burst")
     parser.add_argument("--rounds", type=int, default=3, help="bursts per setting and policy")
     parser.add_argument(
+        "--job-pods", type=int, default=40, help="replicas of the timed job (0: skip it)"
+    )
+    parser.add_argument(
         "--throughput-nodes", type=int, default=1000, help="nodes of the pods/s part (0: skip it)"
     )
     parser.add_argument("--throughput-pods", type=int, default=500,
@@ -238,7 +317,7 @@ def main() -> None:
     print(f"{args.pods} shares of {SHARE_MIB} MiB per burst; binpack ideal {ideal} GPU(s) on one"
           f" node, spread ideal {args.pods} GPUs, 1 per GPU", file=sys.stderr)  # fmt: skip
     print(HEADER, file=sys.stderr)
-    result = run(args.pods, args.rounds, args.throughput_nodes, args.throughput_pods)
+    result = run(args.pods, args.rounds, args.job_pods, args.throughput_nodes, args.throughput_pods)
     if args.json:
         print(json.dumps(result, indent=2))
 

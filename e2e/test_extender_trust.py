@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from e2e.cluster.processes import wait_until
@@ -60,6 +60,26 @@ def test_a_second_bind_of_a_bound_pod_is_refused_and_changes_nothing(cluster, na
         assert after.spec.node_name == first
         annotation = constants.ANNOTATION_GPU_ASSIGNMENT
         assert after.metadata.annotations[annotation] == before.metadata.annotations[annotation]
+
+
+def test_a_pod_is_bound_and_assigned_in_one_write(cluster, namespace, extender):
+    """The extender's Binding carries the assignment, so no version of the pod the API server
+    stores has one without the other: a pod is never seen assigned but unbound."""
+    core = client.CoreV1Api(cluster.api)
+    entries = [{"name": f"one-{uuid.uuid4().hex[:6]}", "gpus": GPUS}]
+    with idle_nodes(cluster.api, entries) as (node,):
+        created = core.create_namespaced_pod(namespace, share_pod("one", 4096, node=node))
+        wait_until(lambda: bound(core, namespace, ["one"]), 60, "the pod bound")
+        events = watch.Watch().stream(
+            core.list_namespaced_pod, namespace,
+            resource_version=created.metadata.resource_version, timeout_seconds=3,
+        )  # fmt: skip
+        versions = [e["object"] for e in events if e["object"].metadata.name == "one"]
+    annotation = constants.ANNOTATION_GPU_ASSIGNMENT
+    seen = [
+        (bool(v.spec.node_name), annotation in (v.metadata.annotations or {})) for v in versions
+    ]
+    assert (True, True) in seen and (False, True) not in seen, seen
 
 
 @pytest.fixture()

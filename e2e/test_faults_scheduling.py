@@ -248,12 +248,15 @@ def lone_gpu(cluster):
         yield suffix, name
 
 
+@pytest.mark.unpoliced("an earlier release's extender wrote the assignment with a patch")
 def test_a_pod_left_assigned_but_unbound_by_a_killed_leader_is_bound_where_it_holds(
-    cluster, namespace, identities, lone_gpu, two_extenders
+    cluster, namespace, lone_gpu, two_extenders
 ):
-    """What the kill leaves when it lands between bind's two writes: the pod's assignment
-    recorded, no Binding. The pod asks for 16 GiB of a 24 GiB GPU its own assignment already
-    holds; counted against itself it would wait forever ("8192 MiB free, needs 16384")."""
+    """What a leader of an earlier release (which wrote the assignment, then the Binding)
+    leaves when killed between the two writes, upgraded meanwhile to one that binds in one
+    call: the pod's assignment recorded, no Binding. The pod asks for 16 GiB of a 24 GiB GPU
+    its own assignment already holds; counted against itself it would wait forever ("8192
+    MiB free, needs 16384")."""
     core = client.CoreV1Api(cluster.api)
     pool, node = lone_gpu
     gpu = decode_inventory(core.read_node(node).metadata.annotations[
@@ -264,9 +267,8 @@ def test_a_pod_left_assigned_but_unbound_by_a_killed_leader_is_bound_where_it_ho
     core.create_namespaced_pod(namespace, pod)
     share = ContainerAssignment("engine", (AssignedGpu(gpu, 16384, 0),), shared=True)
     written = encode_assignment(PodAssignment(node, datetime.now(UTC), (share,)))
-    as_extender = client.CoreV1Api(identities.api("extender"))  # as the killed leader wrote it
     body = {"metadata": {"annotations": {constants.ANNOTATION_GPU_ASSIGNMENT: written}}}
-    as_extender.patch_namespaced_pod("left", namespace, body)
+    core.patch_namespaced_pod("left", namespace, body)  # as the old leader wrote it
     core.patch_namespaced_pod("left", namespace, {"spec": {"schedulingGates": None}})
     wait_until(lambda: bound(core, namespace, ["left"]), 60, "the pod bound",
                lambda: _not_refused_for_itself(core, namespace))  # fmt: skip

@@ -15,6 +15,7 @@ Security, lists them all.
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -23,7 +24,6 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from e2e.cluster.processes import wait_until
 from e2e.helm_release import Release, as_token, forbidden, gpu_nodes, tenant_api, token
 from infergrid.assignment_annotation import (
     AssignedGpu,
@@ -210,23 +210,44 @@ def test_7_the_extender_may_write_the_assignment_and_nothing_else(cluster, relea
         "the spec": {"spec": {"activeDeadlineSeconds": 5}},
         "a finalizer": {"metadata": {"finalizers": ["example.com/hold"]}},
     }
-    for what, patch in attacks.items():
+    attacks["the assignment itself"] = {"metadata": {"annotations": {
+        ANNOTATION_GPU_ASSIGNMENT: forged(node)}}}  # fmt: skip
+    for what, patch in attacks.items():  # it binds with the assignment, and never patches
         message = forbidden(lambda p=patch: extender.patch_namespaced_pod(name, ns, p))
-        assert "may only" in message and "gpu-assignment" in message, what
+        assert "cannot patch resource" in message, what
     unchanged(core, ns, name, version)
-    labelled = {"apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": name, "labels": {"x": "y"}},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
-    message = forbidden(lambda: extender.create_namespaced_pod_binding(name, ns, labelled))
-    assert "Bindings without labels or annotations" in message
+    assignment = {ANNOTATION_GPU_ASSIGNMENT: forged(node)}
+    for what, meta in {
+        "a label": {"labels": {"x": "y"}},
+        "another annotation": {"annotations": {"team": "x"}},
+        "another annotation beside the assignment": {"annotations": {**assignment, "team": "x"}},
+    }.items():
+        bad = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, **meta},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
+        message = forbidden(lambda b=bad: extender.create_namespaced_pod_binding(name, ns, b))
+        assert "Bindings without labels whose only annotation is" in message, what
+        assert ANNOTATION_GPU_ASSIGNMENT in message, what
     unchanged(core, ns, name, version)
-    # What it is there for still works: the assignment, then a plain Binding.
-    extender.patch_namespaced_pod(
-        name, ns, {"metadata": {"annotations": {ANNOTATION_GPU_ASSIGNMENT: forged(node)}}}
+    # What it is there for still works: one Binding that carries the assignment, with the
+    # pod's uid and resourceVersion as preconditions, as scheduler_extender/binder.py sends.
+    uid = core.read_namespaced_pod(name, ns).metadata.uid
+    stale = {"apiVersion": "v1", "kind": "Binding",
+             "metadata": {"name": name, "uid": uid, "resourceVersion": "1",
+                          "annotations": assignment},
+             "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
+    with pytest.raises(ApiException) as conflict:
+        extender.create_namespaced_pod_binding(name, ns, stale, _preload_content=False)
+    assert conflict.value.status == 409  # the API server honours the resourceVersion
+    unchanged(core, ns, name, version)
+    binding = copy.deepcopy(stale)
+    binding["metadata"]["resourceVersion"] = version
+    extender.create_namespaced_pod_binding(name, ns, binding, _preload_content=False)
+    bound = core.read_namespaced_pod(name, ns)
+    assert bound.spec.node_name == node  # one write: bound, and carrying the assignment
+    assert (
+        bound.metadata.annotations[ANNOTATION_GPU_ASSIGNMENT]
+        == assignment[ANNOTATION_GPU_ASSIGNMENT]
     )
-    del labelled["metadata"]["labels"]
-    extender.create_namespaced_pod_binding(name, ns, labelled, _preload_content=False)
-    wait_until(lambda: core.read_namespaced_pod(name, ns).spec.node_name == node, 30, "bound")
     try:
         core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
     except ApiException:

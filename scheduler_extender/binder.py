@@ -1,20 +1,31 @@
-"""Bind: re-check, record the assignment, create the Binding, all under the node's lock.
+"""Bind: re-check and bind, with the assignment, in one API call, under the node's lock.
 
-What is placed is the pod as the API server holds it (read back at bind), never a body a
-caller sent: /filter's body only lets bind reserve early, and that reservation is kept
-only when the read-back pod asks for the same GPUs. A pod already bound is refused. The
-assignment annotation is written with the pod's resourceVersion as a precondition, so a
-pod changed since it was read is not bound on stale facts. The reservation goes into the
-cache before the write, so filters of other pods already see the GPUs taken; on any
-failure it is released, and an annotation already written is removed again, but only
-while it still holds what this bind wrote (another bind may have written since).
-`decided` is told as soon as the reservation is in the cache (and again, on every path,
-when bind ends): the filters waiting for this pod's bind (`pending_binds`) go on from
-there.
+The assignment rides on the Binding: the API server copies a Binding's annotations onto its
+pod in the same write that sets `spec.nodeName`, and honours the Binding's `metadata.uid` and
+`resourceVersion` as preconditions (kube-apiserver, `BindingREST.Create`). So a pod is either
+bound carrying its assignment, or left as it was: no annotation to undo after a failed bind.
+
+The pod comes from the extender's watch cache where it can: when the request placed is the
+one kube-scheduler sent for this pod in this cycle (the tentative reservation prioritize made,
+or the body /filter kept) and the cache holds the pod unbound and unassigned, one POST binds
+it, with the cached uid and resourceVersion as preconditions. Otherwise, and after a 409 (the
+cache was behind: the pod changed, was bound, or was replaced), the pod is read from the API
+server and decides: a different GPU request is placed anew, a pod already bound is refused, a
+pod whose assignment on this node is already recorded (a retried bind) keeps it; then one more
+POST, with that read's resourceVersion. The reservation goes into the cache before the POST, so
+filters of other pods already see the GPUs taken; on any failure it is released.
+`decided` is told as soon as the reservation is in the cache (and again, on every path, when
+bind ends): the filters waiting for this pod's bind (`pending_binds`) go on from there.
+
+What the one-call path trusts: the request comes from kube-scheduler's own body of the pod
+(the verbs listen on loopback only), and where /filter's body was kept, its resourceVersion must
+be the cached one. A tentative hold keeps no version, so a placement annotation changed between
+prioritize and bind is placed as it was when the pod was scheduled, as kube-scheduler's own
+bind acts on its snapshot; a container's GPU resources cannot change on a live pod.
 
 A tentative reservation that prioritize made for the pod (`tentative`) is the early one when
 it is on the bind's node (confirmed); on another node it is released and the pod placed on
-the bind's node from the same request (moved). Either way the read-back pod decides as above.
+the bind's node from the same request (moved).
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -42,8 +53,15 @@ from scheduler_extender.view import PlacementView
 
 log = logging.getLogger(__name__)
 
-Early = tuple[PodGpuRequest, PodAssignment]
-"""A reservation made from /filter's body, with the request it was placed from."""
+
+class Early(NamedTuple):
+    """A reservation made before the pod is read: the request it was placed from (kube-
+    scheduler's body of this cycle), and that body's resourceVersion where it was kept (a
+    tentative hold keeps none)."""
+
+    request: PodGpuRequest
+    assignment: PodAssignment
+    version: str | None = None
 
 
 class BindError(Exception):
@@ -52,6 +70,20 @@ class BindError(Exception):
     def __init__(self, cause: str, message: str):
         super().__init__(message)
         self.cause = cause
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One Binding to create: the policy placed by, the resourceVersion it requires of the pod
+    ("" for none), and the assignment it carries (None: nothing to write)."""
+
+    policy: str
+    resource_version: str
+    written: str | None
+
+
+class _Conflict(Exception):
+    """The API server answered 409: the pod is not as the Binding's preconditions said."""
 
 
 @dataclass
@@ -69,10 +101,9 @@ class Binder:
         """Binds and returns the policy used; raises BindError with the reason otherwise.
 
         `filtered` is the pod as kube-scheduler sent it to filter: its placement is reserved
-        from it at once, before the pod is read back, and the filters waiting for this bind go
-        on sooner. The read-back pod decides: a different GPU request is placed anew. When an
-        earlier bind of this pod left its reservation in the cache (the watch has not caught
-        up), a second bind reserves nothing early, and its `already-bound` refusal leaves that
+        from it at once, and the filters waiting for this bind go on sooner. When an earlier
+        bind of this pod left its reservation in the cache (the watch has not caught up), a
+        second bind reserves nothing early, and its `already-bound` refusal leaves that
         reservation alone: the pod holds those GPUs.
         """
         lock = self._locks.setdefault(args.node, asyncio.Lock())
@@ -81,8 +112,7 @@ class Binder:
                 held = self.view.cache.reserved(args.pod_uid)
                 early = None if held else self._early(args, filtered)
                 try:
-                    pod = await self._call(self._read_pod, args)
-                    return await self._bind_locked(args, pod, early)
+                    return await self._bind_locked(args, early)
                 except BindError as err:
                     if not (held and err.cause == "already-bound"):
                         self.view.cache.release(args.pod_uid)
@@ -105,11 +135,11 @@ class Binder:
                 return self._reserve_early(args, filtered)
             metrics.TENTATIVE_RESERVATIONS.labels("confirmed").inc()
             self.decided(args.pod_uid)
-            return (tentative.request, tentative.assignment)
+            return Early(tentative.request, tentative.assignment)
         metrics.TENTATIVE_RESERVATIONS.labels("moved").inc()
         self.view.cache.release(args.pod_uid)
         try:
-            return (tentative.request, self._reserve(args, tentative.request))
+            return Early(tentative.request, self._reserve(args, tentative.request))
         except BindError:
             return None  # the read-back pod is placed, or refused, as without a hold
 
@@ -120,37 +150,77 @@ class Binder:
             return None
         try:
             request, to_place = self._request(args, filtered)
-            return (request, self._reserve(args, request)) if to_place else None
+            if not to_place:
+                return None
+            version = str((filtered.get("metadata") or {}).get("resourceVersion") or "")
+            return Early(request, self._reserve(args, request), version)
         except BindError:
             return None
 
-    async def _bind_locked(
-        self, args: BindingArgs, pod: dict[str, Any], early: Early | None
-    ) -> str:
-        """Bind's API work; on any failure `bind` releases the reservation."""
+    async def _bind_locked(self, args: BindingArgs, early: Early | None) -> str:
+        """Bind's API work: one POST from the cache where it can, else (and after a conflict)
+        a read of the pod and one POST more. On any failure `bind` releases the reservation."""
+        cached = self._cached_plan(args, early)
+        if cached is not None:
+            try:
+                return await self._post(args, cached)
+            except _Conflict:
+                log.debug(
+                    "bind of %s/%s: the cache was behind; reading the pod",
+                    args.pod_namespace,
+                    args.pod_name,
+                )
+        pod = await self._call(self._read_pod, args)
+        try:
+            return await self._post(args, self._read_plan(args, pod, early))
+        except _Conflict as err:
+            raise BindError("conflict", f"could not bind: {err}") from None
+
+    def _cached_plan(self, args: BindingArgs, early: Early | None) -> Plan | None:
+        """The Binding for the early placement and the cached pod; None where the pod must be
+        read (no early placement, the watch has not shown the pod, or it shows an assignment).
+        A pod the cache shows bound is refused: the cache lags the API server, never leads."""
+        record = self.view.cache.pod(args.pod_uid)
+        if early is None or record is None or not record.resource_version:
+            return None
+        if record.node_name:
+            raise _already_bound(args, record.node_name)
+        if record.assignment is not None or record.problem is not None:
+            return None
+        if early.version is not None and early.version != record.resource_version:
+            return None  # the body kept is not the pod the cache holds: read which is current
+        written = encode_assignment(early.assignment)
+        return Plan(early.request.policy, record.resource_version, written)
+
+    def _read_plan(self, args: BindingArgs, pod: dict[str, Any], early: Early | None) -> Plan:
+        """The Binding for the pod as the API server holds it."""
         request, to_place = self._request(args, pod)
+        version = str(pod["metadata"].get("resourceVersion") or "")
         if not to_place:
             self.view.cache.release(args.pod_uid)  # an early reservation, if any, is not needed
-            await self._call(self._create_binding, args)
-            return request.policy
-        written = encode_assignment(self._placement(args, request, early))
+            return Plan(request.policy, version, None)
+        return Plan(
+            request.policy, version, encode_assignment(self._placement(args, request, early))
+        )
+
+    async def _post(self, args: BindingArgs, plan: Plan) -> str:
+        """Creates the Binding; a 409 is a `_Conflict` (the caller reads the pod), any other
+        refusal a BindError."""
         try:
-            await self._call(self._annotate, args, pod["metadata"]["resourceVersion"], written)
+            await self._call(self._create_binding, args, plan)
         except ApiException as err:
-            cause = "conflict" if err.status == 409 else "api"
-            raise BindError(cause, f"could not record the assignment: {_api_reason(err)}") from None
-        try:
-            await self._call(self._create_binding, args)
-        except ApiException as err:
-            await self._call(self._unannotate, args, written)
+            if err.status == 409:
+                raise _Conflict(_api_reason(err)) from None
+            if err.status == 404:
+                raise BindError("pod-missing", f"could not bind: {_api_reason(err)}") from None
             raise BindError("binding", f"could not bind: {_api_reason(err)}") from None
-        return request.policy
+        return plan.policy
 
     def _placement(self, args: BindingArgs, request: PodGpuRequest, early: Early | None):
         """The early reservation when the read-back pod asks for what the filtered body asked;
         otherwise that reservation goes and the read-back request is placed."""
-        if early is not None and early[0] == request:
-            return early[1]
+        if early is not None and early.request == request:
+            return early.assignment
         self.view.cache.release(args.pod_uid)
         return self._reserve(args, request)
 
@@ -165,10 +235,7 @@ class Binder:
             )
         bound_to = (pod.get("spec") or {}).get("nodeName")
         if bound_to:
-            raise BindError(
-                "already-bound",
-                f"pod {args.pod_namespace}/{args.pod_name} is already bound to node {bound_to}",
-            )
+            raise _already_bound(args, bound_to)
         try:
             request = parse_pod_request(pod, self.default_policy)
         except ContractError as err:
@@ -208,57 +275,30 @@ class Binder:
             raise BindError("pod-missing", f"cannot read the pod: {_api_reason(err)}") from None
         return json.loads(raw.data)
 
-    def _annotate(self, args: BindingArgs, resource_version: str, written: str) -> None:
-        body = {
-            "metadata": {
-                "resourceVersion": resource_version,
-                "annotations": {ANNOTATION_GPU_ASSIGNMENT: written},
-            }
-        }
-        # The answer (the whole pod) is not read: building client objects from it cost more
-        # than the call itself.
-        self.core.patch_namespaced_pod(
-            args.pod_name, args.pod_namespace, body, _preload_content=False
-        )
-
-    def _unannotate(self, args: BindingArgs, written: str) -> None:
-        """Removes the annotation only while it holds `written` (a JSON patch `test` op): if
-        another bind wrote since, its assignment is left in place."""
-        try:
-            self.core.patch_namespaced_pod(
-                args.pod_name, args.pod_namespace, unannotate_patch(written),
-                _preload_content=False,
-            )  # fmt: skip
-        except ApiException as err:
-            log.warning(
-                "left the assignment of %s/%s in place (another bind may have written since): %s",
-                args.pod_namespace, args.pod_name, _api_reason(err),
-            )  # fmt: skip
-
-    def _create_binding(self, args: BindingArgs) -> None:
+    def _create_binding(self, args: BindingArgs, plan: Plan) -> None:
+        """One POST: the node, and the assignment as the Binding's only annotation, on the pod
+        with this uid at this resourceVersion (empty: no such precondition)."""
+        meta: dict[str, Any] = {"name": args.pod_name, "uid": args.pod_uid}
+        if plan.resource_version:
+            meta["resourceVersion"] = plan.resource_version
+        if plan.written is not None:
+            meta["annotations"] = {ANNOTATION_GPU_ASSIGNMENT: plan.written}
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": args.pod_name, "uid": args.pod_uid},
+            "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
         }
+        # The answer (a Status) is not read: building client objects cost more than the call.
         self.core.create_namespaced_pod_binding(
             args.pod_name, args.pod_namespace, body, _preload_content=False
         )
 
 
-ASSIGNMENT_POINTER = "/metadata/annotations/" + ANNOTATION_GPU_ASSIGNMENT.replace(
-    "~", "~0"
-).replace("/", "~1")
-"""The annotation's JSON pointer (RFC 6901: `~` and `/` escaped)."""
-
-
-def unannotate_patch(written: str) -> list[dict[str, str]]:
-    """A JSON patch that removes the assignment annotation only if it still holds `written`."""
-    return [
-        {"op": "test", "path": ASSIGNMENT_POINTER, "value": written},
-        {"op": "remove", "path": ASSIGNMENT_POINTER},
-    ]
+def _already_bound(args: BindingArgs, node: str) -> BindError:
+    return BindError(
+        "already-bound", f"pod {args.pod_namespace}/{args.pod_name} is already bound to node {node}"
+    )
 
 
 def _existing_assignment(meta: dict[str, Any]):

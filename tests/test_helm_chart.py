@@ -202,7 +202,7 @@ def test_rbac_matches_what_each_component_calls(default):
                       ("", "nodes/status", "patch"), ("", "events", "create")}  # fmt: skip
     extender = rules_of(default, "ClusterRole", "-extender")
     assert extender == {("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "get"),
-                        ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
+                        ("", "pods", "list"), ("", "pods", "watch"),
                         ("", "pods/binding", "create"),
                         ("", "pods/eviction", "create"), ("", "pods", "delete"),
                         ("", "events", "create")}  # fmt: skip
@@ -666,6 +666,25 @@ def test_admission_policy_names_the_extender(default):
     binding = one(default, "ValidatingAdmissionPolicyBinding", "-gpu-assignment")
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+
+
+def test_the_extenders_bindings_may_carry_the_assignment_and_nothing_else(default):
+    """It binds in one call, the assignment riding on the Binding (scheduler_extender/
+    binder.py); anyone else's Binding with one is the -gpu-assignment policy's to refuse."""
+    policy = one(default, "ValidatingAdmissionPolicy", "-extender")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["key"] == repr(constants.ANNOTATION_GPU_ASSIGNMENT)
+    assert variables["onlyAssignmentCarried"] == (
+        "size(variables.newLabels) == 0 && variables.newAnnotations.all(k, k == variables.key)"
+    )
+    (validation,) = policy["spec"]["validations"]
+    binding_branch = validation["expression"].split(":")[0]
+    assert binding_branch == (
+        "variables.isBinding ? request.operation == 'CREATE' && variables.onlyAssignmentCarried "
+    )
+    everyone = one(default, "ValidatingAdmissionPolicy", "-gpu-assignment")
+    (rule,) = everyone["spec"]["matchConstraints"]["resourceRules"]
+    assert {"pods/binding", "bindings"} <= set(rule["resources"])
 
 
 def test_the_device_plugin_may_change_only_its_condition_in_a_pods_status(default):

@@ -1,5 +1,5 @@
-"""Bind places the pod the API server holds, never a body a caller sent; it never binds a pod
-twice; and a failed bind removes only the annotation it wrote itself."""
+"""Bind places the pod the API server holds, in one API call where the watch cache is up to
+date; it never binds a pod twice; and a failed bind leaves the pod as it was."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import copy
 import json
 from types import SimpleNamespace
 
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from infergrid.assignment_annotation import decode_assignment
 from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT
-from scheduler_extender.binder import ASSIGNMENT_POINTER, Binder, unannotate_patch
+from scheduler_extender.binder import Binder
 from scheduler_extender.pending_binds import BindBarrier
+from scheduler_extender.tentative import Reserver
+from scheduler_extender.watch_cache import ADDED
 from tests.scheduler_extender.test_http import NOW, call, service
 from tests.scheduler_extender.test_pending_binds import gpu_pod
 
@@ -21,67 +22,199 @@ BIND_A = {"PodName": "a", "PodNamespace": "default", "PodUID": "uid-a", "Node": 
 
 
 class ApiServer:
-    """The API server across the seam, as far as bind uses it: pods with a resourceVersion,
-    merge patches with it as a precondition, JSON patches with `test` ops, and Bindings that
-    set spec.nodeName. `before_binding_fails`, when set, runs and then the Binding fails."""
+    """The API server across the seam, as far as bind uses it: pods with a uid and a
+    resourceVersion, and Bindings as kube-apiserver's BindingREST makes them: the Binding's
+    uid and resourceVersion are preconditions (409), a bound pod is not bound again (409), and
+    its annotations are copied onto the pod in the same write as spec.nodeName.
+    `binding_fails`, when set, is the status every Binding is refused with."""
 
     def __init__(self, *pods: dict) -> None:
         self.pods = {pod["metadata"]["name"]: copy.deepcopy(pod) for pod in pods}
-        self.patches: list[object] = []
-        self.bindings: list[tuple[str, str]] = []
-        self.before_binding_fails = None
+        self.calls: list[str] = []
+        self.bindings: list[dict] = []
+        self.binding_fails: int | None = None
 
     def read_namespaced_pod(self, name, namespace, **_):
+        self.calls.append("GET pod")
         if name not in self.pods:
             raise ApiException(status=404, reason="Not Found")
         return SimpleNamespace(data=json.dumps(self.pods[name]).encode())
 
     def patch_namespaced_pod(self, name, namespace, body, **_):
-        self.patches.append(copy.deepcopy(body))
-        meta = self.pods[name]["metadata"]
-        annotations = meta.setdefault("annotations", {})
-        if isinstance(body, list):
-            self._json_patch(annotations, body)
-        else:
-            if body["metadata"].get("resourceVersion") not in (None, meta["resourceVersion"]):
-                raise ApiException(status=409, reason="Conflict")
-            annotations.update(body["metadata"]["annotations"])
-        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
-
-    @staticmethod
-    def _json_patch(annotations: dict, ops: list[dict]) -> None:
-        for op in ops:
-            key = op["path"].removeprefix("/metadata/annotations/")
-            key = key.replace("~1", "/").replace("~0", "~")
-            if op["op"] == "test" and annotations.get(key) != op["value"]:
-                raise ApiException(status=422, reason="Unprocessable Entity")
-            if op["op"] == "remove":
-                del annotations[key]
+        raise AssertionError("bind writes the assignment through the Binding, never a PATCH")
 
     def create_namespaced_pod_binding(self, name, namespace, body, **_):
-        if self.before_binding_fails is not None:
-            self.before_binding_fails(self)
-            raise ApiException(status=500, reason="Internal Server Error")
-        self.pods[name].setdefault("spec", {})["nodeName"] = body["target"]["name"]
-        self.bindings.append((name, body["target"]["name"]))
+        self.calls.append("POST binding")
+        if self.binding_fails is not None:
+            raise ApiException(status=self.binding_fails, reason="refused")
+        if name not in self.pods:
+            raise ApiException(status=404, reason="Not Found")
+        pod, wanted = self.pods[name], body["metadata"]
+        meta = pod["metadata"]
+        for field in ("uid", "resourceVersion"):
+            if wanted.get(field) not in (None, meta[field]):
+                raise ApiException(status=409, reason=f"Conflict: {field} precondition failed")
+        if pod.get("spec", {}).get("nodeName"):
+            raise ApiException(status=409, reason="Conflict: already assigned")
+        self.bindings.append(copy.deepcopy(body))
+        meta.setdefault("annotations", {}).update(wanted.get("annotations", {}))
+        pod.setdefault("spec", {})["nodeName"] = body["target"]["name"]
+        self.touch(name)
+
+    def touch(self, name: str) -> None:
+        """Someone changed the pod: its resourceVersion moves."""
+        meta = self.pods[name]["metadata"]
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
 
     def assignment(self, name: str) -> str | None:
         return self.pods[name]["metadata"].get("annotations", {}).get(ANNOTATION_GPU_ASSIGNMENT)
 
+    def bound_to(self) -> list[tuple[str, str]]:
+        return [(b["metadata"]["name"], b["target"]["name"]) for b in self.bindings]
 
-def extender(api: ApiServer, filtered: dict | None = None):
+
+def extender(api: ApiServer, filtered: dict | None = None, watched: bool = False):
     """The test_http service (the sample fleet, idle) over `api`; `filtered` is the body
-    kube-scheduler sent to /filter for pod a."""
+    kube-scheduler sent to /filter for pod a; `watched`: the watch has delivered the API
+    server's pods to the cache."""
     svc = service()
     svc.barrier = BindBarrier(60)
     svc.binder = Binder(api, svc.view, "binpack", clock=lambda: NOW, decided=svc.barrier.decided)
     if filtered is not None:
         svc.barrier.passed_filter("uid-a", filtered)
+    if watched:
+        for pod in api.pods.values():
+            svc.view.cache.apply_pod(ADDED, copy.deepcopy(pod))
     return svc
 
 
 def gpus_of(annotation: str) -> int:
     return sum(len(c.gpus) for c in decode_assignment(annotation).containers)
+
+
+def h100_is_free(svc) -> bool:
+    _, result = call(svc, "/filter", {"Pod": gpu_pod("b", 2), "NodeNames": ["h100"]})
+    return result["NodeNames"] == ["h100"]
+
+
+# --- one API call: the Binding carries the assignment ------------------------------------------
+
+
+def test_a_watched_pod_is_bound_with_its_assignment_in_one_call():
+    api = ApiServer(gpu_pod("a", 1))
+    svc = extender(api, filtered=gpu_pod("a", 1), watched=True)
+
+    assert call(svc, "/bind", BIND_A)[1] == {"Error": ""}
+
+    assert api.calls == ["POST binding"]
+    [binding] = api.bindings
+    assert binding["metadata"]["uid"] == "uid-a"
+    assert binding["metadata"]["resourceVersion"] == "1"  # the cache's: the pod as it was seen
+    assert list(binding["metadata"]["annotations"]) == [ANNOTATION_GPU_ASSIGNMENT]
+    assert api.pods["a"]["spec"]["nodeName"] == "h100" and gpus_of(api.assignment("a")) == 1
+
+
+def test_the_hold_prioritize_made_is_bound_in_one_call():
+    """The default: no body kept at filter, a tentative hold from prioritize instead."""
+    api = ApiServer(gpu_pod("a", 1))
+    svc = extender(api, watched=True)
+    svc.reserver = Reserver(svc.view, "binpack", 10.0, clock=lambda: NOW)
+    call(svc, "/prioritize", {"Pod": gpu_pod("a", 1), "NodeNames": ["h100"]})
+    held = svc.view.cache.tentative("uid-a")
+    assert held is not None
+
+    assert call(svc, "/bind", BIND_A)[1] == {"Error": ""}
+
+    assert api.calls == ["POST binding"]
+    assert decode_assignment(api.assignment("a")) == held.assignment
+
+
+def test_a_pod_changed_since_the_cache_saw_it_is_read_and_bound_at_its_new_version():
+    api = ApiServer(gpu_pod("a", 1))
+    svc = extender(api, filtered=gpu_pod("a", 1), watched=True)
+    api.touch("a")  # e.g. kube-scheduler wrote a condition; the watch has not delivered it
+
+    assert call(svc, "/bind", BIND_A)[1] == {"Error": ""}
+
+    assert api.calls == ["POST binding", "GET pod", "POST binding"]
+    assert api.bindings[0]["metadata"]["resourceVersion"] == "2"
+    assert gpus_of(api.assignment("a")) == 1
+
+
+def test_a_pod_without_a_placement_from_this_cycle_is_read_first():
+    api = ApiServer(gpu_pod("a", 1))
+    svc = extender(api, watched=True)  # no filtered body, no tentative hold
+    assert call(svc, "/bind", BIND_A)[1] == {"Error": ""}
+    assert api.calls == ["GET pod", "POST binding"]
+    assert gpus_of(api.assignment("a")) == 1
+
+
+def test_a_kept_body_at_another_version_than_the_cached_pod_is_not_trusted():
+    # /filter saw one GPU at version 1; the pod the API server and the cache hold (version 2)
+    # asks for two.
+    stored = gpu_pod("a", 2)
+    stored["metadata"]["resourceVersion"] = "2"
+    api = ApiServer(stored)
+    svc = extender(api, filtered=gpu_pod("a", 1), watched=True)
+
+    assert call(svc, "/bind", BIND_A)[1] == {"Error": ""}
+
+    assert api.calls == ["GET pod", "POST binding"]
+    assert gpus_of(api.assignment("a")) == 2
+
+
+def test_a_pod_the_cache_shows_bound_is_refused_without_a_call():
+    bound = gpu_pod("a", 1)
+    bound["spec"]["nodeName"] = "a100-0"
+    api = ApiServer(bound)
+    svc = extender(api, filtered=gpu_pod("a", 1), watched=True)
+
+    _, result = call(svc, "/bind", BIND_A)
+
+    assert result["Error"] == "pod default/a is already bound to node a100-0"
+    assert api.calls == [] and h100_is_free(svc)
+
+
+def test_a_pod_bound_since_the_cache_saw_it_is_refused_after_the_conflict():
+    api = ApiServer(gpu_pod("a", 2))
+    svc = extender(api, filtered=gpu_pod("a", 2), watched=True)
+    api.pods["a"]["spec"]["nodeName"] = "a100-0"
+    api.touch("a")
+
+    _, result = call(svc, "/bind", BIND_A)
+
+    assert result["Error"] == "pod default/a is already bound to node a100-0"
+    assert api.calls == ["POST binding", "GET pod"] and api.bindings == []
+    assert api.assignment("a") is None and h100_is_free(svc)
+
+
+def test_a_pod_replaced_under_the_same_name_is_refused_after_the_conflict():
+    api = ApiServer(gpu_pod("a", 1))
+    svc = extender(api, filtered=gpu_pod("a", 1), watched=True)
+    api.pods["a"]["metadata"]["uid"] = "uid-a-again"  # deleted and created anew
+
+    _, result = call(svc, "/bind", BIND_A)
+
+    assert result["Error"] == "pod default/a was replaced"
+    assert api.bindings == [] and api.assignment("a") is None and h100_is_free(svc)
+
+
+def test_a_second_conflict_is_refused_as_a_conflict():
+    class Busy(ApiServer):
+        """Every read is followed by another writer before the Binding."""
+
+        def read_namespaced_pod(self, name, namespace, **kw):
+            answer = super().read_namespaced_pod(name, namespace, **kw)
+            self.touch(name)
+            return answer
+
+    api = Busy(gpu_pod("a", 1))
+    svc = extender(api, filtered=gpu_pod("a", 1))
+
+    _, result = call(svc, "/bind", BIND_A)
+
+    assert result["Error"] == "could not bind: 409 Conflict: resourceVersion precondition failed"
+    assert api.bindings == [] and h100_is_free(svc)
 
 
 # --- a pod is bound once -----------------------------------------------------------------------
@@ -91,13 +224,13 @@ def test_a_second_bind_of_a_bound_pod_is_refused_and_changes_nothing():
     api = ApiServer(gpu_pod("a", 1))
     svc = extender(api)
     assert call(svc, "/bind", BIND_A)[1] == {"Error": ""}
-    pods, patches = copy.deepcopy(api.pods), len(api.patches)
+    pods = copy.deepcopy(api.pods)
 
     svc.barrier.passed_filter("uid-a", gpu_pod("a", 1))  # a replayed /filter, then /bind
     _, again = call(svc, "/bind", BIND_A)
 
     assert again["Error"] == "pod default/a is already bound to node h100"
-    assert api.pods == pods and len(api.patches) == patches and api.bindings == [("a", "h100")]
+    assert api.pods == pods and api.bound_to() == [("a", "h100")]
     assert svc.view.cache.reserved("uid-a")  # the GPUs the first bind took stay taken
 
 
@@ -110,10 +243,23 @@ def test_a_pod_bound_by_someone_else_is_refused_and_the_early_reservation_releas
     _, result = call(svc, "/bind", BIND_A)
 
     assert result["Error"] == "pod default/a is already bound to node a100-0"
-    assert api.patches == [] and api.bindings == []
-    assert not svc.view.cache.reserved("uid-a")
-    _, free = call(svc, "/filter", {"Pod": gpu_pod("b", 2), "NodeNames": ["h100"]})
-    assert free["NodeNames"] == ["h100"]  # h100's two GPUs are free again
+    assert api.bindings == [] and not svc.view.cache.reserved("uid-a")
+    assert h100_is_free(svc)  # h100's two GPUs are free again
+
+
+def test_a_retried_bind_keeps_the_assignment_already_recorded_on_its_node():
+    first = ApiServer(gpu_pod("a", 1))
+    call(extender(first), "/bind", BIND_A)
+    recorded = first.assignment("a")
+    assigned = gpu_pod("a", 1)  # left assigned but unbound, e.g. by an older extender
+    assigned["metadata"]["annotations"][ANNOTATION_GPU_ASSIGNMENT] = recorded
+    api = ApiServer(assigned)
+
+    assert call(extender(api, filtered=gpu_pod("a", 1), watched=True), "/bind", BIND_A)[1] == {
+        "Error": ""
+    }
+
+    assert "annotations" not in api.bindings[0]["metadata"] and api.assignment("a") == recorded
 
 
 # --- the read-back pod decides -----------------------------------------------------------------
@@ -139,55 +285,28 @@ def test_a_read_back_pod_that_no_longer_fits_is_refused_although_the_filtered_bo
     _, result = call(svc, "/bind", BIND_A)
 
     assert "no longer fits" in result["Error"]
-    assert api.patches == [] and not svc.view.cache.reserved("uid-a")
+    assert api.bindings == [] and not svc.view.cache.reserved("uid-a")
 
 
 # --- a failed Binding --------------------------------------------------------------------------
 
 
-def failing_binding(rewrite: str | None = None) -> ApiServer:
-    """Pod a, whose Binding fails; first another bind writes `rewrite`, if given."""
+def test_a_failed_binding_leaves_the_pod_as_it_was_and_its_gpus_free():
+    api = ApiServer(gpu_pod("a", 2))
+    api.binding_fails = 500
+    svc = extender(api, filtered=gpu_pod("a", 2), watched=True)
+
+    _, result = call(svc, "/bind", BIND_A)
+
+    assert result["Error"].startswith("could not bind")
+    assert api.calls == ["POST binding"]  # nothing written, so nothing to undo
+    assert api.assignment("a") is None and not api.pods["a"]["spec"].get("nodeName")
+    assert h100_is_free(svc)
+
+
+def test_a_pod_gone_before_its_binding_is_refused_as_missing():
     api = ApiServer(gpu_pod("a", 1))
-
-    def fail(server: ApiServer) -> None:
-        if rewrite is not None:
-            server.pods["a"]["metadata"]["annotations"][ANNOTATION_GPU_ASSIGNMENT] = rewrite
-
-    api.before_binding_fails = fail
-    return api
-
-
-def test_a_failed_binding_removes_the_annotation_it_wrote():
-    api = failing_binding()
-    _, result = call(extender(api), "/bind", BIND_A)
-    assert result["Error"].startswith("could not bind")
-    assert api.assignment("a") is None
-    written = api.patches[0]["metadata"]["annotations"][ANNOTATION_GPU_ASSIGNMENT]
-    assert api.patches[1] == unannotate_patch(written)
-
-
-def test_an_annotation_rewritten_by_another_bind_is_not_removed_by_the_failing_one():
-    api = failing_binding(rewrite="written by another bind")
-    _, result = call(extender(api), "/bind", BIND_A)
-    assert result["Error"].startswith("could not bind")
-    assert api.assignment("a") == "written by another bind"
-
-
-def test_the_removal_tests_the_escaped_annotation_path_then_removes_it():
-    assert ASSIGNMENT_POINTER == "/metadata/annotations/infergrid.io~1gpu-assignment"
-    assert [op["op"] for op in unannotate_patch("v")] == ["test", "remove"]
-
-
-def test_the_kubernetes_client_sends_the_removal_as_a_json_patch():
-    sent = {}
-
-    class Wire:
-        def request(self, method, url, body=None, headers=None, **_):
-            sent.update(method=method, body=json.loads(body), type=headers["Content-Type"])
-            return SimpleNamespace(status=200, reason="OK", data=b"{}", headers={})
-
-    api = client.ApiClient(client.Configuration(host="http://api.invalid"))
-    api.rest_client.pool_manager = Wire()
-    body = unannotate_patch("v")
-    client.CoreV1Api(api).patch_namespaced_pod("a", "default", body, _preload_content=False)
-    assert sent == {"method": "PATCH", "body": body, "type": "application/json-patch+json"}
+    svc = extender(api, filtered=gpu_pod("a", 1), watched=True)
+    del api.pods["a"]
+    _, result = call(svc, "/bind", BIND_A)
+    assert result["Error"] == "could not bind: 404 Not Found" and h100_is_free(svc)

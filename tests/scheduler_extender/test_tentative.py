@@ -237,7 +237,7 @@ def test_a_bound_pod_is_refused_and_its_hold_released():
     run(svc, [("/prioritize", {"Pod": gpu_pod("a", 2), "NodeNames": ["h100"]})])
     _, result = call(svc, "/bind", bind("a", "h100"))
     assert result["Error"] == "pod default/a is already bound to node a100-0"
-    assert api.patches == [] and svc.view.cache.assignments_on("h100") == []
+    assert api.bindings == [] and svc.view.cache.assignments_on("h100") == []
 
 
 def test_the_read_back_request_decides_over_the_held_one():
