@@ -39,8 +39,8 @@ shape; the oldest goes first. 64 shapes of 5,000 nodes hold 5 MiB."""
 
 MAX_REJECTED_SHAPES: Final = 16
 """Pod shapes whose index rejection lines (one per index row) are kept for the next pod of
-the shape. A whole-GPU line names every busy GPU (about 600 bytes), so 16 shapes of 5,000
-nodes hold up to 48 MiB (it grows with the nodes); shares' lines are a few times shorter."""
+the shape. Nodes in the same state share a whole-GPU line, so a row costs a reference; a
+share's line names a GPU and is the row's own (about 100 bytes)."""
 
 MAX_KEYS: Final = 1 << 16
 """Node keys whose decisions one pod shape remembers before its memo starts over. A key no

@@ -23,8 +23,8 @@ of index order or too many for a bitmask, nodes that time-slice their GPUs
 simulation-only policies.
 
 Rejection reasons are one line per node. Stale nodes and whole-GPU requests
-get every reason ``fit`` gives (for whole GPUs: the count, or the NVLink set
-missing, then why each busy GPU is not free, kept with the row); a share
+get the reason ``fit`` gives (for whole GPUs: the count with the busy GPUs counted
+by cause, or the NVLink set missing); a share
 request names the GPU with most free memory among those that take shares,
 with every reason ``why_not_share`` gives for it, or counts why no GPU takes
 shares at all.
@@ -38,7 +38,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from infergrid.constants import RESOURCE_GPU, RESOURCE_VGPU, TOPOLOGY_NVLINK
+from infergrid.constants import RESOURCE_VGPU, TOPOLOGY_NVLINK
 from infergrid.placement.fgd_cluster_aware import fgd_cluster_aware_rows, fgd_cluster_aware_score
 from infergrid.placement.fit import fit
 from infergrid.placement.fragmentation import free_capacity
@@ -55,7 +55,7 @@ from infergrid.placement.gpu_choice import emptiest_gpu, fullest_gpu, least_frag
 from infergrid.placement.host import HostRequest
 from infergrid.placement.policy import Policy
 from infergrid.placement.scoring import GPU_COUNT_WEIGHT, binpack_score, fgd_score, spread_score
-from infergrid.placement.shortfall import why_not_share, why_not_whole
+from infergrid.placement.shortfall import BUSY_CAUSES, busy_cause, why_not_share
 from infergrid.placement.state import GpuState, NodeState
 from infergrid.placement.topology import choose_gpu_set
 from infergrid.pod_request import ContainerGpuRequest, PodGpuRequest
@@ -142,6 +142,7 @@ _COLUMNS: Final = {
     "_used": (np.int64, "gpu", 0),
     "_gpu_held": (np.int64, "gpu", 0),
     "_gpu_busy": (np.bool_, "gpu", False),
+    "_gpu_cause": (np.int8, "gpu", -1),  # busy_cause, -1 for none
     "_whole_gain": (np.int64, "gpu", 0),  # held MiB added by holding the GPU whole
     "_frac": (np.float64, "gpu", 0.0),  # fragmentation: free_capacity
     "_whole_ok": (np.bool_, "gpu", False),  # takes_whole
@@ -172,7 +173,6 @@ class OfferIndex:
         self._row_of: dict[str, int] = {}
         self._nodes: list[NodeState | None] = []
         self._stale_why: list[tuple[str, str] | None] = []
-        self._busy_why: list[_BusyWhy] = []
         self._spare: list[int] = []
         self._signatures: dict[tuple[object, int], npt.NDArray[np.int64]] = {}
         self._product_ids: dict[str, int] = {}
@@ -211,15 +211,11 @@ class OfferIndex:
             if row == len(self._nodes):
                 self._nodes.append(None)
                 self._stale_why.append(None)
-                self._busy_why.append(_BusyWhy(()))
             self._row_of[node.name] = row
         self._alloc(max(self._height, row + 1), max(self._width, len(gpus)))
         self._nodes[row] = node
         self._stale_why[row] = None
         self._stamp(row)
-        self._busy_why[row] = _BusyWhy(
-            tuple(s.reason for g in node.gpus if (s := why_not_whole(g)) is not None)
-        )
         self._write(row, node)
         return True
 
@@ -480,31 +476,19 @@ class OfferIndex:
     def _why_no_whole(
         self, rows: Rows, request: PodGpuRequest, policy: Policy
     ) -> tuple[Objects, Objects]:
-        """``fit``'s reasons: the first worked out once per distinct (GPUs, free, largest
-        NVLink set), the busy GPUs' (after a count) from the row.
-
-        The first reason (too few free GPUs, or no NVLink-connected set of
-        enough) depends on nothing else, so every node of a group shares it.
-        """
+        """``fit``'s reason, worked out once per distinct (GPUs, free, largest NVLink set,
+        busy GPUs of each cause): nothing else goes into it, so every node of a group shares
+        the line, as kube-scheduler's summary of a pod's rejections wants."""
         columns = [self._gpu_count[rows], self._free_count[rows], self._largest[rows]]
+        causes = self._gpu_cause[rows]
+        columns += [(causes == cause).sum(axis=1) for cause in range(len(BUSY_CAUSES))]
 
         def line(first: int) -> tuple[str, str]:
             reason = fit(request, self.node(int(rows[first])), policy).shortfalls[0]
             return reason.message, reason.resource
 
         lines, short = _per_group(_packed(columns), line)
-        counted = short == RESOURCE_GPU  # a count: every busy GPU says why, as in ``fit``
-        resources = _singles(short)
-        if not counted.any():
-            return lines, resources
-        (container,) = request.gpu_containers
-        prefix = f"container {container.name!r}: "
-        busy = [self._busy_why[row] for row in rows[counted].tolist()]
-        tails = np.empty(len(busy), dtype=object)
-        tails[:] = [b.joined(prefix) for b in busy]
-        lines[counted] = lines[counted] + tails
-        resources[counted] = _objects([b.counted for b in busy])
-        return lines, resources
+        return lines, _singles(short)
 
     # Writing a row.
 
@@ -516,7 +500,7 @@ class OfferIndex:
         blocks, open_, free_mib, free_cores, memory, assigned, used, held, busy, gain = (
             [] for _ in range(10)
         )
-        frac, whole_ok, cores_taken, slots_left = [], [], [], []
+        frac, whole_ok, cores_taken, slots_left, causes = [], [], [], [], []
         total = held_sum = available = busy_sum = 0
         for gpu in gpus:
             blocks.append(_block(gpu))
@@ -533,6 +517,7 @@ class OfferIndex:
             whole_ok.append(gpu.takes_whole())
             cores_taken.append(gpu.assigned_cores)
             slots_left.append(gpu.share_slots - gpu.shares)
+            causes.append(-1 if (cause := busy_cause(gpu)) is None else cause)
             if gpu.available:
                 total += gpu.memory_mib
                 held_sum += gpu.held_mib
@@ -557,6 +542,8 @@ class OfferIndex:
         ):
             array[row] = 0
             array[row, :n] = values
+        self._gpu_cause[row] = -1
+        self._gpu_cause[row, :n] = causes
         self._total[row], self._held[row] = total, held_sum
         self._available[row], self._busy[row] = available, busy_sum
         self._product[row] = self._product_ids.setdefault(node.product, len(self._product_ids))
@@ -613,26 +600,6 @@ class OfferIndex:
                 new[tuple(slice(0, n) for n in old.shape)] = old
             setattr(self, name, new)
         self._height, self._width = height, width
-
-
-class _BusyWhy:
-    """Why each GPU of a row cannot be taken whole, and those reasons as the tail of a
-    filter line per container prefix, joined once: most pods name the same container."""
-
-    __slots__ = ("_joined", "counted", "reasons")
-
-    def __init__(self, reasons: tuple[str, ...]) -> None:
-        self.reasons = reasons
-        self.counted = (RESOURCE_GPU,) * (1 + len(reasons))
-        """The resources a count line names: the count, then each busy GPU."""
-        self._joined: dict[str, str] = {}
-
-    def joined(self, prefix: str) -> str:
-        found = self._joined.get(prefix)
-        if found is None:
-            each = "; " + prefix
-            found = self._joined[prefix] = each + each.join(self.reasons) if self.reasons else ""
-        return found
 
 
 def _take(array: npt.NDArray[np.generic], rows: Rows) -> npt.NDArray[np.generic]:

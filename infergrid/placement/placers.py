@@ -18,7 +18,7 @@ from infergrid.constants import (
 )
 from infergrid.placement.gpu_choice import choose_mig, choose_whole
 from infergrid.placement.policy import Policy
-from infergrid.placement.shortfall import Shortfall, why_not_share, why_not_whole
+from infergrid.placement.shortfall import Shortfall, busy_counts, why_not_share
 from infergrid.placement.state import ALL_CORES, NodeState
 from infergrid.placement.topology import largest_nvlink_set
 from infergrid.pod_request import ContainerGpuRequest
@@ -50,15 +50,10 @@ def place_whole(
         )
         return (Shortfall(None, ANNOTATION_TOPOLOGY, largest, request.gpus, reason),)
     free_as = "have a time slice free" if any(g.time_sliced for g in node.gpus) else "free"
-    summary = Shortfall(
-        None,
-        RESOURCE_GPU,
-        len(free),
-        request.gpus,
-        f"{len(free)} of {len(node.gpus)} GPUs {free_as}, needs {request.gpus}",
-    )
-    busy = (s for g in node.gpus if (s := why_not_whole(g)) is not None)
-    return (summary, *busy)
+    reason = f"{len(free)} of {len(node.gpus)} GPUs {free_as}, needs {request.gpus}"
+    if busy := busy_counts(node.gpus):
+        reason = f"{reason}: {busy}"
+    return (Shortfall(None, RESOURCE_GPU, len(free), request.gpus, reason),)
 
 
 def place_share(

@@ -134,4 +134,4 @@ def test_a_node_without_a_state_is_unresolvable_with_the_reason_given():
     names = [node_of(L4X2).name, "gone"]
     verdicts = node_set.filter(names, pod(whole(1)), POLICIES[0], missing={1: "no inventory"})
     assert verdicts.unresolvable == {"gone": "no inventory"}
-    assert verdicts.failed[names[0]].startswith("container 'engine': 0 of 2 GPUs free, needs 1; ")
+    assert verdicts.failed[names[0]].startswith("container 'engine': 0 of 2 GPUs free, needs 1: ")

@@ -280,9 +280,8 @@ MEASURED = (
 
 
 NO_WHOLE = (
-    "container 'engine': 0 of 2 GPUs free, needs 2; "
-    "container 'engine': GPU-0 (index 0): 24576 MiB in use, idle is under 512; "
-    "container 'engine': GPU-1 (index 1): held whole by another pod"
+    "container 'engine': 0 of 2 GPUs free, needs 2: "
+    "1 held whole by another pod, 1 in use outside assignments"
 )
 
 
@@ -290,12 +289,13 @@ NO_WHOLE = (
     ("request_", "reason", "resource"),
     [
         (pod(share(8192)), MEASURED, [RESOURCE_GPU_MEMORY]),
-        (pod(whole(2)), NO_WHOLE, [RESOURCE_GPU] * 3),
-        (pod(whole(2), topology="nvlink"), NO_WHOLE, [RESOURCE_GPU] * 3),
+        (pod(whole(2)), NO_WHOLE, [RESOURCE_GPU]),
+        (pod(whole(2), topology="nvlink"), NO_WHOLE, [RESOURCE_GPU]),
     ],
 )
 def test_reasons_name_the_numbers_people_act_on(request_, reason, resource):
-    """A whole-GPU pod hears why each GPU is not free, not only how many are."""
+    """A whole-GPU pod hears why the GPUs are not free, counted by cause, not only how many
+    are: one line for every node in the same state, as kube-scheduler's summary counts them."""
     inv = inventory(inventory_gpu(0), inventory_gpu(1))
     node = node_of(inv, [held_whole(1)], used={0: 24576})
     index, _ = indexed([node])

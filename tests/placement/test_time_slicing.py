@@ -73,14 +73,13 @@ def place_all(inv: GpuInventory, pods: list[PodGpuRequest], policy=BINPACK, **no
     return state, results
 
 
-def test_four_time_slices_fill_two_gpus_and_the_fifth_is_refused_naming_each_full_gpu():
+def test_four_time_slices_fill_two_gpus_and_the_fifth_is_refused_counting_the_full_gpus():
     state, results = place_all(SLICED, [ONE] * 5)
     assert [r.fits for r in results] == [True, True, True, True, False]
     assert [g.holders for g in state.gpus] == [2, 2]
     assert results[4].reasons == (
-        "container 'engine': 0 of 2 GPUs have a time slice free, needs 1",
-        "container 'engine': GPU-0 (index 0): time-sliced: 2 of 2 time slices taken",
-        "container 'engine': GPU-1 (index 1): time-sliced: 2 of 2 time slices taken",
+        "container 'engine': 0 of 2 GPUs have a time slice free, needs 1:"
+        " 2 with every time slice taken",
     )
 
 
@@ -108,8 +107,9 @@ def test_packing_policies_stack_time_slices_and_spread_gives_each_its_own_gpu():
 def test_a_pod_asking_for_two_gpus_gets_a_time_slice_of_two_distinct_gpus():
     state, results = place_all(SLICED, [pod(whole(2)), pod(whole(2)), pod(whole(2))])
     assert [r.placements for r in results[:2]] == [(whole_on(0, 1),), (whole_on(0, 1),)]
-    assert (
-        results[2].reasons[0] == "container 'engine': 0 of 2 GPUs have a time slice free, needs 2"
+    assert results[2].reasons == (
+        "container 'engine': 0 of 2 GPUs have a time slice free, needs 2:"
+        " 2 with every time slice taken",
     )
 
 
@@ -117,7 +117,7 @@ def test_a_gpu_with_a_share_takes_no_time_slice_and_a_time_sliced_one_takes_no_s
     state, results = place_all(SLICED, [pod(share(4096)), ONE, ONE, ONE])
     assert [r.fits for r in results] == [True, True, True, False]
     assert [(g.shares, g.holders) for g in state.gpus] == [(1, 0), (0, 2)]
-    assert "container 'engine': GPU-0 (index 0): holds 1 share(s)" in results[3].reasons
+    assert results[3].reasons[0].endswith("1 with every time slice taken, 1 holding shares")
     spread, _ = place_all(SLICED, [ONE, ONE], SPREAD)
     refused = fit(pod(share(1024, 10)), spread, BINPACK)
     assert refused.reasons == tuple(
@@ -135,12 +135,12 @@ def test_measured_use_does_not_keep_a_time_slice_off_but_exclusive_gpus_still_ne
 
 def test_unhealthy_gpus_stale_nodes_and_mig_gpus_offer_no_time_slice():
     sick = replace(SLICED, gpus=tuple(replace(g, healthy=False) for g in SLICED.gpus))
-    assert "GPU-0 (index 0): unhealthy" in fit(ONE, node_of(sick), BINPACK).reasons[1]
+    assert fit(ONE, node_of(sick), BINPACK).reasons[0].endswith("needs 1: 2 unavailable")
     stale = node_of(SLICED, heartbeat=NOW - STALE_AFTER - timedelta(seconds=1))
     assert fit(ONE, stale, BINPACK).reasons[0].startswith("node heartbeat is stale")
     a100 = "NVIDIA A100-SXM4-80GB"
     in_mig = replace(inventory(gpu(0, A100_MIB, a100, mig=("3g.40gb",))), time_slices=4)
-    assert fit(ONE, node_of(in_mig), BINPACK).reasons[1].endswith("offers only MIG instances")
+    assert fit(ONE, node_of(in_mig), BINPACK).reasons[0].endswith("needs 1: 1 in MIG mode")
     assert fit(pod(mig("3g.40gb")), node_of(in_mig), BINPACK).fits
 
 
