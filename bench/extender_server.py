@@ -170,8 +170,10 @@ def main() -> None:
     cache = mixed_cache(args.nodes, random.Random(args.seed))
     view = PlacementView(cache, timedelta(days=1))
     app = service(cache, view, args.policy)
+    if hasattr(view, "prepare"):  # as the extender does once synced, before it is ready
+        view.prepare(NOW)
     gc.collect()
-    gc.freeze()  # as the extender does once synced
+    gc.freeze()
 
     async def serve() -> None:
         runner = web.AppRunner(app, access_log=None)

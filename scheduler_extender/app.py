@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -67,6 +67,16 @@ def _reply(doc: dict[str, Any] | list[dict[str, Any]], status: int = 200) -> web
     )
 
 
+async def _run_steps(steps: Iterator[None]) -> None:
+    """Runs each step, letting the event loop serve what arrived before the next. A failure
+    is logged and leaves the workload pending: the next request starts the steps again."""
+    try:
+        for _ in steps:
+            await asyncio.sleep(0)
+    except Exception:  # noqa: BLE001 - the verbs go on under the workload in use
+        log.exception("adopting the re-read workload failed")
+
+
 class ExtenderService:
     def __init__(
         self,
@@ -90,6 +100,7 @@ class ExtenderService:
         self.preemptor = preemptor
         self.preemptible = preemptible
         self._tasks: set[asyncio.Task[None]] = set()
+        self._adopting: asyncio.Task[None] | None = None
 
     def app(self) -> web.Application:
         """kube-scheduler's: the verbs, and the probes."""
@@ -146,6 +157,7 @@ class ExtenderService:
             plan = self.preemptor.plan(args.pod, list(out.failed), self.clock())
             if plan is not None and plan.evict:
                 self._in_background(self.preemptor.evict_all(args.pod, plan))
+        self._adopt_soon()
         return _reply(filter_result(out.passed, out.failed, out.unresolvable))
 
     async def prioritize(self, request: web.Request) -> web.Response:
@@ -160,6 +172,7 @@ class ExtenderService:
             if chosen is not None:
                 scores = sole_top(scores, tied)
                 self._hold_next(args.pod, uid, chosen)
+        self._adopt_soon()
         return _reply(priority_list(scores))
 
     def _new_cycle(self, uid: str) -> None:
@@ -175,6 +188,15 @@ class ExtenderService:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _adopt_soon(self) -> None:
+        """Starts adopting a pending learned workload (``PlacementView.adoption``) unless
+        that is under way: one step per turn of the event loop, between requests."""
+        if self._adopting is not None and not self._adopting.done():
+            return
+        steps = self.view.adoption()
+        if steps is not None:
+            self._adopting = asyncio.get_running_loop().create_task(_run_steps(steps))
 
     def _hold_next(self, pod: dict[str, Any], uid: str, node: str) -> None:
         """Holds the pod's placement on `node` as the event loop's next step, right after the
@@ -211,8 +233,9 @@ class ExtenderService:
         return web.Response(text="ok\n")
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """Ready once the cache is synced and this replica leads: only the leader gets traffic."""
-        ready = self.view.cache.synced() and self.is_leader()
+        """Ready once the cache is synced and every node's state built, and only while this
+        replica leads: only the leader gets traffic."""
+        ready = self.view.cache.synced() and self.view.prepared and self.is_leader()
         return web.Response(text="ok\n" if ready else "not ready\n", status=200 if ready else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:

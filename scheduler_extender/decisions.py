@@ -129,8 +129,11 @@ def prioritize_nodes(
         return dict.fromkeys(names, 0)
     rows, _ = view.current(names, now)
     # The policies that learn read CPU too: the pod's, as the simulator passes it.
-    host = _host(pod) if request.policy in LEARNING else None
+    learns = request.policy in LEARNING
+    host = _host(pod) if learns else None
     raw = view.nodes.scores(names, request, _policy(request, view), host, rows)
+    if learns:
+        view.scored(request, host)
     return dict(zip(names, _normalized(raw), strict=True))
 
 

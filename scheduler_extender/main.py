@@ -14,7 +14,7 @@ import signal
 import ssl
 import sys
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from aiohttp import web
 from kubernetes import client, config
@@ -46,15 +46,25 @@ def tls_context(cfg: ExtenderConfig) -> ssl.SSLContext | None:
     return ctx
 
 
-async def freeze_when_synced(cache: ClusterCache, stop: threading.Event) -> None:
-    """A synced cache of thousands of nodes is millions of long-lived objects, and each full
-    collection walked them all: tens of ms in the middle of a filter call. Freezing them
-    after the first sync keeps the collector to what changed since."""
-    while not cache.synced() and not stop.is_set():
+async def prepare_when_synced(view: PlacementView, stop: threading.Event) -> None:
+    """Once the cache is synced, every node's placement state is built (``prepare``), before
+    the extender says it is ready: at 5,000 nodes the first filter would spend 2 s on it.
+    Then the cache and the states, millions of long-lived objects, are frozen out of garbage
+    collection: each full collection walked them all, tens of ms in the middle of a call;
+    frozen, the collector keeps to what changed since."""
+    while not view.cache.synced() and not stop.is_set():
         await asyncio.sleep(0.2)
+    if stop.is_set():
+        return
+    nodes = view.prepare(datetime.now(UTC))
     gc.collect()
     gc.freeze()
-    log.info("cache synced; %d objects frozen out of garbage collection", gc.get_freeze_count())
+    log.info(
+        "cache synced; %d nodes' placement states built, %d objects frozen out of garbage"
+        " collection",
+        nodes,
+        gc.get_freeze_count(),
+    )
 
 
 def scheduler_token(cfg: ExtenderConfig, api: client.ApiClient) -> SchedulerToken | None:
@@ -111,7 +121,7 @@ async def serve(
     if cfg.metrics_port:
         runners.append(await listen(service.metrics_app(), cfg.metrics_address, cfg.metrics_port))
         log.info("metrics on %s:%d", cfg.metrics_address, cfg.metrics_port)
-    tasks = [asyncio.create_task(freeze_when_synced(cache, stop))]
+    tasks = [asyncio.create_task(prepare_when_synced(view, stop))]
     if token is not None:
         tasks.append(asyncio.create_task(token.run()))
     loop = asyncio.get_running_loop()

@@ -9,6 +9,11 @@ was last checked, its change log which nodes did, and each row's heartbeat
 whether its staleness flipped, so a call after one bind looks up one node, not
 thousands, and one in which nothing moved none.
 
+A re-read of the learned workload changes every node's fgd score. The view adopts it only
+after ``adoption`` has scored the shapes of the pods prioritize saw last under it, a slice of
+nodes per step, which the app runs between requests: the pods keep the scores of the
+workload in use until then, and the first pod after the adoption finds its scores kept.
+
 A node's state carries its CPU and memory (``host``): allocatable from the node, and
 what its live pods request, as kube-scheduler counts them; fgd and fgd-cluster-aware
 read it. This module only keeps the node set current and says why a node has no state;
@@ -17,7 +22,8 @@ every decision is the placement core's ``NodeSet``'s (``decisions.py`` asks it).
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from itertools import compress
@@ -36,6 +42,7 @@ from infergrid.placement import (
     Verdicts,
     Workload,
     build_node_state,
+    resolve_policy,
 )
 from infergrid.pod_request import PodGpuRequest
 from infergrid.records import NodeRecord
@@ -45,6 +52,12 @@ ASKED_LISTS: Final = 2
 """Name lists whose index rows are remembered: filter's (all nodes) and those it passed."""
 LOOKUP_CHUNK: Final = 512
 """Nodes read from the cache per lock: few enough that their records die young."""
+ADOPTION_SHAPES: Final = 16
+"""Pod shapes, the last prioritize scored, that a new workload is scored for before it is
+adopted; fewer than the node set keeps scores of (``MAX_SCORED_SHAPES``)."""
+ADOPTION_ROWS: Final = 256
+"""Nodes scored per step of an adoption: about a millisecond at fgd-cluster-aware, the most
+a request that arrives meanwhile waits."""
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND: Final = timedelta(microseconds=1)
@@ -90,7 +103,10 @@ class PlacementView:
         self._stamps = _Stamps()
         self._stamps.fit_rows(1)
         self._asked: deque[tuple[list[str], Rows]] = deque(maxlen=ASKED_LISTS)
-        self._learned = LearnedWorkload(cache.gpu_totals)
+        self._learned = LearnedWorkload(cache.gpu_totals, defer=True)
+        self.prepared = False
+        """Whether ``prepare`` built every node's state: the extender is ready only then."""
+        self._shapes: OrderedDict[tuple[PodGpuRequest, HostRequest | None], None] = OrderedDict()
 
     def _why_none(self, name: str, record: NodeRecord | None) -> str | None:
         if record is None:
@@ -134,6 +150,14 @@ class PlacementView:
         none), and by position why a node has no state at all."""
         return self._sync(names, now)
 
+    def prepare(self, now: datetime) -> int:
+        """Builds the state of every node in the cache, as a first filter over them all
+        would, and says the view is ``prepared``: how many nodes it holds."""
+        names = sorted(self.cache.nodes())
+        self.current(names, now)
+        self.prepared = True
+        return len(names)
+
     def remember(self, verdicts: Verdicts, asked: int) -> None:
         """Keeps the rows of the nodes that passed a filter of ``asked`` nodes: prioritize
         is asked about those next."""
@@ -148,6 +172,33 @@ class PlacementView:
     def workload(self) -> Workload:
         """The learned workload, with the GPUs of each model in the cache's node list."""
         return self._learned.workload()
+
+    def scored(self, request: PodGpuRequest, host: HostRequest | None) -> None:
+        """Notes a pod shape prioritize scored: an adoption scores the last few first."""
+        shape = (request, host)
+        self._shapes.pop(shape, None)
+        self._shapes[shape] = None
+        if len(self._shapes) > ADOPTION_SHAPES:
+            self._shapes.popitem(last=False)
+
+    def adoption(self) -> Iterator[None] | None:
+        """The steps that adopt a pending workload, or None where none is pending: each
+        scores up to ``ADOPTION_ROWS`` nodes for one recent shape under it; after the last,
+        it is adopted, unless a newer re-read replaced it meanwhile (its own adoption then
+        follows). Rows rewritten during the steps are scored again when next asked."""
+        pending = self._learned.pending
+        return None if pending is None else self._adopt(pending)
+
+    def _adopt(self, pending: Workload) -> Iterator[None]:
+        for request, host in list(self._shapes):
+            policy = resolve_policy(request.policy, pending)
+            rows = self.nodes.held_rows()
+            for start in range(0, len(rows), ADOPTION_ROWS):
+                self.nodes.warm(rows[start : start + ADOPTION_ROWS], request, policy, host)
+                yield
+                if self._learned.pending is not pending:
+                    return
+        self._learned.adopt(pending)
 
     def _sync(self, names: list[str], now: datetime) -> tuple[Rows, dict[int, str]]:
         """The index row of each name, written from the node's current state (-1 where it

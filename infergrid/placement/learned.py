@@ -13,6 +13,12 @@ pods, but a re-read is adopted only when it has drifted from the one in use by
 of every node, and so empties the memo of decisions, while a window of random
 arrivals wobbles by a few percent from one re-read to the next without saying
 anything new.
+
+The extender defers an adoption (``defer``): a re-read that would be adopted waits as
+``pending`` until the extender has scored its recent pod shapes under it between requests
+and calls ``adopt``, so no pod pays for scoring every node again. The simulator adopts at
+once, as the deferral only moves when, not what, the extender decides. A first workload is
+always adopted at once: until a pod was seen there are no scores worth keeping.
 """
 
 from collections import deque
@@ -69,8 +75,11 @@ class LearnedWorkload:
     """The typical pods of the last ``WORKLOAD_WINDOW`` pods seen, with the cluster's shape
     (how contested each GPU model is, CPU per GPU) that fgd-cluster-aware reads."""
 
-    def __init__(self, cluster: Cluster = _no_cluster) -> None:
+    def __init__(self, cluster: Cluster = _no_cluster, defer: bool = False) -> None:
         self._cluster = cluster
+        self._defer = defer
+        self._pending: tuple[tuple[tuple[tuple[str, int], ...], int], Workload] | None = None
+        self._read_from_pods = False
         self._recent: deque[tuple[Demand, ...]] = deque(maxlen=WORKLOAD_WINDOW)
         self._seen: deque[str] = deque(maxlen=WORKLOAD_WINDOW)
         self._seen_set: set[str] = set()
@@ -93,14 +102,32 @@ class LearnedWorkload:
 
     def workload(self) -> Workload:
         """The distribution in use; re-read first when enough new pods were seen, and
-        replaced when the re-read drifted or the cluster changed."""
+        replaced (or, deferred, made ``pending``) when the re-read drifted or the cluster
+        changed."""
         if self._unread and (self._unread >= WORKLOAD_REFRESH or len(self._recent) <= self._unread):
             self._unread = 0
+            first, self._read_from_pods = not self._read_from_pods, True
             shape = self._cluster_shape()
             candidate = self._read(shape)
             if shape != self._shape or drift(self._workload, candidate) >= WORKLOAD_DRIFT:
-                self._shape, self._workload = shape, candidate
+                if self._defer and not first:
+                    self._pending = (shape, candidate)
+                else:
+                    self._shape, self._workload, self._pending = shape, candidate, None
         return self._workload
+
+    @property
+    def pending(self) -> Workload | None:
+        """A re-read waiting to be adopted (only where adoption is deferred)."""
+        return None if self._pending is None else self._pending[1]
+
+    def adopt(self, workload: Workload) -> bool:
+        """Takes ``workload`` into use if it is still the pending one; a newer re-read may
+        have replaced it meanwhile, and then nothing changes (False)."""
+        if self._pending is None or self._pending[1] is not workload:
+            return False
+        (self._shape, self._workload), self._pending = self._pending, None
+        return True
 
     def _cluster_shape(self) -> tuple[tuple[tuple[str, int], ...], int]:
         gpus_per_model, cpu_milli = self._cluster()

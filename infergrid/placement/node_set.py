@@ -126,6 +126,11 @@ class NodeSet:
         """The index row of each name; -1 where it has none (not held, or not indexable)."""
         return self._index.rows(names)
 
+    def held_rows(self) -> Rows:
+        """The index row of every node held, in no particular order."""
+        rows = self._index.rows(list(self._states))
+        return rows[rows >= 0]
+
     def row_of(self, name: str) -> int:
         return int(self._index.rows([name])[0])
 
@@ -234,6 +239,15 @@ class NodeSet:
         # None (no state, or no fit) becomes NaN in a float array.
         raw[others] = np.array([d and d[1] for d in found], dtype=np.float64)
         return raw
+
+    def warm(
+        self, rows: Rows, request: PodGpuRequest, policy: Policy, host: HostRequest | None = None
+    ) -> None:
+        """Scores the rows for the pod shape now, as ``scores`` would, so that its next pod
+        finds them kept: the extender scores a new workload a slice of rows at a time
+        before it adopts it. Shapes the index does not score are left to ``scores``."""
+        if self._index.scores(request, policy):
+            self._index_scores(rows, request, policy, host)
 
     def _index_scores(
         self, rows: Rows, request: PodGpuRequest, policy: Policy, host: HostRequest | None

@@ -74,3 +74,29 @@ def test_only_the_window_of_recent_pods_counts():
     assert feed(learned, WORKLOAD_WINDOW, WORKLOAD_WINDOW, pod(whole(2))).tasks == (
         (Demand(whole_gpus=2), 1.0),
     )
+
+
+def test_a_deferred_re_read_waits_as_pending_and_is_in_use_once_adopted():
+    """The extender's way: a shift is taken up only when it says so (``adopt``), after it
+    scored the recent pod shapes under it; meanwhile pods are scored as before."""
+    learned = LearnedWorkload(defer=True)
+    first = feed(learned, 0, 400, pod(whole(1)))
+    assert learned.pending is None  # the first workload is adopted at once: nothing to keep
+    assert feed(learned, 400, 400, pod(whole(2))) is first
+    shifted = learned.pending
+    assert shifted is not None and dict(shifted.tasks)[Demand(whole_gpus=2)] == 0.5
+    assert learned.adopt(shifted)
+    assert learned.workload() is shifted and learned.pending is None
+
+
+def test_a_newer_re_read_replaces_the_pending_one_which_can_no_longer_be_adopted():
+    learned = LearnedWorkload(defer=True)
+    first = feed(learned, 0, 400, pod(whole(1)))
+    feed(learned, 400, 400, pod(whole(2)))
+    older = learned.pending
+    feed(learned, 800, 1000, pod(whole(4)))
+    newer = learned.pending
+    assert older is not None and newer is not None and newer is not older
+    assert not learned.adopt(older)
+    assert learned.workload() is first
+    assert learned.adopt(newer) and learned.workload() is newer

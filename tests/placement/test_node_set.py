@@ -81,6 +81,38 @@ def test_scores_kept_for_a_shape_follow_every_node_that_changes(data, request):
 
 
 @settings(max_examples=60, deadline=None)
+@given(st.data(), requests, st.integers(1, 4))
+def test_rows_warmed_a_slice_at_a_time_are_the_scores_and_leave_nothing_to_score(
+    data, request, size
+):
+    """The extender's adoption of a new workload: every held row scored ahead, a slice at a
+    time, and a node written in between; the next pod of the shape gets the scores a fresh
+    node set gives and scores no row but that node's again."""
+    states = node_list(data.draw, 5)
+    node_set = NodeSet()
+    for state in states:
+        node_set.put(state, state.name)
+    names = [s.name for s in states]
+    rows = node_set.held_rows()
+    for policy in POLICIES:
+        for start in range(0, len(rows), size):
+            node_set.warm(rows[start : start + size], request, policy)
+    states[0] = data.draw(nodes(states[0].name))
+    node_set.put(states[0], "moved")
+    fresh = NodeSet()
+    for state in states:
+        fresh.put(state, state.name)
+    index = node_set._index
+    asked: list[int] = []
+    original = index.raw_scores
+    index.raw_scores = lambda rows, *rest: asked.extend(rows.tolist()) or original(rows, *rest)
+    for policy in POLICIES:
+        kept = node_set.scores(names, request, policy)
+        assert np.array_equal(kept, fresh.scores(names, request, policy), equal_nan=True)
+    assert set(asked) <= {node_set.row_of(states[0].name)}
+
+
+@settings(max_examples=60, deadline=None)
 @given(st.data(), requests)
 def test_reasons_kept_for_a_shape_follow_every_node_that_changes(data, request):
     """A pod shape's rejection lines are kept, and a node rewritten, dropped or added since is
