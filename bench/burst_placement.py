@@ -186,7 +186,7 @@ def run(pods: int, rounds: int, job_pods: int, throughput_nodes: int, throughput
     cluster.up(work / "fleet.yaml")
     try:
         cluster.start_scheduler(STOCK, {"schedulerName": STOCK})
-        bursts = placement(cluster, work, pods, rounds)
+        bursts = placement(cluster, work, pods, rounds) if rounds else []
         together = run_job(cluster, work, job_pods)
         rates = throughput(cluster, work, throughput_nodes, throughput_pods)
     finally:
@@ -304,7 +304,9 @@ def print_row(row: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=8, help="pods per burst")
-    parser.add_argument("--rounds", type=int, default=3, help="bursts per setting and policy")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="bursts per setting and policy (0: skip them)"
+    )
     parser.add_argument(
         "--job-pods", type=int, default=40, help="replicas of the timed job (0: skip it)"
     )

@@ -63,8 +63,10 @@ ONLINE_PRIORITY = 1000
 SEED_PRIORITIES = (0, 0, ONLINE_PRIORITY)
 
 
-def pod_json(i: int, rnd: random.Random) -> dict:
-    limits, annotations, _ = rnd.choices(SHAPES, weights=[s[2] for s in SHAPES])[0]
+def pod_json(i: int, rnd: random.Random, shape: int | None = None) -> dict:
+    """Pod ``i`` of a random shape (weighted), or of ``SHAPES[shape]``."""
+    chosen = SHAPES[shape] if shape is not None else None
+    limits, annotations, _ = chosen or rnd.choices(SHAPES, weights=[s[2] for s in SHAPES])[0]
     return {
         "metadata": {"name": f"pod-{i}", "namespace": "bench", "uid": f"uid-{i}",
                      "annotations": dict(annotations)},
