@@ -357,7 +357,7 @@ def permissions(rel: Release) -> dict[str, list[tuple[bool, ...]]]:
         "extender": [
             (True, "watch", "nodes"),
             (True, "watch", "pods", "--all-namespaces"),
-            (True, "patch", "pods", "-n", s),
+            (False, "patch", "pods", "-n", s),  # it binds with the assignment in one call
             (True, "delete", "pods", "-n", s),  # preemption, past a disruption budget
             (True, "create", "pods", "--subresource=binding", "-n", s),
             (True, "update", f"leases.coordination.k8s.io/{rel.sa('extender')}", "-n", r),
@@ -459,6 +459,17 @@ def assignment(node: str, mib: int = 4096) -> PodAssignment:
     return PodAssignment(node=node, assigned_at=datetime.now(UTC), containers=(container,))
 
 
+def bind(api: client.ApiClient, namespace: str, pod: str, node: str, value: str) -> None:
+    """Binds the pod to the node with a Binding that carries the assignment, as the
+    extender writes one."""
+    body = {"apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": pod, "annotations": {ANNOTATION_GPU_ASSIGNMENT: value}},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
+    client.CoreV1Api(api).create_namespaced_pod_binding(
+        pod, namespace, body, _preload_content=False
+    )
+
+
 def annotate(api: client.ApiClient, namespace: str, pod: str, value: str | None) -> None:
     body = {"metadata": {"annotations": {ANNOTATION_GPU_ASSIGNMENT: value}}}
     client.CoreV1Api(api).patch_namespaced_pod(pod, namespace, body)
@@ -472,7 +483,9 @@ def test_only_the_extender_may_write_gpu_assignments(
     node, elsewhere = sorted(gpu_nodes(cluster))[:2]
     pod = f"victim-{uuid.uuid4().hex[:5]}"
     spec = {"nodeName": node, "containers": [{"name": "engine", "image": "infergrid/engine"}]}
-    offline = spec | {"priorityClassName": CHART_CLASSES["offline"]["name"]}
+    # Pods the extender binds: no scheduler takes them meanwhile.
+    unbound = {"schedulerName": "e2e-nobody", "containers": spec["containers"]}
+    offline = unbound | {"priorityClassName": CHART_CLASSES["offline"]["name"]}
     core.create_namespaced_pod(ns, {"metadata": {"name": pod}, "spec": offline})
     admin = cluster.api
     extender = as_token(cluster, token(cluster, release.namespace, release.sa("extender")))
@@ -496,9 +509,9 @@ def test_only_the_extender_may_write_gpu_assignments(
               "spec": spec}  # fmt: skip
     assert ANNOTATION_GPU_ASSIGNMENT in forbidden(lambda: core.create_namespaced_pod(ns, forged))
     forbidden(lambda: annotate(plugin, ns, pod, text))  # the plugin cannot set one either
-    annotate(extender, ns, pod, text)
-    annotate(extender, ns, pod, encode_assignment(assignment(node, 2048)))  # nor change it
-    annotate(extender, ns, pod, text)
+    bind(extender, ns, pod, node, text)  # the extender does, in the Binding it creates
+    changed = encode_assignment(assignment(node, 2048))
+    assert "cannot patch" in forbidden(lambda: annotate(extender, ns, pod, changed))
 
     # The device plugin marks allocated on its own node, and does nothing else.
     bigger = encode_assignment(mark_allocated(assignment(node, 8192), "engine"))
@@ -514,13 +527,13 @@ def test_only_the_extender_may_write_gpu_assignments(
 
     # The extender deletes only GPU holders of a preemptible class (preemption victims
     # past their budget): not a pod without an assignment, nor a classless GPU holder.
-    bystander = f"bystander-{uuid.uuid4().hex[:5]}"
-    core.create_namespaced_pod(ns, {"metadata": {"name": bystander}, "spec": spec})
-    annotate(extender, ns, bystander, text)
+    holder, bystander = (f"{who}-{uuid.uuid4().hex[:5]}" for who in ("holder", "bystander"))
+    core.create_namespaced_pod(ns, {"metadata": {"name": holder}, "spec": unbound})
+    bind(extender, ns, holder, node, text)
     extender_core = client.CoreV1Api(extender)
-    message = forbidden(lambda: extender_core.delete_namespaced_pod(bystander, ns))
+    message = forbidden(lambda: extender_core.delete_namespaced_pod(holder, ns))
     assert "holds a GPU assignment and whose PriorityClass is preemptible" in message
-    annotate(extender, ns, bystander, None)
+    core.create_namespaced_pod(ns, {"metadata": {"name": bystander}, "spec": spec})
     message = forbidden(lambda: extender_core.delete_namespaced_pod(bystander, ns))
     assert "holds a GPU assignment" in message
     extender_core.delete_namespaced_pod(pod, ns, grace_period_seconds=0)

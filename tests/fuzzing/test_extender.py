@@ -228,6 +228,7 @@ async def serve() -> None:
     cfg = ExtenderConfig()
     cache = cache_of_the_sample_fleet()
     view = PlacementView(cache, timedelta(seconds=cfg.stale_after_s))
+    view.prepare(datetime.now(UTC))  # as main.py does once synced: the process is ready
     barrier = BindBarrier(cfg.bind_wait_s)
     binder = Binder(MissingPods(), view, cfg.default_policy, decided=barrier.decided)
     service = ExtenderService(

@@ -15,6 +15,7 @@ from scheduler_extender.binder import Binder
 from scheduler_extender.pending_binds import BindBarrier
 from scheduler_extender.tentative import Reserver
 from scheduler_extender.watch_cache import ADDED
+from tests.scheduler_extender.answers import Answer
 from tests.scheduler_extender.test_http import NOW, call, service
 from tests.scheduler_extender.test_pending_binds import gpu_pod
 
@@ -33,6 +34,7 @@ class ApiServer:
         self.calls: list[str] = []
         self.bindings: list[dict] = []
         self.binding_fails: int | None = None
+        self.answers: list[Answer] = []
 
     def read_namespaced_pod(self, name, namespace, **_):
         self.calls.append("GET pod")
@@ -60,6 +62,8 @@ class ApiServer:
         meta.setdefault("annotations", {}).update(wanted.get("annotations", {}))
         pod.setdefault("spec", {})["nodeName"] = body["target"]["name"]
         self.touch(name)
+        self.answers.append(Answer())
+        return self.answers[-1]
 
     def touch(self, name: str) -> None:
         """Someone changed the pod: its resourceVersion moves."""
@@ -139,6 +143,15 @@ def test_a_pod_changed_since_the_cache_saw_it_is_read_and_bound_at_its_new_versi
     assert api.calls == ["POST binding", "GET pod", "POST binding"]
     assert api.bindings[0]["metadata"]["resourceVersion"] == "2"
     assert gpus_of(api.assignment("a")) == 1
+
+
+def test_each_bindings_answer_is_read_to_its_end_so_its_connection_is_pooled_again():
+    """An answer left unread keeps its connection out of the pool: each bind of a burst then
+    paid a TLS handshake, on both sides."""
+    api = ApiServer(gpu_pod("a", 1))
+    svc = extender(api, watched=True)
+    assert call(svc, "/bind", BIND_A)[1] == {"Error": ""}
+    assert [(a.read_to_end, a.released) for a in api.answers] == [(True, True)]
 
 
 def test_a_pod_without_a_placement_from_this_cycle_is_read_first():

@@ -16,6 +16,7 @@ from infergrid.constants import RESOURCE_GPU
 from scheduler_extender.app import ExtenderService
 from scheduler_extender.binder import Binder
 from scheduler_extender.pending_binds import BindBarrier, PendingBinds
+from tests.scheduler_extender.answers import Answer
 from tests.scheduler_extender.test_http import NOW, call, service
 
 # --- the bookkeeping --------------------------------------------------------------------------
@@ -138,13 +139,11 @@ class RecordingCore:
             raise ApiException(status=404, reason="Not Found")
         return SimpleNamespace(data=json.dumps(self.pods[name]).encode())
 
-    def patch_namespaced_pod(self, name, namespace, body, **_):
-        self.pods[name]["metadata"].setdefault("annotations", {}).update(
-            body["metadata"]["annotations"]
-        )
-
     def create_namespaced_pod_binding(self, name, namespace, body, **_):
         self.bindings.append((name, body["target"]["name"]))
+        annotations = body["metadata"].get("annotations", {})
+        self.pods[name]["metadata"].setdefault("annotations", {}).update(annotations)
+        return Answer()
 
 
 def gpu_pod(name: str, gpus: int) -> dict:
