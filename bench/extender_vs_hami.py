@@ -20,8 +20,8 @@ have no kubelet, so a stand-in (``LockReleaser``) does what that plugin does, at
 the bind: marks the pod's ``hami.io/bind-phase`` success and deletes the node's lock. A real
 kubelet's Allocate comes later than that, so this is HAMi's best case.
 
-    .venv/bin/python -m bench.extender_vs_hami --hami-src DIR [--nodes 100] [--stream 30]
-        [--pods 100] [--hami-qps 0] [--json]
+    .venv/bin/python -m bench.extender_vs_hami --hami-src DIR [--hami-commit COMMIT]
+        [--nodes 100] [--stream 30] [--pods 100] [--hami-qps 0] [--json]
 """
 
 from __future__ import annotations
@@ -447,7 +447,7 @@ def run(args: argparse.Namespace) -> dict:
     from e2e.extender_support import idle_nodes
     from infergrid.fleet import parse_fleet
 
-    binary, commit = ensure_built(args.hami_src)
+    binary, commit = ensure_built(args.hami_src, args.hami_commit)
     work = Path(tempfile.mkdtemp(prefix="infergrid-vs-hami-"))
     (work / "fleet.yaml").write_text(yaml.safe_dump({"version": "v1", "nodes": [
         {"name": "base", "count": 1, "gpus": GPUS}]}))  # fmt: skip
@@ -482,8 +482,13 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    from bench.hami_build import PINNED_COMMIT, HamiSourceError
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hami-src", type=Path, required=True, help="a git checkout of HAMi")
+    parser.add_argument(
+        "--hami-commit", default=PINNED_COMMIT, help="the commit the checkout must be at"
+    )
     parser.add_argument("--nodes", type=int, default=100, help="KWOK nodes of 8 L4 GPUs")
     parser.add_argument("--stream", type=int, default=30, help="pods created one by one")
     parser.add_argument("--pods", type=int, default=100, help="pods of the burst")
@@ -496,7 +501,10 @@ def main() -> None:
     for field in ("nodes", "stream", "pods"):
         if getattr(args, field) < 1:
             parser.error(f"--{field} must be at least 1")
-    result = run(args)
+    try:
+        result = run(args)
+    except HamiSourceError as err:
+        parser.error(str(err))
     if args.json:
         print(json.dumps(result, indent=2))
         return

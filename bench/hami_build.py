@@ -5,7 +5,11 @@ The Go module proxy does not serve HAMi's own module, but its repository builds 
 under the commit it was built from (``<cache>/bin/hami-<commit>/scheduler``, beside the local
 cluster's binaries, see ``e2e/cluster/binaries.py``), so a second run builds nothing.
 
-    .venv/bin/python -m bench.hami_build --hami-src DIR
+The figures in the README are of ``PINNED_COMMIT``; a checkout at another commit is refused
+unless ``--hami-commit`` names it, so a table never says one commit and measures another.
+
+    git clone https://github.com/Project-HAMi/HAMi DIR && git -C DIR checkout PINNED_COMMIT
+    .venv/bin/python -m bench.hami_build --hami-src DIR [--hami-commit COMMIT]
 """
 
 from __future__ import annotations
@@ -18,9 +22,12 @@ from pathlib import Path
 
 from e2e.cluster.binaries import cache_dir
 
+PINNED_COMMIT = "4707fb02c91c545bc7343ce26dba4c32919f9a3e"
+"""The HAMi commit the README's table measured (2026-12, `chore: bump golang.org/x/mod`)."""
+
 
 class HamiSourceError(ValueError):
-    """--hami-src does not name a git checkout of HAMi."""
+    """--hami-src does not name a git checkout of HAMi at the commit asked for."""
 
 
 def commit_of(src: Path) -> str:
@@ -39,9 +46,15 @@ def binary_path(commit: str) -> Path:
     return cache_dir() / "bin" / f"hami-{commit}" / "scheduler"
 
 
-def ensure_built(src: Path) -> tuple[Path, str]:
-    """The scheduler binary for the checkout's commit, built on first use; and the commit."""
+def ensure_built(src: Path, wanted: str = PINNED_COMMIT) -> tuple[Path, str]:
+    """The scheduler binary for the checkout's commit, built on first use; and the commit,
+    which must be ``wanted``."""
     commit = commit_of(src)
+    if commit != wanted:
+        raise HamiSourceError(
+            f"--hami-src {src} is at {commit[:12]}, not {wanted[:12]}: check out that commit"
+            f" (git -C {src} checkout {wanted}), or name this one with --hami-commit"
+        )
     out = binary_path(commit)
     if out.exists():
         return out, commit
@@ -60,9 +73,10 @@ def ensure_built(src: Path) -> tuple[Path, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hami-src", type=Path, required=True, help="a git checkout of HAMi")
+    parser.add_argument("--hami-commit", default=PINNED_COMMIT, help="the commit it must be at")
     args = parser.parse_args()
     try:
-        path, commit = ensure_built(args.hami_src)
+        path, commit = ensure_built(args.hami_src, args.hami_commit)
     except HamiSourceError as err:
         parser.error(str(err))
     print(f"{path} ({commit})")

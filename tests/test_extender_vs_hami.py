@@ -1,6 +1,7 @@
 """The HAMi comparison's pure parts: HAMi sees the fleet's GPUs, both get the same shares."""
 
 import json
+import subprocess
 import threading
 
 import pytest
@@ -16,6 +17,7 @@ from bench.extender_vs_hami import (
     share_stream,
     table,
 )
+from bench.hami_build import PINNED_COMMIT, HamiSourceError, commit_of, ensure_built
 from infergrid import constants
 from infergrid.fleet import parse_fleet
 
@@ -163,3 +165,18 @@ def test_the_relay_forwards_each_verb_as_sent_and_counts_a_bind_error_as_failed(
         upstream.server.shutdown()
     assert [(path, ok) for path, _, ok in relay.take()] == [("/filter", True), ("/bind", False)]
     assert relay.take() == []
+
+
+def test_a_checkout_at_another_commit_than_the_pinned_one_is_refused_naming_both(tmp_path):
+    """The README's table names the commit it measured; the bench will not build another
+    unless asked to by name."""
+    src = tmp_path / "hami"
+    (src / "cmd" / "scheduler").mkdir(parents=True)
+    git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    at = commit_of(src)
+    with pytest.raises(HamiSourceError, match=f"at {at[:12]}, not {PINNED_COMMIT[:12]}"):
+        ensure_built(src)
+    with pytest.raises(HamiSourceError, match="no cmd/scheduler"):
+        ensure_built(tmp_path)
