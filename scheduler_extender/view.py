@@ -190,9 +190,9 @@ class PlacementView:
         return None if pending is None else self._adopt(pending)
 
     def _adopt(self, pending: Workload) -> Iterator[None]:
+        rows = self.nodes.held_rows()  # a node written or added later is scored when asked
         for request, host in list(self._shapes):
             policy = resolve_policy(request.policy, pending)
-            rows = self.nodes.held_rows()
             for start in range(0, len(rows), ADOPTION_ROWS):
                 self.nodes.warm(rows[start : start + ADOPTION_ROWS], request, policy, host)
                 yield

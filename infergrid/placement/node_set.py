@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from infergrid.placement.fit import FitResult, fit, surely_unfit
 from infergrid.placement.host import HostRequest
-from infergrid.placement.offers import OfferIndex, Rows
+from infergrid.placement.offers import OfferIndex, Rows, tuple_array
 from infergrid.placement.policy import Policy
 from infergrid.placement.shortfall import Shortfall
 from infergrid.placement.state import NodeState
@@ -279,7 +279,7 @@ class NodeSet:
             again = rows[stale]
             why = self._index.why_not(again, request, policy)
             kept.values[again] = why.reasons
-            kept.extra[again] = _tuples(why.short)
+            kept.extra[again] = tuple_array(why.short)
             kept.when[again] = written[stale]
         return kept.values[rows].tolist(), kept.extra[rows].tolist()
 
@@ -387,11 +387,6 @@ def _kept(
         del memo[next(iter(memo))]
     memo[shape] = kept
     return kept
-
-
-def _tuples(items: list[tuple[str, ...]]) -> npt.NDArray[np.object_]:
-    """The tuples as a one-dimensional object array (never read as a 2-D table)."""
-    return np.fromiter(items, dtype=np.object_, count=len(items))
 
 
 def _mask(size: int, positions: npt.NDArray[np.intp]) -> list[bool]:

@@ -637,10 +637,10 @@ def _singles(resources: Objects) -> Objects:
     """Each resource as a one-element tuple, one tuple per distinct resource."""
     names = resources.tolist()
     one = {r: (r,) for r in set(names)}
-    return _objects([one[r] for r in names])
+    return tuple_array([one[r] for r in names])
 
 
-def _objects(items: list[tuple[str, ...]]) -> Objects:
+def tuple_array(items: list[tuple[str, ...]]) -> Objects:
     """The tuples as a one-dimensional object array (never read as a 2-D table)."""
     return np.fromiter(items, dtype=object, count=len(items))
 
