@@ -12,7 +12,7 @@ from infergrid.assignment_annotation import (
 )
 from infergrid.constants import LINK_NVLINK, LINK_SYSTEM
 from infergrid.inventory import Gpu, GpuInventory, GpuLink, MigInstance
-from infergrid.placement import NodeState, build_node_state, resolve_policy
+from infergrid.placement import NodeSet, NodeState, build_node_state, resolve_policy
 from infergrid.pod_request import ContainerGpuRequest, PodGpuRequest
 from infergrid.usage import GpuUsage, GpuUsageSample
 
@@ -127,3 +127,21 @@ def held_mig(uuid: str, parent: int, profile: str = "3g.40gb") -> PodAssignment:
     """A recorded pod holding MIG instance ``uuid`` of ``GPU-<parent>``."""
     held = AssignedMig(uuid, profile, f"GPU-{parent}")
     return PodAssignment(NODE, NOW, (ContainerAssignment("other", mig=held),))
+
+
+def node_set_of(nodes: list[NodeState]) -> tuple[NodeSet, list[str]]:
+    """A node set holding each node under its name, and the names in order."""
+    node_set = NodeSet()
+    for node in nodes:
+        node_set.put(node, node.name)
+    return node_set, [n.name for n in nodes]
+
+
+def scored_rows(node_set: NodeSet) -> list[int]:
+    """The index rows the node set scores from now on, each time it scores them: what a
+    kept or warmed score saves is what this never lists."""
+    rows: list[int] = []
+    index = node_set._index
+    original = index.raw_scores
+    index.raw_scores = lambda asked, *rest: rows.extend(asked.tolist()) or original(asked, *rest)
+    return rows

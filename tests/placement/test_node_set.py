@@ -22,7 +22,17 @@ from infergrid.placement import (
     resolve_policy,
 )
 
-from .builders import gpu, held_whole, inventory, node_of, pod, share, whole
+from .builders import (
+    gpu,
+    held_whole,
+    inventory,
+    node_of,
+    node_set_of,
+    pod,
+    scored_rows,
+    share,
+    whole,
+)
 from .test_offers import node_list, nodes, requests
 
 L4X2 = inventory(gpu(0), gpu(1))
@@ -58,10 +68,7 @@ def test_scores_kept_for_a_shape_follow_every_node_that_changes(data, request):
     """The extender's way: a pod shape's index scores are kept, and a node rewritten, dropped
     or added since is scored again, as a node set that never scored the shape scores it."""
     states = node_list(data.draw, 4)
-    node_set = NodeSet()
-    for state in states:
-        node_set.put(state, state.name)
-    names = [s.name for s in states]
+    node_set, names = node_set_of(states)
     for policy in POLICIES:
         node_set.scores(names, request, policy)
     for _ in range(data.draw(st.integers(1, 4))):
@@ -72,9 +79,7 @@ def test_scores_kept_for_a_shape_follow_every_node_that_changes(data, request):
     states[0] = data.draw(nodes("node-new"))
     node_set.put(states[0], "new")
     names[0] = "node-new"
-    fresh = NodeSet()
-    for state in states:
-        fresh.put(state, state.name)
+    fresh, _ = node_set_of(states)
     for policy in POLICIES:
         kept = node_set.scores(names, request, policy)
         assert np.array_equal(kept, fresh.scores(names, request, policy), equal_nan=True)
@@ -89,23 +94,15 @@ def test_rows_warmed_a_slice_at_a_time_are_the_scores_and_leave_nothing_to_score
     time, and a node written in between; the next pod of the shape gets the scores a fresh
     node set gives and scores no row but that node's again."""
     states = node_list(data.draw, 5)
-    node_set = NodeSet()
-    for state in states:
-        node_set.put(state, state.name)
-    names = [s.name for s in states]
+    node_set, names = node_set_of(states)
     rows = node_set.held_rows()
     for policy in POLICIES:
         for start in range(0, len(rows), size):
             node_set.warm(rows[start : start + size], request, policy)
     states[0] = data.draw(nodes(states[0].name))
     node_set.put(states[0], "moved")
-    fresh = NodeSet()
-    for state in states:
-        fresh.put(state, state.name)
-    index = node_set._index
-    asked: list[int] = []
-    original = index.raw_scores
-    index.raw_scores = lambda rows, *rest: asked.extend(rows.tolist()) or original(rows, *rest)
+    fresh, _ = node_set_of(states)
+    asked = scored_rows(node_set)
     for policy in POLICIES:
         kept = node_set.scores(names, request, policy)
         assert np.array_equal(kept, fresh.scores(names, request, policy), equal_nan=True)
@@ -118,10 +115,7 @@ def test_reasons_kept_for_a_shape_follow_every_node_that_changes(data, request):
     """A pod shape's rejection lines are kept, and a node rewritten, dropped or added since is
     explained again: filter says what a node set that never saw the shape says."""
     states = node_list(data.draw, 4)
-    node_set = NodeSet()
-    for state in states:
-        node_set.put(state, state.name)
-    names = [s.name for s in states]
+    node_set, names = node_set_of(states)
     for policy in POLICIES:
         node_set.filter(names, request, policy)
     for step in range(data.draw(st.integers(1, 4))):
@@ -131,9 +125,7 @@ def test_reasons_kept_for_a_shape_follow_every_node_that_changes(data, request):
         if data.draw(st.booleans()):
             node_set.discard(names[at])
             node_set.put(states[at], (states[at].name, step, "back"))
-    fresh = NodeSet()
-    for state in states:
-        fresh.put(state, state.name)
+    fresh, _ = node_set_of(states)
     for policy in POLICIES:
         kept, anew = node_set.filter(names, request, policy), fresh.filter(names, request, policy)
         assert (kept.passed, kept.failed, kept.unresolvable) == (

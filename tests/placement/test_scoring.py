@@ -15,7 +15,6 @@ from infergrid.placement import (
     GPU_CHOICES,
     MAX_EXTENDER_PRIORITY,
     RAW_SCORERS,
-    NodeSet,
     NodeState,
     normalize_scores,
     raw_scorer,
@@ -33,6 +32,7 @@ from .builders import (
     held_whole,
     inventory,
     node_of,
+    node_set_of,
     pod,
     share,
     whole,
@@ -107,20 +107,13 @@ def nodes_with_one_fuller():
     ]
 
 
-def held(nodes: list[NodeState]) -> tuple[NodeSet, list[str]]:
-    node_set = NodeSet()
-    for node in nodes:
-        node_set.put(node, node.name)
-    return node_set, [n.name for n in nodes]
-
-
 @pytest.mark.parametrize(
     ("policy", "winner"),
     [(BINPACK, "fuller"), (SPREAD, "emptier"), (FGD, "fuller")],
     ids=["binpack", "spread", "fgd"],
 )
 def test_each_policy_prefers_its_node(policy, winner):
-    node_set, names = held(nodes_with_one_fuller())
+    node_set, names = node_set_of(nodes_with_one_fuller())
     raw = node_set.scores(names, pod(share(8192, 30)), policy)
     assert dict(zip(names, normalize_scores(raw.tolist()), strict=True))[winner] == (
         MAX_EXTENDER_PRIORITY
@@ -129,7 +122,9 @@ def test_each_policy_prefers_its_node(policy, winner):
 
 
 def test_infeasible_nodes_score_nan_and_keep_every_shortfall():
-    node_set, names = held([replace(node_of(L4X2, [held_whole(0, 1)]), name="full"), node_of(L4X2)])
+    node_set, names = node_set_of(
+        [replace(node_of(L4X2, [held_whole(0, 1)]), name="full"), node_of(L4X2)]
+    )
     request = pod(whole(1))
     raw = node_set.scores(names, request, BINPACK)
     assert math.isnan(raw[0]) and not math.isnan(raw[1])
@@ -141,6 +136,6 @@ def test_infeasible_nodes_score_nan_and_keep_every_shortfall():
 
 
 def test_no_feasible_node_scores_nothing():
-    node_set, names = held([node_of(L4X2)])
+    node_set, names = node_set_of([node_of(L4X2)])
     assert math.isnan(node_set.scores(names, pod(whole(3)), BINPACK)[0])
     assert node_set.scores([], pod(whole(3)), BINPACK).tolist() == []

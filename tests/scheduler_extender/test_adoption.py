@@ -21,6 +21,7 @@ from scheduler_extender.app import ExtenderService
 from scheduler_extender.binder import Binder
 from scheduler_extender.view import PlacementView
 from scheduler_extender.watch_cache import ADDED, ClusterCache
+from tests.placement.builders import scored_rows
 from tests.scheduler_extender.test_view_changes import NOW, node_json, share_pod
 
 NAMES = [f"n{i}" for i in range(6)]
@@ -70,10 +71,7 @@ def test_pods_are_scored_under_the_workload_in_use_until_the_steps_adopt_the_new
     adopted = view.workload()
     assert adopted is not in_use and view.adoption() is None
 
-    scored: list[int] = []
-    index = view.nodes._index
-    original = index.raw_scores
-    index.raw_scores = lambda rows, *rest: scored.extend(rows.tolist()) or original(rows, *rest)
+    scored = scored_rows(view.nodes)
     request = parse_pod_request(share_pod(4096), POLICY)
     policy = resolve_policy(POLICY, adopted)
     kept = view.nodes.scores(NAMES, request, policy, decisions._host(share_pod(4096)))
