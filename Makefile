@@ -64,8 +64,8 @@ clean: cluster-down demo-down
 
 # The Helm chart and images (deploy/helm/infergrid, images/).
 .PHONY: images images-docker helm-lint
-HELM = $(shell $(PY) -c 'from e2e.cluster.binaries import paths; print(paths()["helm"])')
-KUBE_VERSION = $(shell sed -n 's/^K8S_VERSION=//p' e2e/cluster/versions.env)
+HELM = $(shell $(PY) -c 'from images.cluster_binaries import paths; print(paths()["helm"])')
+KUBE_VERSION = $(shell sed -n 's/^K8S_VERSION=//p' images/cluster-versions.env)
 
 # Every component image, built on this machine with no registry (Debian packages, umoci)
 # into an OCI layout in the cache; a warm run builds nothing (images/README.md). As root.

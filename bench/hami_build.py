@@ -3,7 +3,7 @@
 The Go module proxy does not serve HAMi's own module, but its repository builds here: ``go build
 ./cmd/scheduler`` in a checkout fetches its dependencies from the proxy. The binary is cached
 under the commit it was built from (``<cache>/bin/hami-<commit>/scheduler``, beside the local
-cluster's binaries, see ``e2e/cluster/binaries.py``), so a second run builds nothing.
+cluster's binaries, see ``images/cluster_binaries.py``), so a second run builds nothing.
 
 The figures in the README are of ``PINNED_COMMIT``; a checkout at another commit is refused
 unless ``--hami-commit`` names it, so a table never says one commit and measures another.
@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from e2e.cluster.binaries import cache_dir
+from images.cluster_binaries import cache_dir
 
 PINNED_COMMIT = "4707fb02c91c545bc7343ce26dba4c32919f9a3e"
 """The HAMi commit the README's table measured (2026-12, `chore: bump golang.org/x/mod`)."""

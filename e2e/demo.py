@@ -32,7 +32,7 @@ import yaml
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.cluster import binaries, model_store
+from e2e.cluster import model_store
 from e2e.cluster.local_cluster import REPO, LocalCluster
 from e2e.cluster.node_images import LOCAL_VALUES, chart_args
 from e2e.cluster.processes import ClusterError, wait_until
@@ -44,6 +44,7 @@ from e2e.operator_support import (
     on_kwok,
     owned,
 )
+from images import cluster_binaries
 from images.build import build as build_images
 from infergrid import placement_table
 from infergrid.cluster_snapshot import Snapshot, read_snapshot
@@ -137,7 +138,7 @@ class Demo:
     # The steps.
 
     def binaries(self) -> None:
-        binaries.ensure_built()
+        cluster_binaries.ensure_built()
 
     def images(self) -> None:
         try:
@@ -160,7 +161,7 @@ class Demo:
         core = client.CoreV1Api(self.cluster.api())
         for namespace in (NAMESPACE, SERVING):
             core.create_namespace({"metadata": {"name": namespace}})
-        argv = [str(binaries.paths()["helm"]), "--kubeconfig", str(self.cluster.kubeconfig),
+        argv = [str(cluster_binaries.paths()["helm"]), "--kubeconfig", str(self.cluster.kubeconfig),
                 "install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE,
                 "--create-namespace", *chart_args(LOCAL_VALUES, FLEET),
                 "--set", f"operator.watchNamespaces={{{NAMESPACE},{SERVING}}}",

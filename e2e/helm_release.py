@@ -21,18 +21,18 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from e2e.cluster import binaries
 from e2e.cluster.fake_nodes import KWOK_TAINT
 from e2e.cluster.local_cluster import DEFAULT_FLEET
 from e2e.cluster.node_configs import REAL_NODE_LABEL
 from e2e.cluster.node_images import LOCAL_VALUES, chart_args
 from e2e.cluster.processes import wait_until
+from images import cluster_binaries
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "helm" / "infergrid"
 VALUES = ROOT / "deploy" / "helm" / "values"
 KWOK_VALUES = VALUES / "kwok-e2e.yaml"
-HELM = binaries.paths()["helm"]
+HELM = cluster_binaries.paths()["helm"]
 E2E_LABEL = "infergrid.io/helm-e2e"
 SCOPE_KEY = E2E_LABEL.replace(".", "\\.")  # --set splits keys at unescaped dots
 CPU_NODE = "helm-e2e-cpu"
@@ -83,7 +83,7 @@ def helm(cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedP
 
 
 def kubectl(cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    binary = binaries.paths()["kubectl"]
+    binary = cluster_binaries.paths()["kubectl"]
     return run([str(binary), "--kubeconfig", str(cluster.kubeconfig), *args], stdin)
 
 
@@ -99,7 +99,7 @@ def ok(done: subprocess.CompletedProcess) -> str:
 def helm_ready(cluster) -> None:
     if not HELM.exists():
         pytest.skip(f"helm is not built ({HELM}); run `make cluster-build`")
-    if not binaries.paths()["kubectl"].exists():
+    if not cluster_binaries.paths()["kubectl"].exists():
         pytest.skip("kubectl is not built; run `make cluster-build`")
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from kubernetes import client
 
-from e2e.cluster import binaries
 from e2e.cluster.fake_nodes import KWOK_NODE_SELECTOR, KWOK_TOLERATION
 from e2e.cluster.processes import wait_until
 from e2e.part_process import PartProcess
+from images import cluster_binaries
 from infergrid.constants import CRD_GROUP, CRD_PLURAL, CRD_VERSION
 
 SAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "samples"
@@ -165,7 +165,7 @@ def all_bound(api: client.ApiClient, namespace: str, name: str, replicas: int) -
 
 def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
     """The pinned kubectl of the local cluster, else one on PATH."""
-    binary = binaries.paths()["kubectl"]
+    binary = cluster_binaries.paths()["kubectl"]
     command = str(binary) if binary.exists() else "kubectl"
     done = subprocess.run(
         [command, "--kubeconfig", str(kubeconfig), *args],

@@ -10,12 +10,13 @@ from pathlib import Path
 
 from kubernetes import client
 
-from e2e.cluster import binaries, model_store
+from e2e.cluster import model_store
 from e2e.cluster.node_configs import REAL_NODE_LABEL
 from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import wait_until
 from e2e.identities import Identities
 from e2e.operator_support import OperatorProcess, delete_every_service, free_port
+from images import cluster_binaries
 
 __all__ = [
     "REAL_NODE_LABEL",
@@ -83,7 +84,8 @@ def logs_of(core: client.CoreV1Api, namespace: str, name: str) -> str:
 def port_forward(kubeconfig: Path, namespace: str, target: str, remote: int) -> Iterator[str]:
     """`kubectl port-forward` in the background; yields the local base URL."""
     port = free_port()
-    argv = [str(binaries.paths()["kubectl"]), "--kubeconfig", str(kubeconfig), "port-forward",
+    kubectl = str(cluster_binaries.paths()["kubectl"])
+    argv = [kubectl, "--kubeconfig", str(kubeconfig), "port-forward",
             "-n", namespace, target, f"{port}:{remote}"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

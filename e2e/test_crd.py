@@ -14,7 +14,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from e2e.cluster import binaries
+from images import cluster_binaries
 
 pytestmark = pytest.mark.e2e
 
@@ -250,7 +250,7 @@ def test_invalid_manifest_is_rejected_naming_the_field(
 
 
 def kubectl(cluster, *args: str) -> str:
-    binary = binaries.paths()["kubectl"]
+    binary = cluster_binaries.paths()["kubectl"]
     if not binary.exists():
         found = shutil.which("kubectl")
         if not found:

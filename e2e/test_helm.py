@@ -40,7 +40,6 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from e2e.cluster import binaries
 from e2e.cluster.local_cluster import DEFAULT_FLEET, LocalCluster
 from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import wait_until
@@ -72,6 +71,7 @@ from e2e.helm_release import (
 from e2e.operator_support import container_statuses, on_kwok
 from e2e.part_process import PartProcess
 from e2e.real_pods import logs_of, shell_pod, wait_phase
+from images import cluster_binaries
 from infergrid.assignment_annotation import (
     AssignedGpu,
     ContainerAssignment,
@@ -669,7 +669,7 @@ def test_components_work_with_their_service_accounts(cluster, release, tmp_path)
     (tmp_path / "device-plugin.yaml").write_text(
         yaml.safe_dump(config_map(cluster, rel, rel.sa("device-plugin"), "device-plugin.yaml"))
     )
-    ks = binaries.paths()["kube-scheduler"]
+    ks = cluster_binaries.paths()["kube-scheduler"]
     parts = [
         Part("extender", [sys.executable, "-m", "scheduler_extender.main",
              f"--config={tmp_path / 'extender.yaml'}", f"--port={ext_port}",

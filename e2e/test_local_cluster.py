@@ -8,10 +8,10 @@ import uuid
 import pytest
 from kubernetes import client
 
-from e2e.cluster import binaries
 from e2e.cluster.fake_nodes import KWOK_NODE_SELECTOR, KWOK_TOLERATION
 from e2e.cluster.local_cluster import DEFAULT_FLEET, LocalCluster
 from e2e.cluster.processes import is_ours, wait_until
+from images import cluster_binaries
 from infergrid import constants
 from infergrid.fleet import load_fleet
 from infergrid.inventory import node_capacity
@@ -92,7 +92,7 @@ def test_fleet_nodes_carry_their_gpu_capacity(cluster):
 
 
 def test_kubectl_lists_gpu_nodes_wide(cluster):
-    kubectl = binaries.paths()["kubectl"] if cluster.local else "kubectl"
+    kubectl = cluster_binaries.paths()["kubectl"] if cluster.local else "kubectl"
     core = client.CoreV1Api(cluster.api)
     gpu_nodes = [n.metadata.name for n in core.list_node().items if gpu_capacity(n)]
     out = subprocess.run(

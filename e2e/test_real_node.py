@@ -12,12 +12,12 @@ import pytest
 from kubernetes import client
 
 from device_plugin.endpoint import socket_identity
-from e2e.cluster import binaries
 from e2e.cluster.local_cluster import DEFAULT_FLEET, LocalCluster
 from e2e.cluster.node_configs import DEVICE_PLUGIN_DIR
 from e2e.cluster.processes import wait_until
 from e2e.cluster.real_node import capacity_advertised
 from e2e.real_pods import REAL_NODE_LABEL, logs_of, shell_pod, wait_phase
+from images import cluster_binaries
 from infergrid import constants
 from infergrid.assignment_annotation import (
     AssignedGpu,
@@ -50,7 +50,7 @@ def test_the_kubelet_registers_the_node_and_advertises_the_plugins_gpus(cluster,
     node = client.CoreV1Api(cluster.api).read_node(real.name)
     assert node.metadata.labels[REAL_NODE_LABEL] == "true"
     info = node.status.node_info
-    assert info.kubelet_version == binaries.versions()["K8S_VERSION"]
+    assert info.kubelet_version == cluster_binaries.versions()["K8S_VERSION"]
     assert info.container_runtime_version.startswith("containerd://")
     (internal,) = [a.address for a in node.status.addresses if a.type == "InternalIP"]
     assert internal.startswith("10.85.")

@@ -9,6 +9,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from .cluster_binaries import ensure_built, paths
+
 HERE = Path(__file__).resolve().parent
 PAUSE_SOURCE = HERE / "pause" / "pause.c"
 PT_INTERP = 3
@@ -50,8 +52,6 @@ def build_pause(out_dir: Path, cc: str = "cc") -> Path:
 
 def kube_scheduler(say: Callable[[str], None]) -> Path:
     """The local cluster's kube-scheduler; builds the cluster binaries when it is missing."""
-    from e2e.cluster.binaries import ensure_built, paths
-
     path = paths()["kube-scheduler"]
     if not path.exists():
         say("kube-scheduler: not built yet; building the cluster binaries (make cluster-build;")

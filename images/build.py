@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from . import binaries, components, lockfile, plan, record, runtime_only, tools
+from .cluster_binaries import cache_dir
 from .inputs import file_digest, files_digest, package_files
 from .oci_layout import Layout
 from .stages import StageRunner
@@ -39,8 +40,6 @@ def images_home(cache: Path | None = None) -> Path:
     """Where the layout, the record, the wheelhouse and scratch space live."""
     if cache is not None:
         return cache
-    from e2e.cluster.binaries import cache_dir
-
     return cache_dir() / "images"
 
 

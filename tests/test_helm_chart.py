@@ -18,11 +18,11 @@ import pytest
 import yaml
 
 from device_plugin.config import SETTINGS as PLUGIN_SETTINGS
-from e2e.cluster import binaries
 from e2e.cluster.components import extender_resources, infergrid_profile
 from gateway.config import SETTINGS as GATEWAY_SETTINGS
 from gateway.config import GatewayConfig, check
 from gateway.tenants import TenantLimits
+from images import cluster_binaries
 from inference_operator.config import SETTINGS as OPERATOR_SETTINGS
 from infergrid import constants
 from infergrid.settings import parse_settings
@@ -32,8 +32,8 @@ from scheduler_extender.config import SETTINGS as EXTENDER_SETTINGS
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "helm" / "infergrid"
 VALUE_SETS = sorted((ROOT / "deploy" / "helm" / "values").glob("*.yaml"))
-KUBE_VERSION = binaries.versions()["K8S_VERSION"]
-HELM = binaries.paths()["helm"]
+KUBE_VERSION = cluster_binaries.versions()["K8S_VERSION"]
+HELM = cluster_binaries.paths()["helm"]
 NAMESPACE = "infergrid-system"
 
 needs_helm = pytest.mark.skipif(

@@ -15,6 +15,8 @@ PACKAGES = {
     "scheduler_extender": ROOT / "scheduler_extender",
     "inference_operator": ROOT / "operator" / "inference_operator",
     "batching_engine": ROOT / "batching_engine",
+    "images": ROOT / "images",
+    "e2e": ROOT / "e2e",
 }
 
 
@@ -107,3 +109,20 @@ def test_the_loop_finder_finds_a_loop_and_only_a_loop():
 
 def test_no_module_imports_itself_back():
     assert loops(import_graph()) == []
+
+
+def parts(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The same graph between top-level packages (the project's parts)."""
+    found: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        part = name.partition(".")[0]
+        found.setdefault(part, set()).update(t.partition(".")[0] for t in targets)
+        found[part].discard(part)
+    return found
+
+
+def test_no_part_imports_a_part_that_imports_it():
+    """Parts are built and shipped one above another: the image builder (images/) below the
+    local cluster and the tests that install its images (e2e/), the shared agreements
+    (infergrid/) below everything. Two parts that import each other are one part."""
+    assert loops(parts(import_graph())) == []

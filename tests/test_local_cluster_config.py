@@ -6,7 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from e2e.cluster import binaries, certs, components
+from e2e.cluster import certs, components
+from images import cluster_binaries
 from infergrid import constants
 
 
@@ -14,7 +15,7 @@ def layout(tmp_path: Path) -> components.Layout:
     return components.Layout(
         tmp_path,
         certs.generate(tmp_path / "certs"),
-        binaries.paths(),
+        cluster_binaries.paths(),
         *range(20001, 20008),
         "http://127.0.0.1:8888/",
     )
@@ -78,7 +79,7 @@ def test_every_process_listens_on_loopback_only(tmp_path):
 
 def test_pinned_versions_key_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("INFERGRID_CACHE", str(tmp_path))
-    found = binaries.paths()
-    v = binaries.versions()
+    found = cluster_binaries.paths()
+    v = cluster_binaries.versions()
     assert found["kube-apiserver"].parent.name == f"kubernetes-{v['K8S_VERSION']}"
     assert found["etcd"].is_relative_to(tmp_path)

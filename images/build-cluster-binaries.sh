@@ -4,8 +4,8 @@
 # never rebuilt, so only the first run on a machine pays for the build.
 set -euo pipefail
 
-# shellcheck source=versions.env
-source "$(dirname "$0")/versions.env"
+# shellcheck source=cluster-versions.env
+source "$(dirname "$0")/cluster-versions.env"
 CACHE="${INFERGRID_CACHE:-$HOME/.cache/infergrid}"
 BIN="$CACHE/bin"
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0

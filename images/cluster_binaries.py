@@ -1,4 +1,6 @@
-"""Where the local cluster's binaries live, and building them on first use."""
+"""Where the local cluster's binaries live (etcd, Kubernetes, kwok, helm, built from pinned Go
+modules), and building them on first use. Here, below both the image builder (whose
+kube-scheduler image is the cluster's binary) and the local cluster, which uses both."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ def cache_dir() -> Path:
 
 def versions() -> dict[str, str]:
     pins = {}
-    for line in (HERE / "versions.env").read_text().splitlines():
+    for line in (HERE / "cluster-versions.env").read_text().splitlines():
         line = line.strip()
         if line and not line.startswith("#"):
             key, _, value = line.partition("=")
@@ -46,5 +48,5 @@ def ensure_built() -> dict[str, Path]:
     """Builds whatever is missing from the cache; a warm cache builds nothing."""
     found = paths()
     if not all(p.exists() for p in found.values()):
-        subprocess.run(["bash", str(HERE / "build-binaries.sh")], check=True)
+        subprocess.run(["bash", str(HERE / "build-cluster-binaries.sh")], check=True)
     return found
