@@ -1,0 +1,1 @@
+"""Generators of the documentation pages that are derived from the code."""
