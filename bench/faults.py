@@ -1,4 +1,4 @@
-"""The fault suite under load, at a chosen load, printed as the README's reliability table.
+"""The fault suite under load, at a chosen load, printed as docs/operations.md's fault table.
 
 Runs the fault tests (`e2e/test_faults_*.py`) with `INFERGRID_FAULT_LOAD` set to `--load`
 and `INFERGRID_FAULT_REPORTS` to a fresh folder, where each test publishes the tally of its

@@ -5,7 +5,7 @@ The Go module proxy does not serve HAMi's own module, but its repository builds 
 under the commit it was built from (``<cache>/bin/hami-<commit>/scheduler``, beside the local
 cluster's binaries, see ``images/cluster_binaries.py``), so a second run builds nothing.
 
-The figures in the README are of ``PINNED_COMMIT``; a checkout at another commit is refused
+The figures in docs/placement.md are of ``PINNED_COMMIT``; a checkout at another commit is refused
 unless ``--hami-commit`` names it, so a table never says one commit and measures another.
 
     git clone https://github.com/Project-HAMi/HAMi DIR && git -C DIR checkout PINNED_COMMIT
@@ -23,7 +23,7 @@ from pathlib import Path
 from images.cluster_binaries import cache_dir
 
 PINNED_COMMIT = "4707fb02c91c545bc7343ce26dba4c32919f9a3e"
-"""The HAMi commit the README's table measured (2026-12, `chore: bump golang.org/x/mod`)."""
+"""The HAMi commit docs/placement.md's table measured (2026-12, `chore: bump golang.org/x/mod`)."""
 
 
 class HamiSourceError(ValueError):

@@ -4,9 +4,9 @@ Replays the traces of the paper's figures (default and 16 variants) under every
 policy of ``infergrid simulate``: our fgd-cluster-aware, the extender's fgd, binpack and
 spread, and our replicas of the paper's six (fgd-paper, best-fit, dot-product,
 gpu-packing, gpu-clustering, random-fit), on seeds 42-51, one run at a time,
-through the same ``simulate()`` as the CLI. Then it writes bench/packing.md (the
+through the same ``simulate()`` as the CLI. Then it writes docs/benchmarks/packing.md (the
 acceptance checks of issue 5, the reproduction check, timing, notes, and a table
-per trace with the paper's numbers beside ours) and draws bench/packing.png
+per trace with the paper's numbers beside ours) and draws docs/benchmarks/packing.png
 (default trace, median curves).
 
 Every run is saved to --results as it ends, so an interrupted sweep resumes;
@@ -36,6 +36,8 @@ from infergrid.simulate.trace import load_nodes, load_pods
 
 HERE = Path(__file__).resolve().parent
 TRACE_DIR = HERE.parents[1] / "shared" / "traces" / "openb"
+# The report is a page of the docs site (mkdocs.yml), its plot beside it.
+REPORT_DIR = HERE.parent / "docs" / "benchmarks"
 NODES = "openb_node_list_gpu_node.csv"
 TRACES = (
     "default",
@@ -684,8 +686,8 @@ def main() -> int:
     )
     parser.add_argument("--seeds", default="42-51")
     parser.add_argument("--results", type=Path, default=HERE / "packing_results.json")
-    parser.add_argument("--out", type=Path, default=HERE / "packing.md")
-    parser.add_argument("--png", type=Path, default=HERE / "packing.png")
+    parser.add_argument("--out", type=Path, default=REPORT_DIR / "packing.md")
+    parser.add_argument("--png", type=Path, default=REPORT_DIR / "packing.png")
     parser.add_argument("--render-only", action="store_true", help="no replays: redraw only")
     parser.add_argument("--time", action="store_true", help="time one run through the CLI")
     parser.add_argument(

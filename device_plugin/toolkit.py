@@ -65,7 +65,7 @@ def toolkit_condition(text: str | None, path: str) -> NodeCondition:
             "False", "EnvvarAcceptedWhenUnprivileged",
             f"{path}: {ENVVAR_KEY} is not false, so any unprivileged pod gets the GPUs its "
             "NVIDIA_VISIBLE_DEVICES names, past the scheduler and the device plugin; set it "
-            "to false (README, Security)",
+            "to false (docs/security.md)",
         )  # fmt: skip
     return _condition(
         "True", "EnvvarIgnoredWhenUnprivileged",

@@ -156,7 +156,7 @@ class Demo:
                  f" fake-NVML device plugin each, up in {seconds:.1f}s")  # fmt: skip
 
     def chart(self) -> None:
-        """The README's install: the chart's own identities, RBAC and admission policies.
+        """The install of docs/install.md: the chart's own identities, RBAC and admission policies.
         The operator's rights are Roles in the namespaces it serves, so those come first."""
         core = client.CoreV1Api(self.cluster.api())
         for namespace in (NAMESPACE, SERVING):

@@ -2,7 +2,7 @@
 
 Each fault test drives a steady load, injects its fault, and tallies every request or pod
 it started by how it ended. The test asserts on the tally (nothing lost); `bench/faults.py`
-runs the same tests at a chosen load and prints the tallies as the README's table. When
+runs the same tests at a chosen load and prints the tallies as the table of docs/operations.md. When
 `INFERGRID_FAULT_REPORTS` names a folder, `publish` writes each report there as JSON.
 """
 

@@ -13,7 +13,7 @@ no engine, no GPU. Its InferenceServices name a scheduler that does not exist, s
 pod ever starts for them. Another namespace holds the "recorder", the stand-in for what an
 attacker points the gateway at (the cloud's metadata address, another tenant's engine, an
 in-cluster service): it logs every request it gets, and every attack must leave it with none.
-README, Security, lists the attacks.
+docs/security.md lists the attacks.
 """
 
 from __future__ import annotations

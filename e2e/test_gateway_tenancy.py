@@ -6,7 +6,7 @@ namespace has an operator beside the test on the chart's operator ServiceAccount
 each tenant acts on its InferenceServices with a ServiceAccount token of its own. team-a
 names its service's model like team-b's, and team-b deletes and re-creates its service:
 whatever team-b's callers get meanwhile comes from team-b's engine or is a refusal, never
-from team-a's, which the engines' own /metrics request counts tell apart. README, Security,
+from team-a's, which the engines' own /metrics request counts tell apart. docs/security.md
 lists the attacks.
 """
 

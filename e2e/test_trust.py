@@ -9,8 +9,8 @@ aimed at keep their resourceVersion.
 
 The attacks that need running containers (the extender's listeners, the device
 list a container gets, a device plugin restart) run on the real node, in
-test_helm.py and test_real_node.py; the operator's, in test_operator.py. README,
-Security, lists them all.
+test_helm.py and test_real_node.py; the operator's, in test_operator.py. docs/security.md
+lists them all.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ def fuzz_budget(request):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """How many cases each fuzzed operation was sent, for the note and the README table."""
+    """How many cases each fuzzed operation was sent, for the note and docs/operations.md."""
     fuzzing = sys.modules.get("tests.fuzzing.http_fuzz")
     if fuzzing is not None and fuzzing.CASES:
         terminalreporter.section("fuzzing: cases per operation")

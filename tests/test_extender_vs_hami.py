@@ -168,7 +168,7 @@ def test_the_relay_forwards_each_verb_as_sent_and_counts_a_bind_error_as_failed(
 
 
 def test_a_checkout_at_another_commit_than_the_pinned_one_is_refused_naming_both(tmp_path):
-    """The README's table names the commit it measured; the bench will not build another
+    """The table of docs/placement.md names the commit it measured; the bench will not build another
     unless asked to by name."""
     src = tmp_path / "hami"
     (src / "cmd" / "scheduler").mkdir(parents=True)

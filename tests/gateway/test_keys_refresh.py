@@ -61,6 +61,6 @@ def test_an_unreadable_or_broken_secret_keeps_the_last_good_keys(monkeypatch, fa
 
 
 def test_a_secret_missing_from_the_start_keeps_the_gateway_without_keys(monkeypatch):
-    """No table yet: the gateway stays unready (README), rather than ready refusing all."""
+    """No table yet: the gateway stays unready (docs/gateway.md), rather than ready refusing all."""
     gone = KeysSecretGone("Secret infergrid/keys", "not found: every API key is refused")
     assert refreshed(monkeypatch, [gone]).keys is None
