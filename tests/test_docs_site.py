@@ -35,11 +35,22 @@ def build(root: Path, site: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def included_files() -> set[str]:
+    """The files outside docs/ that pages include whole or in part (`--8<-- "README.md:tour"`)."""
+    found = set()
+    for page in (ROOT / "docs").rglob("*.md"):
+        for path in re.findall(r'^--8<-- "([^":]+)', page.read_text(), re.M):
+            if not path.startswith("docs/"):
+                found.add(path)
+    return found
+
+
 def copy_of_the_site(tmp_path: Path) -> Path:
     """The files the site is built from, in a folder of their own to break."""
     root = tmp_path / "repo"
     shutil.copytree(ROOT / "docs", root / "docs", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("mkdocs.yml", "README.md", "ARCHITECTURE.md"):
+    for name in ("mkdocs.yml", *included_files()):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, root / name)
     return root
 
