@@ -1,6 +1,8 @@
-"""Tiny random Llama models made on the spot, and the two ways the tests decode with them.
+"""Tiny random decoders made on the spot, and the two ways the tests decode with them.
 
 `save_tiny_llama` builds a transformers model (the reference) and saves it HF-format;
+`save_tiny_decoder` does the same for another family of the shared decoder (Qwen2, Qwen3,
+Mistral), with its biases and norms drawn at random so that each one shows in the tokens;
 `runner_greedy` drives our ModelRunner the way the engine would (blocks from a shuffled free
 list, optional chunked prefill, every live sequence in every step), without the engine.
 """
@@ -11,9 +13,18 @@ import random
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig as HFLlamaConfig
-from transformers import LlamaForCausalLM as HFLlamaForCausalLM
-from transformers import PreTrainedModel
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams, Sequence
@@ -38,17 +49,44 @@ LLAMA3_ROPE = {
 }
 
 
+# model_type -> transformers' config and causal LM of that family.
+FAMILIES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+}
+
+
 def save_tiny_llama(
     path: Path,
     *,
-    model_class: type[PreTrainedModel] = HFLlamaForCausalLM,
+    model_class: type[PreTrainedModel] = LlamaForCausalLM,
     seed: int = 0,
     **overrides,
 ) -> PreTrainedModel:
     """A random model saved as safetensors in `path`; returns it (float32, eval mode)."""
     torch.manual_seed(seed)
-    config = HFLlamaConfig(**{**TINY, **overrides})
+    config = LlamaConfig(**{**TINY, **overrides})
     model = model_class(config).eval()
+    model.save_pretrained(path)
+    return model
+
+
+def save_tiny_decoder(path: Path, family: str, *, seed: int = 0, **overrides) -> PreTrainedModel:
+    """A random causal LM of `family` saved in `path`, as `save_tiny_llama`. transformers starts
+    biases at 0 and norm weights at 1, where a wrong or missing one changes nothing; here
+    every bias and norm weight is drawn too."""
+    config_class, model_class = FAMILIES[family]
+    torch.manual_seed(seed)
+    settings = {**TINY, **overrides}
+    settings.setdefault("head_dim", settings["hidden_size"] // settings["num_attention_heads"])
+    config = config_class(**settings)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim == 1:
+                param.normal_(1.0 if "norm" in name else 0.0, 0.3)
     model.save_pretrained(path)
     return model
 

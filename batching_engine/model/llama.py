@@ -1,4 +1,5 @@
-"""The Llama decoder over one flat batch of tokens from many sequences.
+"""The Llama decoder (and its kin: Qwen2, Qwen3, Mistral) over one flat batch of tokens from
+many sequences.
 
 There is no batch dimension: a step's tokens are concatenated ([num_tokens, hidden]) and the
 attention metadata says which sequence, position and cache slot each belongs to. Linear layers
@@ -7,7 +8,9 @@ between the matmuls (norms, rotary, KV writes, attention, the MLP gate) goes thr
 `batching_engine.kernels.dispatch`, which picks the Triton kernel or its torch reference.
 
 Parameter names follow HF's (`model.layers.3.self_attn...`) except for the two fused
-projections, `qkv_proj` and `gate_up_proj`, which the loader fills shard by shard.
+projections, `qkv_proj` and `gate_up_proj`, which the loader fills shard by shard. The
+families differ only in attention: Qwen2 adds biases to q, k and v; Qwen3 norms each query
+and key head before rotary (`q_norm`, `k_norm`, one weight shared by every head).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [max_positions, head
 
 class LlamaAttention(nn.Module):
     """Grouped-query self-attention: q, k and v from one fused projection. Under tensor
-    parallelism it holds this rank's heads only, and sums `o_proj`'s output over the ranks."""
+    parallelism it holds this rank's heads only, and sums `o_proj`'s output over the ranks
+    (whose bias, if any, only rank 0 holds, so it is added once)."""
 
     def __init__(self, config: LlamaConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
@@ -47,8 +51,12 @@ class LlamaAttention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
-        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias
+        )
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias and tp.rank == 0)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(
         self,
@@ -58,9 +66,12 @@ class LlamaAttention(nn.Module):
         kv_cache: KVCache | None,
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q.reshape(-1, self.head_dim))[0].view_as(q)
+            k = self.k_norm(k.reshape(-1, self.head_dim))[0].view_as(k)
         q, k = dispatch.rotary_embedding(meta.positions, q, k, *rope)
         if isinstance(meta, DenseAttentionMetadata):
             out = dense_causal_attention(q, k, v, meta, self.scale)

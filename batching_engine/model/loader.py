@@ -4,7 +4,7 @@ Llama decoder or a BERT encoder, as config.json's model_type says.
 The model is built on the meta device and materialised empty, so no time is spent on random
 initialisation; every parameter must then be filled from the checkpoint, or loading fails and
 names what is missing. Checkpoint names are HF's; q/k/v and gate/up tensors land in their
-slice of the fused projections.
+slice of the fused projections, biases too (Qwen2's q/k/v).
 """
 
 from __future__ import annotations
@@ -160,7 +160,9 @@ def _locate(
     if isinstance(config, BertConfig):
         found = _bert_target(name, config, trunk_prefix)
         return None if found is None else Placement(*found)
-    return None if _ignored(name, config) else _target(name, config, trunk_prefix, tp)
+    if _ignored(name, config) or _held_by_rank_0(name, tp):
+        return None
+    return _target(name, config, trunk_prefix, tp)
 
 
 def _bert_target(name: str, config: BertConfig, trunk_prefix: str) -> tuple[str, int] | None:
@@ -189,6 +191,12 @@ def _ignored(name: str, config: LlamaConfig) -> bool:
     return tied_copy or name.endswith(_IGNORED_SUFFIXES)
 
 
+def _held_by_rank_0(name: str, tp: TensorParallel) -> bool:
+    """`o_proj`'s bias on the other ranks: each rank's partial output is summed, so the bias
+    is added by rank 0 alone."""
+    return tp.rank != 0 and name.endswith("self_attn.o_proj.bias")
+
+
 def _target(name: str, config: LlamaConfig, trunk_prefix: str, tp: TensorParallel) -> Placement:
     """Our parameter for an HF tensor name, the row where the tensor starts in it, and this
     rank's slice of it (see model/tensor_parallel.py for the split)."""
@@ -205,6 +213,9 @@ def _target(name: str, config: LlamaConfig, trunk_prefix: str, tp: TensorParalle
         "self_attn.q_proj.weight": ("self_attn.qkv_proj.weight", 0, q, None),
         "self_attn.k_proj.weight": ("self_attn.qkv_proj.weight", q_size, kv, None),
         "self_attn.v_proj.weight": ("self_attn.qkv_proj.weight", q_size + kv_size, kv, None),
+        "self_attn.q_proj.bias": ("self_attn.qkv_proj.bias", 0, q, None),
+        "self_attn.k_proj.bias": ("self_attn.qkv_proj.bias", q_size, kv, None),
+        "self_attn.v_proj.bias": ("self_attn.qkv_proj.bias", q_size + kv_size, kv, None),
         "self_attn.o_proj.weight": ("self_attn.o_proj.weight", 0, None, q),
         "mlp.gate_proj.weight": ("mlp.gate_up_proj.weight", 0, mlp_rows, None),
         "mlp.up_proj.weight": ("mlp.gate_up_proj.weight", len(mlp), mlp_rows, None),

@@ -148,8 +148,17 @@ class QuantizedLinear(RowQuantized):
     device: packed for torch's kernel on CUDA, two codes a byte for the CPU path.
     """
 
-    def __init__(self, in_features: int, out_features: int, mode: str, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        mode: str,
+        dtype: torch.dtype,
+        bias: bool = False,
+    ) -> None:
         super().__init__()
+        # Kept in float, added after the product (Qwen2's q/k/v biases).
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
         if mode == "int4" and in_features % INT4_GROUP_SIZE:
             raise ContractError(
                 "quantization",
@@ -205,6 +214,10 @@ class QuantizedLinear(RowQuantized):
         self.register_buffer("packed_scales", scales_and_zeros, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._product(x)
+        return out if self.bias is None else out.add_(self.bias)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return cpu_kernel.matmul(x, self.packed)
         if not x.is_cuda:
@@ -306,7 +319,10 @@ def quantize_modules(model: nn.Module, mode: str, dtype: torch.dtype) -> None:
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, Linear) and name != "score":
-                swapped = QuantizedLinear(child.in_features, child.out_features, mode, dtype)
+                bias = child.bias is not None
+                swapped = QuantizedLinear(
+                    child.in_features, child.out_features, mode, dtype, bias=bias
+                )
                 setattr(module, name, swapped)
     lm_head = getattr(model, "lm_head", False)
     if lm_head is None:  # tied: the embedding is the head

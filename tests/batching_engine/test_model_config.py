@@ -70,7 +70,11 @@ def test_a_classifier_counts_its_labels():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"model_type": "mistral"}, "^model_type: 'mistral' is not supported"),
+        ({"model_type": "gemma"}, "^model_type: 'gemma' is not a decoder; known: llama, mistral"),
+        (
+            {"architectures": ["Qwen2ForCausalLM"]},
+            "^architectures: 'Qwen2ForCausalLM' is not supported; known: LlamaForCausalLM",
+        ),
         (
             {"architectures": ["GPT2LMHeadModel"]},
             "^architectures: 'GPT2LMHeadModel' is not supported",
@@ -83,7 +87,7 @@ def test_a_classifier_counts_its_labels():
         ({"hidden_size": 0}, "^hidden_size: expected a positive integer, got 0"),
         ({"vocab_size": None}, "^vocab_size: missing"),
         ({"hidden_act": "gelu"}, "^hidden_act: 'gelu' is not supported"),
-        ({"attention_bias": True}, "^attention_bias: biases are not supported"),
+        ({"mlp_bias": True}, "^mlp_bias: biases on the MLP are not supported"),
         (
             {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}},
             "^rope_parameters.rope_type: 'yarn' is not supported; known: default, linear, llama3",

@@ -31,7 +31,7 @@ from batching_engine.model.tensor_parallel import (
 from batching_engine.model_runner import ModelRunner
 from batching_engine.tp_workers import TPWorkers
 from harness.engine_process import EngineProcess
-from harness.tiny_llama import hf_greedy, runner_greedy, save_tiny_llama
+from harness.tiny_llama import hf_greedy, runner_greedy, save_tiny_decoder, save_tiny_llama
 from harness.tiny_model_dir import write_tiny_model
 from infergrid.errors import ContractError
 from tests.batching_engine.test_smollm2 import smollm2_gguf
@@ -84,6 +84,23 @@ def test_two_ranks_decode_the_tokens_of_one_and_of_transformers(tmp_path, heads,
     expected = [hf_greedy(reference, prompt, 10) for prompt in PROMPTS]
     kwargs = {"model_dir": tmp_path, "kv_cache_memory_bytes": 1 << 20, "max_model_len": 128}
     assert runner_greedy(ModelRunner(**kwargs), PROMPTS, 10) == expected
+    failures: list[str] = []
+    with parallel_runner(2, failures, **kwargs) as runner:
+        assert runner_greedy(runner, PROMPTS, 10) == expected
+    assert failures == []
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides"), [("qwen2", {}), ("qwen3", {"attention_bias": True})]
+)
+def test_two_ranks_split_each_familys_biases_and_head_norms(tmp_path, family, overrides):
+    """q/k/v biases split with their heads, o_proj's added once, head norms on every rank."""
+    reference = save_tiny_decoder(
+        tmp_path, family, hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
+        intermediate_size=200, **overrides,
+    )  # fmt: skip
+    expected = [hf_greedy(reference, prompt, 10) for prompt in PROMPTS]
+    kwargs = {"model_dir": tmp_path, "kv_cache_memory_bytes": 1 << 20, "max_model_len": 128}
     failures: list[str] = []
     with parallel_runner(2, failures, **kwargs) as runner:
         assert runner_greedy(runner, PROMPTS, 10) == expected

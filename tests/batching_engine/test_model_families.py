@@ -1,0 +1,171 @@
+"""Qwen2, Qwen3 and Mistral decode exactly what transformers decodes, through the paged KV
+cache and continuous batching, quirks included: Qwen2's q/k/v biases, Qwen3's norm on each
+query and key head, Llama's optional attention biases.
+
+Each model is tiny, random and made on the spot by transformers (`harness/tiny_llama.py`),
+with every bias and norm weight drawn, so that a bias or norm left out changes the tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from batching_engine.config import EngineConfig
+from batching_engine.engine import LLMEngine
+from batching_engine.loading import fit_model_len
+from batching_engine.model.config import LlamaConfig, model_config_from_dir
+from batching_engine.model_runner import ModelRunner
+from batching_engine.sequence import SamplingParams, Sequence
+from harness.tiny_llama import hf_greedy, runner_greedy, save_tiny_decoder
+from infergrid.errors import ContractError
+
+# family -> overrides of the tiny model that bring out its quirks
+FAMILIES = {
+    "qwen2": {},
+    "qwen3": {"attention_bias": True},
+    "qwen3-tied": {"tie_word_embeddings": True},
+    "mistral": {"sliding_window": 4096},
+    "llama-attention-bias": {"attention_bias": True},
+}
+
+
+def family_of(variant: str) -> str:
+    return variant.split("-")[0]
+
+
+def prompts(*lengths: int, seed: int = 1) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (n,), generator=generator).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def tiny(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    return path, save_tiny_decoder(path, family_of(request.param), **FAMILIES[request.param])
+
+
+def test_the_config_reads_each_familys_switches(tiny):
+    path, reference = tiny
+    config = model_config_from_dir(path)
+    assert isinstance(config, LlamaConfig)
+    assert config.model_type == reference.config.model_type
+    attention = reference.model.layers[0].self_attn
+    assert config.qkv_bias == (attention.q_proj.bias is not None)
+    assert config.o_bias == (attention.o_proj.bias is not None)
+    assert config.qk_norm == hasattr(attention, "q_norm")
+
+
+def test_greedy_tokens_equal_transformers_with_chunked_prefill_in_one_batch(tiny):
+    path, reference = tiny
+    runner = ModelRunner(path, kv_cache_memory_bytes=1 << 20, max_model_len=128)
+    batch = prompts(1, 9, 40, 23)
+    expected = [hf_greedy(reference, prompt, 16) for prompt in batch]
+    assert runner_greedy(runner, batch, 16, chunk_size=7) == expected
+
+
+def test_continuous_batching_with_preemption_decodes_each_request_as_alone(tiny):
+    path, reference = tiny
+    lengths, max_tokens = [5, 31, 12, 44, 2, 19], [20, 9, 25, 14, 30, 11]
+    batch = prompts(*lengths, seed=4)
+    expected = [hf_greedy(reference, p, n) for p, n in zip(batch, max_tokens, strict=True)]
+    config = EngineConfig(max_num_seqs=6, max_num_batched_tokens=24, max_model_len=64)
+    # 6 blocks of 16 tokens hold the longest request (58 tokens) but not the six together:
+    # some are preempted and recomputed on the way.
+    runner = ModelRunner(
+        path,
+        block_size=config.block_size,
+        kv_cache_memory_bytes=6 * runner_block_bytes(path, config.block_size),
+        max_model_len=config.max_model_len,
+    )
+    engine = LLMEngine(config, runner, eos_token_ids=())
+    seqs = [
+        Sequence(p, SamplingParams(temperature=0.0, max_tokens=n), queue_timeout_s=math.inf)
+        for p, n in zip(batch, max_tokens, strict=True)
+    ]
+    for seq in seqs:
+        engine.add_request(seq)
+    while engine.has_unfinished():
+        engine.step()
+    assert [seq.output_token_ids for seq in seqs] == expected
+    assert sum(seq.num_preemptions for seq in seqs) > 0
+
+
+def runner_block_bytes(path, block_size: int) -> int:
+    """One block of K and V over every layer, in float32."""
+    config = model_config_from_dir(path)
+    per_token = 2 * config.num_key_value_heads * config.head_dim * 4
+    return config.num_hidden_layers * block_size * per_token
+
+
+def test_quantized_weights_keep_the_biases(tmp_path):
+    save_tiny_decoder(tmp_path, "qwen2")
+    plain = ModelRunner(tmp_path, kv_cache_memory_bytes=1 << 20, max_model_len=64)
+    int8 = ModelRunner(
+        tmp_path, kv_cache_memory_bytes=1 << 20, max_model_len=64, quantization="int8"
+    )
+    attention = int8.model.model.layers[0].self_attn
+    assert attention.qkv_proj.bias is not None
+    torch.testing.assert_close(
+        attention.qkv_proj.bias, plain.model.model.layers[0].self_attn.qkv_proj.bias
+    )
+
+
+def edited_config(path, **changes) -> None:
+    config_path = path / "config.json"
+    raw = json.loads(config_path.read_text())
+    raw.update(changes)
+    config_path.write_text(json.dumps(raw))
+
+
+def test_a_sliding_window_narrower_than_the_positions_caps_the_context(tmp_path):
+    save_tiny_decoder(tmp_path, "mistral", sliding_window=48)
+    assert model_config_from_dir(tmp_path).context_limit() == (48, "sliding_window")
+    runner = ModelRunner(tmp_path, kv_cache_memory_bytes=1 << 20)
+    assert runner.max_model_len == 48
+    with pytest.raises(
+        ContractError,
+        match=r"max_model_len: must be 1 to the model's sliding_window \(48\), got 64",
+    ):
+        ModelRunner(tmp_path, kv_cache_memory_bytes=1 << 20, max_model_len=64)
+
+
+def test_the_engine_cuts_a_longer_context_to_the_window_and_says_so(tmp_path, caplog):
+    save_tiny_decoder(tmp_path, "mistral", sliding_window=48)
+    config = model_config_from_dir(tmp_path)
+    assert fit_model_len(EngineConfig(max_model_len=2048), config).max_model_len == 48
+    assert "max_model_len 2048 exceeds the model's sliding_window (48); using 48" in caplog.text
+    assert fit_model_len(EngineConfig(max_model_len=32), config).max_model_len == 32
+
+
+def test_qwen_windows_count_only_where_its_layers_slide(tmp_path):
+    save_tiny_decoder(tmp_path, "qwen2")
+    edited_config(tmp_path, sliding_window=32, use_sliding_window=False,
+                  layer_types=["full_attention", "full_attention"])  # fmt: skip
+    assert model_config_from_dir(tmp_path).sliding_window is None
+    edited_config(tmp_path, layer_types=["full_attention", "sliding_attention"])
+    assert model_config_from_dir(tmp_path).sliding_window == 32
+    edited_config(tmp_path, layer_types=None, use_sliding_window=True, max_window_layers=1)
+    assert model_config_from_dir(tmp_path).sliding_window == 32
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"model_type": "gemma"}, "model_type"),
+        ({"architectures": ["LlamaForCausalLM"]}, "architectures"),
+        ({"attention_bias": "yes"}, "attention_bias"),
+        ({"mlp_bias": True}, "mlp_bias"),
+        ({"sliding_window": 0, "layer_types": ["sliding_attention"] * 2}, "sliding_window"),
+    ],
+)
+def test_a_config_the_model_code_would_misread_is_refused_naming_the_field(
+    tmp_path, changes, field
+):
+    save_tiny_decoder(tmp_path, "qwen3")
+    edited_config(tmp_path, **changes)
+    with pytest.raises(ContractError, match=f"^{field}:"):
+        model_config_from_dir(tmp_path)
