@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -55,6 +57,7 @@ FAMILIES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM),
+    "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM),
 }
 
 
@@ -83,10 +86,12 @@ def save_tiny_decoder(path: Path, family: str, *, seed: int = 0, **overrides) ->
     settings.setdefault("head_dim", settings["hidden_size"] // settings["num_attention_heads"])
     config = config_class(**settings)
     model = model_class(config).eval()
+    # Gemma's norms scale by 1 + weight: their weights are drawn around 0, the others' at 1.
+    norm_mean = 0.0 if family.startswith("gemma") else 1.0
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.ndim == 1:
-                param.normal_(1.0 if "norm" in name else 0.0, 0.3)
+                param.normal_(norm_mean if "norm" in name else 0.0, 0.3)
     model.save_pretrained(path)
     return model
 

@@ -37,14 +37,17 @@ class Family:
     qkv_bias: bool | str = "attention_bias"
     o_bias: bool | str = "attention_bias"
     qk_norm: bool = False  # an RMSNorm over each query and key head, before rotary
+    activation_key: str = "hidden_act"  # the config field naming the MLP's gate activation
+    # Gemma: the attention and MLP outputs are normed too (four norms a layer), every norm
+    # scales by 1 + weight, the embedding is scaled by sqrt(hidden_size), attention by
+    # query_pre_attn_scalar, and sliding layers rotate with a rope base of their own.
+    gemma: bool = False
+    architectures: tuple[str, ...] = ("ForCausalLM", "ForSequenceClassification", "Model")
 
     def heads(self) -> dict[str, str]:
         """Each architecture of the family, and what it puts on top of the decoder."""
-        return {
-            f"{self.prefix}ForCausalLM": "lm_head",
-            f"{self.prefix}ForSequenceClassification": "score",
-            f"{self.prefix}Model": "none",
-        }
+        kinds = {"ForCausalLM": "lm_head", "ForSequenceClassification": "score"}
+        return {f"{self.prefix}{a}": kinds.get(a, "none") for a in self.architectures}
 
 
 FAMILIES = {
@@ -52,7 +55,16 @@ FAMILIES = {
     "qwen2": Family("Qwen2", qkv_bias=True, o_bias=False),
     "qwen3": Family("Qwen3", qk_norm=True),
     "mistral": Family("Mistral", qkv_bias=False, o_bias=False),
+    "gemma3_text": Family(
+        "Gemma3",
+        qk_norm=True,
+        activation_key="hidden_activation",
+        gemma=True,
+        architectures=("ForCausalLM", "TextModel"),
+    ),
 }
+# The MLP gate activations the model code has, by their transformers names.
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # Every decoder architecture, and what it puts on top of the decoder.
 ARCHITECTURE_HEADS = {name: head for f in FAMILIES.values() for name, head in f.heads().items()}
 
@@ -94,6 +106,27 @@ class LlamaConfig:
     qk_norm: bool = False
     # The narrowest attention window of any layer (None: every layer sees its whole context).
     sliding_window: int | None = None
+    hidden_act: str = "silu"
+    gemma: bool = False  # see Family.gemma
+    attention_scale: float = 0.0  # 0: head_dim ** -0.5
+    # Which layers slide, and the rope base they rotate with when it is their own.
+    sliding_layers: tuple[bool, ...] = ()
+    local_rope_theta: float | None = None
+
+    @property
+    def norm_offset(self) -> float:
+        """What every RMSNorm adds to its weight: Gemma stores the weight less one."""
+        return 1.0 if self.gemma else 0.0
+
+    @property
+    def embed_scale(self) -> float:
+        """The embedding's multiplier on the way in (not as a tied LM head)."""
+        return self.hidden_size**0.5 if self.gemma else 1.0
+
+    @property
+    def scale(self) -> float:
+        """Attention's scale of q·k."""
+        return self.attention_scale or self.head_dim**-0.5
 
     @property
     def head(self) -> str:
@@ -126,7 +159,8 @@ class LlamaConfig:
                 f"{num_kv_heads} does not divide num_attention_heads {num_heads}",
             )
         head_dim = raw.get("head_dim") or hidden_size // num_heads
-        theta, scaling = _rope(raw)
+        theta, scaling, local_theta = _gemma_rope(raw) if family.gemma else (*_rope(raw), None)
+        sliding = _sliding_layers(raw, model_type)
         return cls(
             architecture=architecture,
             vocab_size=positive_int(raw, "vocab_size"),
@@ -148,7 +182,12 @@ class LlamaConfig:
             qkv_bias=_switch(raw, family.qkv_bias),
             o_bias=_switch(raw, family.o_bias),
             qk_norm=family.qk_norm,
-            sliding_window=_sliding_window(raw, model_type),
+            sliding_window=positive_int(raw, "sliding_window") if any(sliding) else None,
+            hidden_act=_activation(raw, family.activation_key),
+            gemma=family.gemma,
+            attention_scale=_attention_scale(raw) if family.gemma else 0.0,
+            sliding_layers=sliding,
+            local_rope_theta=local_theta,
         )
 
 
@@ -204,31 +243,73 @@ def _switch(raw: dict[str, Any], rule: bool | str) -> bool:
     return value
 
 
-def _sliding_window(raw: dict[str, Any], model_type: str) -> int | None:
-    """The narrowest window any layer attends through, or None. Mistral's window covers every
-    layer; Qwen's only the layers `layer_types` marks sliding (older files: those from
-    `max_window_layers` on, when `use_sliding_window`)."""
-    window = raw.get("sliding_window")
-    if window is None:
-        return None
+def _sliding_layers(raw: dict[str, Any], model_type: str) -> tuple[bool, ...]:
+    """Which layers attend through `sliding_window`. Mistral's window covers every layer;
+    the others' only the layers `layer_types` marks sliding. Files older than `layer_types`
+    say it another way: Qwen from `max_window_layers` on, when `use_sliding_window`; Gemma 3
+    all but every `sliding_window_pattern`th layer."""
+    layers = positive_int(raw, "num_hidden_layers")
+    if raw.get("sliding_window") is None:
+        return (False,) * layers
     if model_type == "mistral":
-        return positive_int(raw, "sliding_window")
+        return (True,) * layers
     layer_types = raw.get("layer_types")
     if layer_types is None:
-        if not raw.get("use_sliding_window"):
-            return None
-        first = raw.get("max_window_layers", 0)
-        layer_types = ["sliding_attention" if i >= first else "full_attention"
-                       for i in range(positive_int(raw, "num_hidden_layers"))]  # fmt: skip
-    if not isinstance(layer_types, list) or "sliding_attention" not in layer_types:
-        return None
-    return positive_int(raw, "sliding_window")
+        return _older_sliding_layers(raw, model_type, layers)
+    if not isinstance(layer_types, list) or len(layer_types) != layers:
+        raise ContractError("layer_types", f"expected a list of {layers} layer types")
+    unknown = set(layer_types) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise ContractError("layer_types", f"{sorted(unknown)} not supported")
+    return tuple(kind == "sliding_attention" for kind in layer_types)
+
+
+def _older_sliding_layers(raw: dict[str, Any], model_type: str, layers: int) -> tuple[bool, ...]:
+    if model_type == "gemma3_text":
+        pattern = positive_int(raw, "sliding_window_pattern", default=6)
+        return tuple((i + 1) % pattern != 0 for i in range(layers))
+    if not raw.get("use_sliding_window"):
+        return (False,) * layers
+    first = raw.get("max_window_layers") or 0
+    return tuple(i >= first for i in range(layers))
+
+
+def _activation(raw: dict[str, Any], key: str) -> str:
+    value = raw.get(key, "silu")
+    if value not in ACTIVATIONS:
+        raise ContractError(key, f"{value!r} is not supported; known: {', '.join(ACTIVATIONS)}")
+    return value
+
+
+def _attention_scale(raw: dict[str, Any]) -> float:
+    """Gemma scales q·k by query_pre_attn_scalar ** -0.5, not head_dim ** -0.5."""
+    return positive_float(raw, "query_pre_attn_scalar") ** -0.5
+
+
+def _gemma_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None, float]:
+    """Full layers' theta and scaling, and sliding layers' own theta (never scaled): per
+    layer type in transformers 5's `rope_parameters`, else `rope_theta`, `rope_scaling` and
+    `rope_local_base_freq`."""
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params:
+        full = _rope({"rope_parameters": params["full_attention"]})
+        local_theta, local_scaling = _rope(
+            {"rope_parameters": params.get("sliding_attention") or {"rope_theta": 10000.0}}
+        )
+        if local_scaling is not None:
+            raise ContractError("rope_parameters.sliding_attention", "scaling is not supported")
+        return (*full, local_theta)
+    local_theta = positive_float(raw, "rope_local_base_freq", default=10000.0)
+    return (*_rope(raw), local_theta)
 
 
 def _reject_unsupported(raw: dict[str, Any]) -> None:
     """Refuse variants the model code would otherwise compute silently wrong."""
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ContractError("hidden_act", f"{raw['hidden_act']!r} is not supported; only 'silu'")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if raw.get(key) is not None:
+            raise ContractError(key, "logit soft-capping is not supported")
+    if raw.get("use_bidirectional_attention"):
+        raise ContractError("use_bidirectional_attention", "only causal attention is supported")
     if raw.get("mlp_bias"):
         raise ContractError("mlp_bias", "biases on the MLP are not supported")
     if raw.get("pretraining_tp", 1) != 1:

@@ -1,4 +1,4 @@
-"""The dense layers of a Llama block: linear projections, RMSNorm and the SwiGLU MLP.
+"""The dense layers of a decoder block: linear projections, RMSNorm and the gated MLP.
 
 RMSNorm and the MLP's gate call `batching_engine.kernels.dispatch` (a Triton kernel on CUDA, its
 torch reference elsewhere), which rounds where Hugging Face's Llama rounds, so greedy tokens stay
@@ -66,7 +66,19 @@ def pack_linears(model: nn.Module, batch_size: int) -> bool:
 
 
 class Embedding(nn.Embedding):
-    """nn.Embedding that can also serve as a tied LM head, as `QuantizedEmbedding` does."""
+    """nn.Embedding that can also serve as a tied LM head, as `QuantizedEmbedding` does.
+    `scale` multiplies what it looks up (Gemma's sqrt(hidden_size), rounded to the weight's
+    dtype as transformers rounds it), never what it gives as a head."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, scale: float = 1.0) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+        self.scale = scale
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        looked_up = super().forward(ids)
+        if self.scale == 1.0:
+            return looked_up
+        return looked_up * torch.tensor(self.scale, dtype=looked_up.dtype)
 
     def as_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the vocabulary: the embedding rows as the LM head's weight."""
@@ -80,10 +92,19 @@ class RMSNorm(nn.Module):
     of a pre-norm block, one pass over memory in the fused kernel.
     """
 
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    def __init__(self, hidden_size: int, eps: float, offset: float = 0.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.offset = offset  # Gemma's checkpoints hold the weight less one
+
+    @torch.no_grad()
+    def finish(self) -> None:
+        """Fold the offset into the loaded weight, once: what Gemma computes as x * (1 + w)
+        in float32 is then this norm's x * w'."""
+        if self.offset:
+            self.weight.add_(self.offset)
+            self.offset = 0.0
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -93,17 +114,29 @@ class RMSNorm(nn.Module):
 
 
 class SwiGLUMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), with gate and up fused into one projection. Under tensor
-    parallelism it holds this rank's intermediate columns and sums `down`'s output."""
+    """down(act(gate(x)) * up(x)), with gate and up fused into one projection: act is silu
+    (SwiGLU, through the fused kernel) or GELU's tanh form (Gemma's GeGLU, in torch). Under
+    tensor parallelism it holds this rank's intermediate columns and sums `down`'s output."""
 
     def __init__(
-        self, hidden_size: int, intermediate_size: int, tp: TensorParallel = SINGLE
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        tp: TensorParallel = SINGLE,
+        activation: str = "silu",
     ) -> None:
         super().__init__()
         self.tp = tp
+        self.activation = activation
         self.intermediate_size = len(mlp_columns(intermediate_size, tp))
         self.gate_up_proj = Linear(hidden_size, 2 * self.intermediate_size, bias=False)
         self.down_proj = Linear(self.intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj(dispatch.silu_and_mul(self.gate_up_proj(x))))
+        return self.tp.all_reduce(self.down_proj(self._gate(self.gate_up_proj(x))))
+
+    def _gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.activation == "silu":
+            return dispatch.silu_and_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up

@@ -1,5 +1,5 @@
-"""The Llama decoder (and its kin: Qwen2, Qwen3, Mistral) over one flat batch of tokens from
-many sequences.
+"""The Llama decoder (and its kin: Qwen2, Qwen3, Mistral, Gemma 3) over one flat batch of
+tokens from many sequences.
 
 There is no batch dimension: a step's tokens are concatenated ([num_tokens, hidden]) and the
 attention metadata says which sequence, position and cache slot each belongs to. Linear layers
@@ -9,8 +9,10 @@ between the matmuls (norms, rotary, KV writes, attention, the MLP gate) goes thr
 
 Parameter names follow HF's (`model.layers.3.self_attn...`) except for the two fused
 projections, `qkv_proj` and `gate_up_proj`, which the loader fills shard by shard. The
-families differ only in attention: Qwen2 adds biases to q, k and v; Qwen3 norms each query
-and key head before rotary (`q_norm`, `k_norm`, one weight shared by every head).
+families differ in a few places: Qwen2 adds biases to q, k and v; Qwen3 and Gemma 3 norm
+each query and key head before rotary (`q_norm`, `k_norm`, one weight shared by every head);
+Gemma 3 also norms each sublayer's output (`SandwichDecoderLayer`), scales its embedding,
+gates its MLP with GELU and gives its sliding layers a rope base of their own.
 """
 
 from __future__ import annotations
@@ -50,13 +52,13 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim**-0.5
+        self.scale = config.scale
         self.qkv_proj = Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias
         )
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias and tp.rank == 0)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.q_norm = norm(config, self.head_dim) if config.qk_norm else None
+        self.k_norm = norm(config, self.head_dim) if config.qk_norm else None
 
     def forward(
         self,
@@ -82,15 +84,24 @@ class LlamaAttention(nn.Module):
         return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
 
 
+def norm(config: LlamaConfig, size: int) -> RMSNorm:
+    """An RMSNorm of the family's kind (Gemma's scale by 1 + weight)."""
+    return RMSNorm(size, config.rms_norm_eps, config.norm_offset)
+
+
+def mlp(config: LlamaConfig, tp: TensorParallel) -> SwiGLUMLP:
+    return SwiGLUMLP(config.hidden_size, config.intermediate_size, tp, config.hidden_act)
+
+
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention then pre-norm MLP, each added to the residual stream."""
 
     def __init__(self, config: LlamaConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = norm(config, config.hidden_size)
         self.self_attn = LlamaAttention(config, tp)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, tp)
+        self.post_attention_layernorm = norm(config, config.hidden_size)
+        self.mlp = mlp(config, tp)
 
     def forward(
         self,
@@ -108,19 +119,62 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class LlamaModel(nn.Module):
-    """Embedding, decoder layers and the final norm: token ids in, hidden states out."""
+class SandwichDecoderLayer(nn.Module):
+    """Gemma's block: the attention's and the MLP's outputs are normed too before each is
+    added to the residual stream (four norms, named as transformers names them)."""
 
     def __init__(self, config: LlamaConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.input_layernorm = norm(config, config.hidden_size)
+        self.self_attn = LlamaAttention(config, tp)
+        self.post_attention_layernorm = norm(config, config.hidden_size)
+        self.pre_feedforward_layernorm = norm(config, config.hidden_size)
+        self.mlp = mlp(config, tp)
+        self.post_feedforward_layernorm = norm(config, config.hidden_size)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: RopeTables,
+        meta: AttentionMetadata,
+        kv_cache: KVCache | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As `LlamaDecoderLayer.forward`: the next norm adds the two it returns."""
+        hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.post_attention_layernorm(self.self_attn(hidden, rope, meta, kv_cache))[0]
+        hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
+        return self.post_feedforward_layernorm(self.mlp(hidden))[0], residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and the final norm: token ids in, hidden states out. A
+    family whose sliding layers rotate with their own base (Gemma 3) has a second table."""
+
+    def __init__(self, config: LlamaConfig, tp: TensorParallel = SINGLE) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, config.embed_scale)
         self.rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, tp) for _ in range(config.num_hidden_layers)
+        self.local_rotary = (
+            None
+            if config.local_rope_theta is None
+            else RotaryEmbedding(
+                config.head_dim, config.max_position_embeddings, config.local_rope_theta, None
+            )
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.sliding_layers = config.sliding_layers or (False,) * config.num_hidden_layers
+        layer = SandwichDecoderLayer if config.gemma else LlamaDecoderLayer
+        self.layers = nn.ModuleList(layer(config, tp) for _ in range(config.num_hidden_layers))
+        self.norm = norm(config, config.hidden_size)
+
+    def rope_of(self, index: int) -> RopeTables:
+        """The cos/sin tables layer `index` rotates with."""
+        rotary = self.rotary
+        if self.local_rotary is not None and self.sliding_layers[index]:
+            rotary = self.local_rotary
+        return rotary.cos, rotary.sin
 
     def forward(
         self,
@@ -130,10 +184,9 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """input_ids: [num_tokens]; returns the normed hidden states, [num_tokens, hidden]."""
         hidden, residual = self.embed_tokens(input_ids), None
-        rope = (self.rotary.cos, self.rotary.sin)
         for index, layer in enumerate(self.layers):
             cache = kv_caches[index] if kv_caches else None
-            hidden, residual = layer(hidden, residual, rope, meta, cache)
+            hidden, residual = layer(hidden, residual, self.rope_of(index), meta, cache)
         return self.norm(hidden, residual)[0]
 
 

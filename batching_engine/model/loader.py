@@ -20,6 +20,7 @@ from batching_engine.model.bert import BertForSequenceClassification, BertModel
 from batching_engine.model.bert_config import BertConfig
 from batching_engine.model.config import LlamaConfig, ModelConfig, model_config_from_dir
 from batching_engine.model.heads import LlamaForSequenceClassification
+from batching_engine.model.layers import RMSNorm
 from batching_engine.model.llama import LlamaForCausalLM, LlamaModel
 from batching_engine.model.quantization import RowQuantized, quantize_modules
 from batching_engine.model.rope import RotaryEmbedding
@@ -109,7 +110,7 @@ def load_model(
             module.reset_tables()
     load_weights(model, config, safetensors_files(model_dir), tp)
     for module in model.modules():
-        if isinstance(module, RowQuantized):
+        if isinstance(module, RowQuantized | RMSNorm):
             module.finish()
     return config, model.eval().requires_grad_(False)
 

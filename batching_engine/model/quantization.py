@@ -242,9 +242,12 @@ class QuantizedLinear(RowQuantized):
 class QuantizedEmbedding(RowQuantized):
     """A token embedding held as int8 rows; doubles as the LM head of a tied model."""
 
-    def __init__(self, num_embeddings: int, dim: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, num_embeddings: int, dim: int, dtype: torch.dtype, scale: float = 1.0
+    ) -> None:
         super().__init__()
         self.rows, self.columns = num_embeddings, dim
+        self.scale = scale  # as `Embedding.scale`: on lookups only
         self.packed: cpu_kernel.PackedWeight | None = None  # as in QuantizedLinear
         self.register_buffer("codes", torch.empty(num_embeddings, dim, dtype=torch.int8))
         self.register_buffer("scales", torch.empty(num_embeddings, dtype=dtype))
@@ -258,6 +261,12 @@ class QuantizedEmbedding(RowQuantized):
             self.codes, self.scales = self.packed.codes, self.packed.scales  # same tensors
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        looked_up = self._rows_of(ids)
+        if self.scale == 1.0:
+            return looked_up
+        return looked_up * torch.tensor(self.scale, dtype=looked_up.dtype)
+
+    def _rows_of(self, ids: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             codes = cpu_kernel.unpack_int8_rows(self.packed, ids.reshape(-1))
             scales = self.scales.reshape(-1)[ids.reshape(-1), None]
@@ -327,4 +336,6 @@ def quantize_modules(model: nn.Module, mode: str, dtype: torch.dtype) -> None:
     lm_head = getattr(model, "lm_head", False)
     if lm_head is None:  # tied: the embedding is the head
         embedding = model.model.embed_tokens
-        model.model.embed_tokens = QuantizedEmbedding(*embedding.weight.shape, dtype)
+        model.model.embed_tokens = QuantizedEmbedding(
+            *embedding.weight.shape, dtype, scale=embedding.scale
+        )

@@ -145,4 +145,5 @@ def test_an_unsupported_model_type_fails_at_load_naming_model_type(tmp_path):
     with pytest.raises(ContractError) as err:
         ModelRunner(tmp_path)
     assert err.value.field == "model_type"
-    assert "'t5' is not supported; known: bert, llama" in str(err.value)
+    known = "bert, gemma3_text, llama, mistral, qwen2, qwen3"
+    assert f"'t5' is not supported; known: {known}" in str(err.value)

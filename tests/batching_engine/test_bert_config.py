@@ -82,6 +82,7 @@ def test_the_family_follows_model_type_and_llama_is_the_default(tmp_path, raw, f
 def test_an_unknown_model_type_is_refused_naming_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(MINILM | {"model_type": "t5"}))
     with pytest.raises(
-        ContractError, match="^model_type: 't5' is not supported; known: bert, llama"
+        ContractError,
+        match="^model_type: 't5' is not supported; known: bert, gemma3_text, llama, mistral",
     ):
         model_config_from_dir(tmp_path)

@@ -70,7 +70,10 @@ def test_a_classifier_counts_its_labels():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"model_type": "gemma"}, "^model_type: 'gemma' is not a decoder; known: llama, mistral"),
+        (
+            {"model_type": "gemma"},
+            "^model_type: 'gemma' is not a decoder; known: gemma3_text, llama",
+        ),
         (
             {"architectures": ["Qwen2ForCausalLM"]},
             "^architectures: 'Qwen2ForCausalLM' is not supported; known: LlamaForCausalLM",

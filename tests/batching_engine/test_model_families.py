@@ -1,6 +1,8 @@
-"""Qwen2, Qwen3 and Mistral decode exactly what transformers decodes, through the paged KV
-cache and continuous batching, quirks included: Qwen2's q/k/v biases, Qwen3's norm on each
-query and key head, Llama's optional attention biases.
+"""Qwen2, Qwen3, Mistral and Gemma 3 decode exactly what transformers decodes, through the
+paged KV cache and continuous batching, quirks included: Qwen2's q/k/v biases, Qwen3's norm on
+each query and key head, Llama's optional attention biases, and Gemma 3's norms around each
+sublayer (scaling by 1 + weight), scaled embedding, GELU gate, attention scale and rope base
+per layer kind.
 
 Each model is tiny, random and made on the spot by transformers (`harness/tiny_llama.py`),
 with every bias and norm weight drawn, so that a bias or norm left out changes the tokens.
@@ -23,6 +25,16 @@ from batching_engine.sequence import SamplingParams, Sequence
 from harness.tiny_llama import hf_greedy, runner_greedy, save_tiny_decoder
 from infergrid.errors import ContractError
 
+# Gemma 3's own: an attention scale other than head_dim's, sliding and full layers, each
+# kind with its rope base (the window itself wider than any test's context).
+GEMMA3 = {
+    "query_pre_attn_scalar": 24,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+}
 # family -> overrides of the tiny model that bring out its quirks
 FAMILIES = {
     "qwen2": {},
@@ -30,6 +42,8 @@ FAMILIES = {
     "qwen3-tied": {"tie_word_embeddings": True},
     "mistral": {"sliding_window": 4096},
     "llama-attention-bias": {"attention_bias": True},
+    "gemma3_text": {"tie_word_embeddings": False, **GEMMA3},
+    "gemma3_text-tied": {"initializer_range": 0.05, **GEMMA3},
 }
 
 
@@ -101,6 +115,34 @@ def runner_block_bytes(path, block_size: int) -> int:
     return config.num_hidden_layers * block_size * per_token
 
 
+def test_gemma3_files_older_than_layer_types_read_the_same(tmp_path):
+    save_tiny_decoder(tmp_path, "gemma3_text", **GEMMA3)
+    current = model_config_from_dir(tmp_path)
+    edited_config(
+        tmp_path, layer_types=None, rope_parameters=None, sliding_window_pattern=2,
+        rope_theta=1000000.0, rope_local_base_freq=10000.0,
+    )  # fmt: skip
+    older = model_config_from_dir(tmp_path)
+    assert older.sliding_layers == current.sliding_layers == (True, False)
+    assert older.local_rope_theta == current.local_rope_theta == 10000.0
+    assert older.rope_theta == current.rope_theta == 1000000.0
+
+
+def test_an_int8_embedding_keeps_gemmas_scale_on_lookups_not_as_the_head(tmp_path):
+    save_tiny_decoder(tmp_path, "gemma3_text", **GEMMA3)
+    plain = ModelRunner(tmp_path, kv_cache_memory_bytes=1 << 20, max_model_len=64)
+    int8 = ModelRunner(
+        tmp_path, kv_cache_memory_bytes=1 << 20, max_model_len=64, quantization="int8"
+    )
+    ids = torch.arange(0, 256, 7)
+    expected = plain.model.model.embed_tokens(ids)
+    torch.testing.assert_close(int8.model.model.embed_tokens(ids), expected, rtol=0, atol=0.05)
+    hidden = torch.randn(3, 64)
+    torch.testing.assert_close(
+        int8.model.compute_logits(hidden), plain.model.compute_logits(hidden), rtol=0, atol=0.1
+    )
+
+
 def test_quantized_weights_keep_the_biases(tmp_path):
     save_tiny_decoder(tmp_path, "qwen2")
     plain = ModelRunner(tmp_path, kv_cache_memory_bytes=1 << 20, max_model_len=64)
@@ -159,7 +201,11 @@ def test_qwen_windows_count_only_where_its_layers_slide(tmp_path):
         ({"architectures": ["LlamaForCausalLM"]}, "architectures"),
         ({"attention_bias": "yes"}, "attention_bias"),
         ({"mlp_bias": True}, "mlp_bias"),
+        ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+        ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ({"sliding_window": 8, "layer_types": ["full_attention"]}, "layer_types"),
         ({"sliding_window": 0, "layer_types": ["sliding_attention"] * 2}, "sliding_window"),
+        ({"sliding_window": 8, "layer_types": ["chunked_attention"] * 2}, "layer_types"),
     ],
 )
 def test_a_config_the_model_code_would_misread_is_refused_naming_the_field(

@@ -91,7 +91,19 @@ def test_two_ranks_decode_the_tokens_of_one_and_of_transformers(tmp_path, heads,
 
 
 @pytest.mark.parametrize(
-    ("family", "overrides"), [("qwen2", {}), ("qwen3", {"attention_bias": True})]
+    ("family", "overrides"),
+    [
+        ("qwen2", {}),
+        ("qwen3", {"attention_bias": True}),
+        (
+            "gemma3_text",
+            {
+                "tie_word_embeddings": False,
+                "query_pre_attn_scalar": 24,
+                "layer_types": ["sliding_attention", "full_attention"],
+            },
+        ),
+    ],
 )
 def test_two_ranks_split_each_familys_biases_and_head_norms(tmp_path, family, overrides):
     """q/k/v biases split with their heads, o_proj's added once, head norms on every rank."""
