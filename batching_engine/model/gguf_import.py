@@ -1,4 +1,4 @@
-"""Turn a llama GGUF file into an HF-format model directory, once per file.
+"""Turn a llama or gemma3 GGUF file into an HF-format model directory, once per file.
 
 The engine has one loader, for HF-format directories; a GGUF file is converted into one:
 config.json, model.safetensors (float32, dequantized), tokenizer.json and tokenizer_config.json.
@@ -8,15 +8,18 @@ The result is cached under a directory named by the file's SHA-256, so the conve
 first time a file is seen and never again; it is written to a temporary directory and renamed
 into place, so a crash or a concurrent conversion never leaves a half-written model behind.
 
-Two llama.cpp conventions are undone on the way: Q and K rows are stored permuted for its
-adjacent-pair rope (HF pairs dimension i with i + head_dim/2), and the tokenizer is stored as
-a raw vocabulary and merge list rather than a tokenizer.json.
+The llama.cpp conventions are undone on the way: a llama's Q and K rows are stored permuted
+for its adjacent-pair rope (HF pairs dimension i with i + head_dim/2), Gemma's norm weights
+hold the 1 its norm adds, and the tokenizer is stored as a raw vocabulary rather than a
+tokenizer.json. Every tensor type the gguf package reads is dequantized, the K-quants
+(Q4_K, Q5_K, Q6_K) included.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +34,8 @@ from batching_engine.model.gguf_tokenizer import build_tokenizer, tokenizer_conf
 from batching_engine.model.quantization import GGUF_WEIGHT_TYPE_KEY
 from infergrid.errors import ContractError
 
-# GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.").
-_BLOCK_TENSORS = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
+# GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N."), shared by both.
+_LINEAR_TENSORS = {
     "attn_q.weight": "self_attn.q_proj.weight",
     "attn_k.weight": "self_attn.k_proj.weight",
     "attn_v.weight": "self_attn.v_proj.weight",
@@ -43,6 +44,46 @@ _BLOCK_TENSORS = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How one GGUF architecture stores a decoder that HF names otherwise. llama.cpp
+    interleaves a llama's Q and K rows for its adjacent-pair rope (`permuted_rope`), and
+    stores Gemma's norm weights with the 1 that Gemma's norm adds already added (`norm_shift`)."""
+
+    block_tensors: dict[str, str]
+    permuted_rope: bool
+    norm_shift: float
+
+
+LAYOUTS = {
+    "llama": Layout(
+        {
+            **_LINEAR_TENSORS,
+            "attn_norm.weight": "input_layernorm.weight",
+            "ffn_norm.weight": "post_attention_layernorm.weight",
+        },
+        permuted_rope=True,
+        norm_shift=0.0,
+    ),
+    "gemma3": Layout(
+        {
+            **_LINEAR_TENSORS,
+            "attn_norm.weight": "input_layernorm.weight",
+            "post_attention_norm.weight": "post_attention_layernorm.weight",
+            "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+            "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+            "attn_q_norm.weight": "self_attn.q_norm.weight",
+            "attn_k_norm.weight": "self_attn.k_norm.weight",
+        },
+        permuted_rope=False,
+        norm_shift=1.0,
+    ),
+}
+# Gemma 3's sliding layers: all but every sixth, with a rope base of their own (llama.cpp's).
+GEMMA3_SLIDING_PATTERN = 6
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
 _TOP_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -64,8 +105,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     metadata = read_metadata(reader)
     config = hf_config(metadata, {tensor.name for tensor in reader.tensors})
     config[GGUF_WEIGHT_TYPE_KEY] = weight_type(reader)
-    save_file(hf_weights(reader, config), str(out_dir / "model.safetensors"))
-    build_tokenizer(metadata).save(str(out_dir / "tokenizer.json"))
+    layout = LAYOUTS[metadata["general.architecture"]]
+    save_file(hf_weights(reader, config, layout), str(out_dir / "model.safetensors"))
+    build_tokenizer(metadata, gguf_path).save(str(out_dir / "tokenizer.json"))
     _write_json(out_dir / "tokenizer_config.json", tokenizer_config(metadata))
     _write_json(out_dir / "config.json", config)
 
@@ -76,40 +118,68 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
 
 
 def hf_config(metadata: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
-    """config.json for a llama GGUF; anything the model code cannot honour fails here."""
+    """config.json for a llama or gemma3 GGUF; anything the model code cannot honour fails
+    here."""
     architecture = metadata.get("general.architecture")
-    if architecture != "llama":
+    if architecture not in LAYOUTS:
+        known = ", ".join(sorted(LAYOUTS))
         raise ContractError(
-            "general.architecture", f"{architecture!r} is not supported; only 'llama'"
+            "general.architecture", f"{architecture!r} is not supported; known: {known}"
         )
     if "rope_freqs.weight" in tensor_names:
         raise ContractError("rope_freqs.weight", "per-frequency rope factors are not supported")
-    hidden = _required(metadata, "llama.embedding_length")
-    heads = _required(metadata, "llama.attention.head_count")
-    head_dim = metadata.get("llama.attention.key_length", hidden // heads)
-    if metadata.get("llama.rope.dimension_count", head_dim) != head_dim:
-        raise ContractError("llama.rope.dimension_count", "partial rotary is not supported")
-    tokens = _required(metadata, "tokenizer.ggml.tokens")
+    common = _decoder_config(metadata, architecture, tensor_names)
+    if architecture == "gemma3":
+        return {**common, **_gemma3_config(metadata, common)}
     return {
+        **common,
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "vocab_size": metadata.get("llama.vocab_size", len(tokens)),
-        "hidden_size": hidden,
-        "intermediate_size": _required(metadata, "llama.feed_forward_length"),
-        "num_hidden_layers": _required(metadata, "llama.block_count"),
-        "num_attention_heads": heads,
-        "num_key_value_heads": metadata.get("llama.attention.head_count_kv", heads),
-        "head_dim": head_dim,
         "hidden_act": "silu",
-        "rms_norm_eps": float(_required(metadata, "llama.attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(metadata.get("llama.rope.freq_base", 10000.0)),
-        "rope_scaling": _rope_scaling(metadata),
-        "max_position_embeddings": _required(metadata, "llama.context_length"),
+    }
+
+
+def _decoder_config(metadata: dict[str, Any], arch: str, tensor_names: set[str]) -> dict[str, Any]:
+    """What every decoder's file says alike, under its architecture's key prefix."""
+    hidden = _required(metadata, f"{arch}.embedding_length")
+    heads = _required(metadata, f"{arch}.attention.head_count")
+    head_dim = metadata.get(f"{arch}.attention.key_length", hidden // heads)
+    if metadata.get(f"{arch}.rope.dimension_count", head_dim) != head_dim:
+        raise ContractError(f"{arch}.rope.dimension_count", "partial rotary is not supported")
+    tokens = _required(metadata, "tokenizer.ggml.tokens")
+    return {
+        "vocab_size": metadata.get(f"{arch}.vocab_size", len(tokens)),
+        "hidden_size": hidden,
+        "intermediate_size": _required(metadata, f"{arch}.feed_forward_length"),
+        "num_hidden_layers": _required(metadata, f"{arch}.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": metadata.get(f"{arch}.attention.head_count_kv", heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(_required(metadata, f"{arch}.attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
+        "rope_scaling": _rope_scaling(metadata, arch),
+        "max_position_embeddings": _required(metadata, f"{arch}.context_length"),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "bos_token_id": metadata.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": metadata.get("tokenizer.ggml.eos_token_id"),
         "pad_token_id": metadata.get("tokenizer.ggml.padding_token_id"),
         "torch_dtype": "float32",
+    }
+
+
+def _gemma3_config(metadata: dict[str, Any], common: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's own fields, as llama.cpp reads the file: q·k scaled by the head size, the
+    sliding window on all but every sixth layer, those layers rotating at base 10000."""
+    layers = common["num_hidden_layers"]
+    sliding = [(i + 1) % GEMMA3_SLIDING_PATTERN != 0 for i in range(layers)]
+    return {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": common["head_dim"],
+        "sliding_window": _required(metadata, "gemma3.attention.sliding_window"),
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+        "rope_local_base_freq": GEMMA3_LOCAL_ROPE_THETA,
     }
 
 
@@ -124,42 +194,48 @@ def weight_type(reader: GGUFReader) -> str:
     return types.most_common(1)[0][0] if types else "F32"
 
 
-def _rope_scaling(metadata: dict[str, Any]) -> dict[str, Any] | None:
-    kind = metadata.get("llama.rope.scaling.type", "none")
+def _rope_scaling(metadata: dict[str, Any], arch: str) -> dict[str, Any] | None:
+    kind = metadata.get(f"{arch}.rope.scaling.type", "none")
     if kind == "none":
         return None
     if kind == "linear":
         return {
             "rope_type": "linear",
-            "factor": float(_required(metadata, "llama.rope.scaling.factor")),
+            "factor": float(_required(metadata, f"{arch}.rope.scaling.factor")),
         }
     raise ContractError(
-        "llama.rope.scaling.type", f"{kind!r} is not supported; known: none, linear"
+        f"{arch}.rope.scaling.type", f"{kind!r} is not supported; known: none, linear"
     )
 
 
-def hf_weights(reader: GGUFReader, config: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Every tensor dequantized to float32 under its HF name, Q and K rows un-permuted."""
+def hf_weights(
+    reader: GGUFReader, config: dict[str, Any], layout: Layout
+) -> dict[str, torch.Tensor]:
+    """Every tensor dequantized to float32 under its HF name, in HF's convention: Q and K
+    rows un-permuted, norm weights shifted back."""
     weights = {}
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, layout)
         values = dequantize(tensor.data, tensor.tensor_type).reshape(tuple(reversed(tensor.shape)))
-        if name.endswith("self_attn.q_proj.weight"):
+        if layout.permuted_rope and name.endswith("self_attn.q_proj.weight"):
             values = unpermute_rope_rows(values, config["num_attention_heads"])
-        elif name.endswith("self_attn.k_proj.weight"):
+        elif layout.permuted_rope and name.endswith("self_attn.k_proj.weight"):
             values = unpermute_rope_rows(values, config["num_key_value_heads"])
+        elif layout.norm_shift and name.endswith("norm.weight"):
+            values = values - layout.norm_shift
         values = np.ascontiguousarray(values, dtype=np.float32)
         weights[name] = torch.from_numpy(values if values.flags.writeable else values.copy())
     return weights
 
 
-def hf_tensor_name(gguf_name: str) -> str:
+def hf_tensor_name(gguf_name: str, layout: Layout = LAYOUTS["llama"]) -> str:
     if gguf_name in _TOP_TENSORS:
         return _TOP_TENSORS[gguf_name]
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_TENSORS:
-        return f"model.layers.{parts[1]}.{_BLOCK_TENSORS[parts[2]]}"
-    raise ContractError(f"tensors.{gguf_name}", "no HF llama counterpart")
+    block = layout.block_tensors
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in block:
+        return f"model.layers.{parts[1]}.{block[parts[2]]}"
+    raise ContractError(f"tensors.{gguf_name}", "no HF counterpart")
 
 
 def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:

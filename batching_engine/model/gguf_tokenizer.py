@@ -3,11 +3,13 @@
 GGUF keeps a gpt2-style byte-level BPE as three arrays (tokens, token types, merges) plus the
 name of llama.cpp's pre-tokenizer. The pre-tokenizer is the one piece not stored as data, so
 it comes from a table; an unknown name fails rather than silently splitting text differently
-from the model's training.
+from the model's training. A sentencepiece vocabulary (tokens and scores) is converted by
+transformers, whose converter is the reference for it.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -37,11 +39,33 @@ PRE_TOKENIZERS = {
 }
 
 
-def build_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
-    """A byte-level BPE tokenizer with the GGUF's vocabulary, merges and special tokens."""
+def build_tokenizer(metadata: dict[str, Any], gguf_path: Path) -> Tokenizer:
+    """The GGUF's tokenizer: a byte-level BPE (`gpt2`) rebuilt here, or a sentencepiece
+    vocabulary (`llama`: Llama 2, Gemma) through transformers' own GGUF converter, which
+    knows each architecture's normalizer and byte fallback; BOS added as the file says."""
     kind = metadata.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ContractError("tokenizer.ggml.model", f"{kind!r} is not supported; only 'gpt2' BPE")
+    if kind == "gpt2":
+        tokenizer = _byte_level_bpe(metadata)
+    elif kind == "llama":
+        tokenizer = _sentencepiece(gguf_path)
+    else:
+        raise ContractError(
+            "tokenizer.ggml.model", f"{kind!r} is not supported; known: gpt2, llama"
+        )
+    _add_bos(tokenizer, metadata)
+    return tokenizer
+
+
+def _sentencepiece(gguf_path: Path) -> Tokenizer:
+    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+
+    architecture, vocabulary, _ = get_gguf_tokenizer(str(gguf_path))
+    tokenizer, _ = convert_gguf_tokenizer(architecture, vocabulary)
+    return tokenizer
+
+
+def _byte_level_bpe(metadata: dict[str, Any]) -> Tokenizer:
+    """A byte-level BPE tokenizer with the GGUF's vocabulary, merges and special tokens."""
     pre = metadata.get("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:
         known = ", ".join(sorted(PRE_TOKENIZERS))
@@ -53,6 +77,12 @@ def build_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
     tokenizer.pre_tokenizer = PRE_TOKENIZERS[pre]()
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_tokens(_added_tokens(metadata, tokens))
+    return tokenizer
+
+
+def _add_bos(tokenizer: Tokenizer, metadata: dict[str, Any]) -> None:
+    """Encoding starts with BOS when the file says so (`add_bos_token`)."""
+    tokens: list[str] = metadata["tokenizer.ggml.tokens"]
     bos = metadata.get("tokenizer.ggml.bos_token_id")
     if metadata.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
         tokenizer.post_processor = processors.TemplateProcessing(
@@ -60,7 +90,6 @@ def build_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
             pair=f"{tokens[bos]} $A $B",
             special_tokens=[(tokens[bos], bos)],
         )
-    return tokenizer
 
 
 def _added_tokens(metadata: dict[str, Any], tokens: list[str]) -> list[AddedToken]:
@@ -91,7 +120,7 @@ def tokenizer_config(metadata: dict[str, Any]) -> dict[str, Any]:
         "add_bos_token": bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
         "add_eos_token": bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
         "clean_up_tokenization_spaces": False,
-        "model_max_length": metadata.get("llama.context_length"),
+        "model_max_length": metadata.get(f"{metadata.get('general.architecture')}.context_length"),
     }
     if "tokenizer.chat_template" in metadata:
         config["chat_template"] = metadata["tokenizer.chat_template"]

