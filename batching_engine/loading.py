@@ -48,7 +48,7 @@ def load(
     model_dir = resolve_model_dir(settings.model_uri, allow_download=settings.allow_download)
     model_config = model_config_from_dir(model_dir)
     _check_task(settings.task, model_config)
-    engine_config = fit_model_len(settings.engine, model_config)
+    engine_config = _fit_model_len(settings, model_config)
     runner = _runner(settings, model_dir, engine_config, on_failure)
     tokenizer = Tokenizer(model_dir)
     engine = None
@@ -94,16 +94,13 @@ def _check_task(task: str, config: ModelConfig) -> None:
         )
 
 
-def fit_model_len(engine: EngineConfig, config: ModelConfig) -> EngineConfig:
-    """max_model_len is at most what the model serves exactly (its positions, or a sliding
-    window narrower than them); the default shrinks to fit."""
-    asked, (limit, field) = engine.max_model_len, config.context_limit()
+def _fit_model_len(settings: Settings, config: ModelConfig) -> EngineConfig:
+    """max_model_len is at most what the model's positions allow; the default shrinks to fit."""
+    asked, limit = settings.engine.max_model_len, config.max_position_embeddings
     if asked <= limit:
-        return engine
-    log.warning(
-        "max_model_len %d exceeds the model's %s (%d); using %d", asked, field, limit, limit
-    )
-    return replace(engine, max_model_len=limit)
+        return settings.engine
+    log.warning("max_model_len %d exceeds the model's %d positions; using %d", asked, limit, limit)
+    return replace(settings.engine, max_model_len=limit)
 
 
 def _runner(

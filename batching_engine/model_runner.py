@@ -354,12 +354,12 @@ def _dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def _max_model_len(config: ModelConfig, asked: int | None) -> int:
-    """The context the runner serves: at most what the model serves exactly."""
-    limit, field = config.context_limit()
     if asked is None:
-        return limit
-    if not 0 < asked <= limit:
+        return config.max_position_embeddings
+    if not 0 < asked <= config.max_position_embeddings:
         raise ContractError(
-            "max_model_len", f"must be 1 to the model's {field} ({limit}), got {asked}"
+            "max_model_len",
+            f"must be 1 to the model's max_position_embeddings ({config.max_position_embeddings}),"
+            f" got {asked}",
         )
     return asked

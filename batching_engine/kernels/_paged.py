@@ -26,6 +26,8 @@ from ._launch import (
 )
 
 LOG2_E = 1.4426950408889634
+# What the Triton kernels get for a layer with no sliding window: wider than any context.
+NO_WINDOW = 1 << 30
 
 
 @triton.jit

@@ -85,29 +85,30 @@ static float dot(const float *a, const float *b, int64_t n) {
     return sum;
 }
 
-/* One sequence's query heads of one KV head over its `context` cached tokens. */
+/* One sequence's query heads of one KV head over its cached tokens `first`..`context` - 1. */
 static void attend(const float *q, int64_t group, int64_t head_dim, const float *k_cache,
                    const float *v_cache, int64_t kv_heads, int64_t kv_head, int64_t block_size,
-                   const int32_t *table, int64_t context, float scale, float *scores,
-                   float *out) {
-    for (int64_t t = 0; t < context; t++) {
+                   const int32_t *table, int64_t first, int64_t context, float scale,
+                   float *scores, float *out) {
+    int64_t n = context - first;
+    for (int64_t t = first; t < context; t++) {
         int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
         const float *k = k_cache + (slot * kv_heads + kv_head) * head_dim;
         for (int64_t g = 0; g < group; g++)
-            scores[g * context + t] = dot(q + g * head_dim, k, head_dim) * scale;
+            scores[g * n + t - first] = dot(q + g * head_dim, k, head_dim) * scale;
     }
     for (int64_t g = 0; g < group; g++) {
-        float *p = scores + g * context, top = -INFINITY, total = 0.0f;
-        for (int64_t t = 0; t < context; t++) top = p[t] > top ? p[t] : top;
-        for (int64_t t = 0; t < context; t++) total += p[t] = expf(p[t] - top);
-        for (int64_t t = 0; t < context; t++) p[t] /= total;
+        float *p = scores + g * n, top = -INFINITY, total = 0.0f;
+        for (int64_t t = 0; t < n; t++) top = p[t] > top ? p[t] : top;
+        for (int64_t t = 0; t < n; t++) total += p[t] = expf(p[t] - top);
+        for (int64_t t = 0; t < n; t++) p[t] /= total;
         memset(out + g * head_dim, 0, sizeof(float) * head_dim);
     }
-    for (int64_t t = 0; t < context; t++) {
+    for (int64_t t = first; t < context; t++) {
         int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
         const float *v = v_cache + (slot * kv_heads + kv_head) * head_dim;
         for (int64_t g = 0; g < group; g++) {
-            float p = scores[g * context + t], *o = out + g * head_dim;
+            float p = scores[g * n + t - first], *o = out + g * head_dim;
 #pragma omp simd
             for (int64_t d = 0; d < head_dim; d++) o[d] += p * v[d];
         }
@@ -116,13 +117,15 @@ static void attend(const float *q, int64_t group, int64_t head_dim, const float 
 
 /* q [seqs][heads][head_dim] -> out, same shape: each sequence's query over its context_lens[s]
    cached tokens, found through its row of block_tables [seqs][max_blocks] in caches of
-   `num_blocks` blocks [block_size][kv_heads][head_dim]. A context of 0 gives zeros. */
+   `num_blocks` blocks [block_size][kv_heads][head_dim]; with `window` > 0, over the last
+   `window` of them only (a sliding-window layer). A context of 0 gives zeros. */
 int decode_attention(const float *q, int64_t seqs, int64_t heads, int64_t kv_heads,
                      int64_t head_dim, const float *k_cache, const float *v_cache,
                      int64_t num_blocks, int64_t block_size, const int32_t *block_tables,
-                     int64_t max_blocks, const int32_t *context_lens, float scale, float *out) {
+                     int64_t max_blocks, const int32_t *context_lens, float scale,
+                     int64_t window, float *out) {
     int64_t group = heads / kv_heads, longest = 0;
-    if (kv_heads <= 0 || heads % kv_heads) return 1;
+    if (kv_heads <= 0 || heads % kv_heads || window < 0) return 1;
     for (int64_t s = 0; s < seqs; s++) {
         int64_t context = context_lens[s];
         if (context < 0 || context > max_blocks * block_size) return 1;
@@ -149,8 +152,10 @@ int decode_attention(const float *q, int64_t seqs, int64_t heads, int64_t kv_hea
                     memset(o, 0, sizeof(float) * group * head_dim);
                     continue;
                 }
+                int64_t context = context_lens[s];
+                int64_t first = window > 0 && context > window ? context - window : 0;
                 attend(q + (s * heads + h * group) * head_dim, group, head_dim, k_cache, v_cache,
-                       kv_heads, h, block_size, block_tables + s * max_blocks, context_lens[s],
+                       kv_heads, h, block_size, block_tables + s * max_blocks, first, context,
                        scale, scores, o);
             }
         free(scores);

@@ -32,6 +32,7 @@ from ._launch import (
 )
 from ._paged import (
     LOG2_E,
+    NO_WINDOW,
     attend_kv_tile,
     attention,
     check_paged_cache,
@@ -61,6 +62,7 @@ def _decode_attention_kernel(
     lse_ptr,
     scale_log2,
     tokens_per_split,
+    window,
     stride_q_seq,
     stride_q_head,
     stride_cache_block,
@@ -86,8 +88,10 @@ def _decode_attention_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq).to(tl.int32)
-    start = split * tokens_per_split
-    end = tl.minimum(start + tokens_per_split, context_len)
+    split_start = split * tokens_per_split
+    end = tl.minimum(split_start + tokens_per_split, context_len)
+    # A sliding-window layer reads the last `window` tokens only (NO_WINDOW: all of them).
+    start = tl.maximum(split_start, context_len - window)
 
     g = tl.arange(0, BLOCK_G)
     g_mask = g < GROUP
@@ -240,18 +244,20 @@ def decode_attention_reference(
     context_lens: torch.Tensor,
     scale: float | None = None,
     plan: DecodePlan | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """The torch path, batched by `decode_plan` (built here unless the caller kept one for
-    the step). Sequences with no context (padded rows of a CUDA-graph batch) get zeros."""
+    the step). Sequences with no context (padded rows of a CUDA-graph batch) get zeros.
+    `window`: attend to the last `window` cached tokens only (a sliding-window layer)."""
     scale = default_scale(q) if scale is None else scale
     plan = plan or decode_plan(block_tables, context_lens, k_cache.shape[1])
     groups = plan.groups
     if plan.covers_all and len(groups) == 1 and isinstance(groups[0].rows, slice):
         assert groups[0].rows == slice(0, len(q)), "a group covering every row is all of them"
-        return _attend(q, k_cache, v_cache, groups[0], scale)
+        return _attend(q, k_cache, v_cache, groups[0], scale, window)
     out = torch.empty_like(q) if plan.covers_all else torch.zeros_like(q)
     for group in groups:
-        out[group.rows] = _attend(q[group.rows], k_cache, v_cache, group, scale)
+        out[group.rows] = _attend(q[group.rows], k_cache, v_cache, group, scale, window)
     return out
 
 
@@ -261,10 +267,17 @@ def _attend(
     v_cache: torch.Tensor,
     group: ContextGroup,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """One call: every context of the group gathered to its longest and masked."""
+    """One call: every context of the group gathered to its longest and masked (to its
+    last `window` positions too, for a sliding-window layer)."""
     k, v = gather_slots(k_cache, group.slots), gather_slots(v_cache, group.slots)
-    return attention(q[:, None], k, v, group.visible[:, None, :], scale)[:, 0]
+    visible = group.visible
+    if window is not None:
+        positions = torch.arange(visible.shape[1], device=visible.device)
+        lengths = visible.sum(dim=1, keepdim=True)
+        visible = visible & (positions >= lengths - window)
+    return attention(q[:, None], k, v, visible[:, None, :], scale)[:, 0]
 
 
 def length_groups(lengths: list[int]) -> list[list[int]]:
@@ -302,6 +315,7 @@ def decode_attention_plan(
     scale: float,
     num_splits: int,
     interpreted: bool,
+    window: int | None = None,
 ) -> tuple[Launch, Launch | None]:
     """The attention launch and, when split, the launch that merges the partial outputs.
 
@@ -340,6 +354,7 @@ def decode_attention_plan(
             lse,
             float(scale) * LOG2_E,
             tokens_per_split,
+            NO_WINDOW if window is None else window,
             q.stride(0),
             q.stride(1),
             k_cache.stride(0),
@@ -409,10 +424,12 @@ def decode_attention_triton(
     scale: float | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """The Triton path. q `[num_seqs, num_heads, head_dim]` -> out of the same shape.
 
     `num_splits` overrides the split-K heuristic (tests use it to force either path).
+    `window`: attend to the last `window` cached tokens only (a sliding-window layer).
     """
     out = torch.empty_like(q) if out is None else out
     _check(q, k_cache, v_cache, block_tables, context_lens, out, num_splits)
@@ -431,7 +448,7 @@ def decode_attention_triton(
     scale = default_scale(q) if scale is None else scale
     attention, merge = decode_attention_plan(
         q, k_cache, v_cache, block_tables, context_lens, out, scale, num_splits,
-        interpreted=is_interpreted(_decode_attention_kernel),
+        interpreted=is_interpreted(_decode_attention_kernel), window=window,
     )  # fmt: skip
     attention.run(_decode_attention_kernel)
     if merge is not None:

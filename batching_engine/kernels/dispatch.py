@@ -75,20 +75,22 @@ def decode_attention(
     context_lens: torch.Tensor,
     scale: float | None = None,
     plan: _decode.DecodePlan | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """q `[num_seqs, num_heads, head_dim]`, one token per sequence at position
     `context_lens[s] - 1` (its K/V already written) -> attention output, same shape.
     Graph-safe on the Triton path: no host sync; rows with context length 0 give zeros.
-    `plan` (`decode_plan`, the torch path's only) spares rebuilding it at every layer."""
+    `plan` (`decode_plan`, the torch path's only) spares rebuilding it at every layer.
+    `window`: a sliding-window layer's, the last `window` cached tokens only."""
     if uses_triton(q):
         return _decode.decode_attention_triton(
-            q, k_cache, v_cache, block_tables, context_lens, scale
+            q, k_cache, v_cache, block_tables, context_lens, scale, window=window
         )
     if uses_cpu_kernels(q, k_cache, v_cache):
         scale = _decode.default_scale(q) if scale is None else scale
-        return _cpu.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return _cpu.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window)
     return _decode.decode_attention_reference(
-        q, k_cache, v_cache, block_tables, context_lens, scale, plan
+        q, k_cache, v_cache, block_tables, context_lens, scale, plan, window
     )
 
 
@@ -101,16 +103,18 @@ def prefill_attention(
     cu_seqlens_q: torch.Tensor,
     scale: float | None = None,
     max_query_len: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """q `[num_tokens, num_heads, head_dim]`, the flattened chunks (`cu_seqlens_q`), each the
     last tokens of its sequence's `context_lens[s]` cached tokens (their K/V written first).
-    Pass `max_query_len` to spare a device sync."""
+    Pass `max_query_len` to spare a device sync. `window`: as decode_attention's."""
     if uses_triton(q):
         return _prefill.prefill_attention_triton(
-            q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, max_query_len
-        )
+            q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, max_query_len,
+            window=window,
+        )  # fmt: skip
     return _prefill.prefill_attention_reference(
-        q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale
+        q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, window
     )
 
 

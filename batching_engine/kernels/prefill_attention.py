@@ -30,6 +30,7 @@ from ._launch import (
 )
 from ._paged import (
     LOG2_E,
+    NO_WINDOW,
     attend_kv_tile,
     attention,
     check_paged_cache,
@@ -51,6 +52,7 @@ def _prefill_attention_kernel(
     cu_seqlens_q_ptr,
     out_ptr,
     scale_log2,
+    window,
     stride_q_token,
     stride_q_head,
     stride_cache_block,
@@ -91,7 +93,9 @@ def _prefill_attention_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         table_row = block_tables_ptr + seq * stride_tables_seq
         kv_end = tl.minimum(context_len, first_pos + (tile + 1) * BLOCK_M)
-        for start in range(0, kv_end, BLOCK_N):
+        # A sliding-window layer: the tile's first query sees no key before this one.
+        kv_start = tl.maximum(first_pos + tile * BLOCK_M - window + 1, 0)
+        for start in range(kv_start, kv_end, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             n_mask = offs_n < kv_end
             kv_offsets, kv_mask = paged_kv_tile(
@@ -106,7 +110,9 @@ def _prefill_attention_kernel(
                 stride_cache_head,
                 BLOCK_SIZE,
             )
-            visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            causal = offs_n[None, :] <= q_pos[:, None]
+            in_window = offs_n[None, :] > q_pos[:, None] - window
+            visible = n_mask[None, :] & causal & in_window
             m_i, l_i, acc = attend_kv_tile(
                 q,
                 m_i,
@@ -137,8 +143,10 @@ def prefill_attention_reference(
     context_lens: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """The torch path, sequence by sequence: gather the context, attend causally."""
+    """The torch path, sequence by sequence: gather the context, attend causally (within the
+    last `window` positions of each query, for a sliding-window layer)."""
     scale = default_scale(q) if scale is None else scale
     out = torch.empty_like(q)
     bounds = cu_seqlens_q.tolist()
@@ -151,20 +159,23 @@ def prefill_attention_reference(
             k_cache.shape[1],
         )  # fmt: skip
         k, v = gather_slots(k_cache, slots), gather_slots(v_cache, slots)
-        out[start:end] = _chunk_attention(q[None, start:end], k, v, scale)[0]
+        out[start:end] = _chunk_attention(q[None, start:end], k, v, scale, window)[0]
     return out
 
 
 def _chunk_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None = None
 ) -> torch.Tensor:
-    """q `[1, n, H, D]`: the last n of the L positions in k/v `[1, L, KVH, D]`, causal."""
+    """q `[1, n, H, D]`: the last n of the L positions in k/v `[1, L, KVH, D]`, causal, and
+    within `window` of the query."""
     num_queries, context_len = q.shape[1], k.shape[1]
-    if num_queries == context_len:
+    if num_queries == context_len and (window is None or window >= context_len):
         return attention(q, k, v, None, scale, is_causal=True)
     key_positions = torch.arange(context_len, device=q.device)
     query_positions = key_positions[context_len - num_queries :]
     visible = key_positions[None, :] <= query_positions[:, None]
+    if window is not None:
+        visible &= key_positions[None, :] > query_positions[:, None] - window
     return attention(q, k, v, visible[None], scale)
 
 
@@ -200,6 +211,7 @@ def prefill_attention_plan(
     scale: float,
     max_query_len: int,
     interpreted: bool,
+    window: int | None = None,
 ) -> Launch:
     head_dim = q.shape[2]
     block_d = max(16, next_power_of_2(head_dim))
@@ -218,6 +230,7 @@ def prefill_attention_plan(
             cu_seqlens_q,
             out,
             float(scale) * LOG2_E,
+            NO_WINDOW if window is None else window,
             q.stride(0),
             q.stride(1),
             k_cache.stride(0),
@@ -252,8 +265,10 @@ def prefill_attention_triton(
     scale: float | None = None,
     max_query_len: int | None = None,
     out: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """The Triton path. Pass `max_query_len` (the runner knows it) to spare a device sync."""
+    """The Triton path. Pass `max_query_len` (the runner knows it) to spare a device sync.
+    `window`: each query sees the last `window` positions up to its own only."""
     out = torch.empty_like(q) if out is None else out
     _check(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out)
     check_device(
@@ -268,7 +283,7 @@ def prefill_attention_triton(
     scale = default_scale(q) if scale is None else scale
     plan = prefill_attention_plan(
         q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, scale,
-        max_query_len, interpreted=is_interpreted(_prefill_attention_kernel),
+        max_query_len, interpreted=is_interpreted(_prefill_attention_kernel), window=window,
     )  # fmt: skip
     plan.run(_prefill_attention_kernel)
     return out

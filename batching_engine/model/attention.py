@@ -97,17 +97,19 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: PagedAttentionMetadata,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of every query token ([num_tokens, heads, head_dim]) over its cached context,
-    whose K/V (this step's included) are already written."""
+    whose K/V (this step's included) are already written; over the last `window` positions
+    up to each query's own only, in a sliding-window layer."""
     split, num_prefill = meta.num_prefill_tokens, meta.num_prefill_seqs
     if num_prefill == 0:
-        return _decode(q, k_cache, v_cache, meta, scale)
+        return _decode(q, k_cache, v_cache, meta, scale, window)
     if split == q.shape[0]:
-        return _prefill(q, k_cache, v_cache, meta, scale)
+        return _prefill(q, k_cache, v_cache, meta, scale, window)
     out = torch.empty_like(q)
-    out[:split] = _prefill(q[:split], k_cache, v_cache, meta, scale)
-    out[split:] = _decode(q[split:], k_cache, v_cache, meta, scale)
+    out[:split] = _prefill(q[:split], k_cache, v_cache, meta, scale, window)
+    out[split:] = _decode(q[split:], k_cache, v_cache, meta, scale, window)
     return out
 
 
@@ -117,6 +119,7 @@ def _prefill(
     v_cache: torch.Tensor,
     meta: PagedAttentionMetadata,
     scale: float,
+    window: int | None,
 ) -> torch.Tensor:
     seqs = meta.num_prefill_seqs
     return dispatch.prefill_attention(
@@ -128,6 +131,7 @@ def _prefill(
         meta.cu_seqlens_q[: seqs + 1],
         scale,
         meta.max_query_len,
+        window,
     )
 
 
@@ -137,12 +141,15 @@ def _decode(
     v_cache: torch.Tensor,
     meta: PagedAttentionMetadata,
     scale: float,
+    window: int | None,
 ) -> torch.Tensor:
     seqs = slice(meta.num_prefill_seqs, None)
     tables, lens = meta.block_tables[seqs], meta.context_lens[seqs]
     if meta.decode_plan is None and dispatch.uses_reference(q):
         meta.decode_plan = decode_plan(tables, lens, k_cache.shape[1])
-    return dispatch.decode_attention(q, k_cache, v_cache, tables, lens, scale, meta.decode_plan)
+    return dispatch.decode_attention(
+        q, k_cache, v_cache, tables, lens, scale, meta.decode_plan, window
+    )
 
 
 def dense_causal_attention(
@@ -151,18 +158,25 @@ def dense_causal_attention(
     v: torch.Tensor,
     meta: DenseAttentionMetadata,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention inside each whole sequence of the flat batch, with no cache: single-pass
-    models only, so no kernel of its own."""
+    models only, so no kernel of its own. `window`: as `paged_attention`'s."""
     out = torch.empty_like(q)
     start = 0
     for seq_len in meta.seq_lens_host:
         chunk = slice(start, start + seq_len)
+        mask = None
+        if window is not None and window < seq_len:
+            positions = torch.arange(seq_len, device=q.device)
+            offset = positions[:, None] - positions[None, :]
+            mask = (offset >= 0) & (offset < window)
         attended = F.scaled_dot_product_attention(
             q[chunk].transpose(0, 1),
             k[chunk].transpose(0, 1),
             v[chunk].transpose(0, 1),
-            is_causal=True,
+            attn_mask=mask,
+            is_causal=mask is None,
             scale=scale,
             enable_gqa=True,
         )

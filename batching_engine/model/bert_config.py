@@ -45,10 +45,6 @@ class BertConfig:
     type_vocab_size: int
     num_labels: int = 0
 
-    def context_limit(self) -> tuple[int, str]:
-        """The longest input, and the field that sets it (as the decoders' config says)."""
-        return self.max_position_embeddings, "max_position_embeddings"
-
     @property
     def head(self) -> str:
         """ "classifier" or "none": the part on top of the encoder (never an LM head)."""

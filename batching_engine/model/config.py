@@ -104,7 +104,7 @@ class LlamaConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
-    # The narrowest attention window of any layer (None: every layer sees its whole context).
+    # The window of the layers that slide (None: every layer sees its whole context).
     sliding_window: int | None = None
     hidden_act: str = "silu"
     gemma: bool = False  # see Family.gemma
@@ -132,14 +132,6 @@ class LlamaConfig:
     def head(self) -> str:
         """ "lm_head", "score" or "none": the part on top of the decoder."""
         return ARCHITECTURE_HEADS[self.architecture]
-
-    def context_limit(self) -> tuple[int, str]:
-        """The longest context served exactly, and the field that sets it. The engine
-        attends to a sequence's whole context in every layer, which is what a sliding-window
-        layer computes too while the context fits in its window."""
-        if self.sliding_window is not None and self.sliding_window < self.max_position_embeddings:
-            return self.sliding_window, "sliding_window"
-        return self.max_position_embeddings, "max_position_embeddings"
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> LlamaConfig:

@@ -42,9 +42,12 @@ class LlamaAttention(nn.Module):
     parallelism it holds this rank's heads only, and sums `o_proj`'s output over the ranks
     (whose bias, if any, only rank 0 holds, so it is added once)."""
 
-    def __init__(self, config: LlamaConfig, tp: TensorParallel = SINGLE) -> None:
+    def __init__(
+        self, config: LlamaConfig, tp: TensorParallel = SINGLE, window: int | None = None
+    ) -> None:
         super().__init__()
         self.tp = tp
+        self.window = window  # a sliding-window layer's: it sees the last `window` tokens
         self.num_heads = len(
             query_heads(config.num_attention_heads, config.num_key_value_heads, tp)
         )
@@ -76,11 +79,11 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k.reshape(-1, self.head_dim))[0].view_as(k)
         q, k = dispatch.rotary_embedding(meta.positions, q, k, *rope)
         if isinstance(meta, DenseAttentionMetadata):
-            out = dense_causal_attention(q, k, v, meta, self.scale)
+            out = dense_causal_attention(q, k, v, meta, self.scale, self.window)
         else:
             assert kv_cache is not None, "paged attention needs this layer's KV cache"
             dispatch.write_kv_cache(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
-            out = paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale)
+            out = paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale, self.window)
         return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
 
 
@@ -96,10 +99,12 @@ def mlp(config: LlamaConfig, tp: TensorParallel) -> SwiGLUMLP:
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention then pre-norm MLP, each added to the residual stream."""
 
-    def __init__(self, config: LlamaConfig, tp: TensorParallel = SINGLE) -> None:
+    def __init__(
+        self, config: LlamaConfig, tp: TensorParallel = SINGLE, window: int | None = None
+    ) -> None:
         super().__init__()
         self.input_layernorm = norm(config, config.hidden_size)
-        self.self_attn = LlamaAttention(config, tp)
+        self.self_attn = LlamaAttention(config, tp, window)
         self.post_attention_layernorm = norm(config, config.hidden_size)
         self.mlp = mlp(config, tp)
 
@@ -123,10 +128,12 @@ class SandwichDecoderLayer(nn.Module):
     """Gemma's block: the attention's and the MLP's outputs are normed too before each is
     added to the residual stream (four norms, named as transformers names them)."""
 
-    def __init__(self, config: LlamaConfig, tp: TensorParallel = SINGLE) -> None:
+    def __init__(
+        self, config: LlamaConfig, tp: TensorParallel = SINGLE, window: int | None = None
+    ) -> None:
         super().__init__()
         self.input_layernorm = norm(config, config.hidden_size)
-        self.self_attn = LlamaAttention(config, tp)
+        self.self_attn = LlamaAttention(config, tp, window)
         self.post_attention_layernorm = norm(config, config.hidden_size)
         self.pre_feedforward_layernorm = norm(config, config.hidden_size)
         self.mlp = mlp(config, tp)
@@ -166,7 +173,10 @@ class LlamaModel(nn.Module):
         )
         self.sliding_layers = config.sliding_layers or (False,) * config.num_hidden_layers
         layer = SandwichDecoderLayer if config.gemma else LlamaDecoderLayer
-        self.layers = nn.ModuleList(layer(config, tp) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            layer(config, tp, config.sliding_window if sliding else None)
+            for sliding in self.sliding_layers
+        )
         self.norm = norm(config, config.hidden_size)
 
     def rope_of(self, index: int) -> RopeTables:

@@ -50,7 +50,15 @@ def test_greedy_tokens_equal_transformers_on_the_converted_weights(model_dir):
     assert runner_greedy(runner, prompts, 12, chunk_size=5) == expected
 
 
-def test_the_context_stops_at_the_sliding_window(model_dir):
+def test_past_the_512_token_window_the_tokens_still_equal_transformers(model_dir):
+    """15 of its 18 layers slide over 512 tokens: a 700-token prompt reads past the window
+    in those layers, in prefill chunks and in decodes."""
     config = model_config_from_dir(model_dir)
-    assert config.context_limit() == (512, "sliding_window")
-    assert sum(config.sliding_layers) == 15  # all but every sixth of 18 layers
+    assert (config.sliding_window, sum(config.sliding_layers)) == (512, 15)
+    tokenizer = Tokenizer(model_dir)
+    text = " ".join(f"Item {i} costs {i * 7 % 13} coins." for i in range(100))
+    prompt = tokenizer.encode(text)[:700]
+    reference = Gemma3ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    expected = hf_greedy(reference, prompt, 6)
+    runner = ModelRunner(model_dir, kv_cache_memory_bytes=64 << 20, max_model_len=1024)
+    assert runner_greedy(runner, [prompt], 6, chunk_size=256) == [expected]

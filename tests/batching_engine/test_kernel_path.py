@@ -30,7 +30,7 @@ from batching_engine.kernels.rmsnorm import _fused_add_rmsnorm_kernel
 from batching_engine.model.attention import decode_buffers
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams, Sequence
-from harness.tiny_llama import LLAMA3_ROPE, hf_greedy, save_tiny_llama
+from harness.tiny_llama import LLAMA3_ROPE, hf_greedy, save_tiny_decoder, save_tiny_llama
 
 PROMPT_LENGTHS = [3, 21, 9, 30]
 MAX_TOKENS = 5
@@ -80,6 +80,21 @@ def test_triton_kernels_give_the_torch_paths_and_transformers_greedy_tokens(tiny
     expected = [hf_greedy(reference, prompt, MAX_TOKENS) for prompt in prompts]
     assert torch_tokens == expected
     assert triton_tokens == expected
+
+
+@pytest.mark.parametrize("kernels", ["auto", "torch", "triton"])
+def test_sliding_window_layers_decode_transformers_tokens_on_every_path(
+    tmp_path, prompts, backend, kernels
+):
+    """A window of 6 beside full layers: every prompt but the shortest slides, in prefill
+    chunks and decodes, through the C kernels (auto), the torch path and Triton's."""
+    reference = save_tiny_decoder(
+        tmp_path, "gemma3_text", tie_word_embeddings=False, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+    backend(kernels)
+    expected = [hf_greedy(reference, prompt, MAX_TOKENS) for prompt in prompts]
+    assert greedy(new_runner(tmp_path), prompts) == expected
 
 
 def replaying_capture(replays: list[int]):

@@ -18,7 +18,6 @@ import torch
 
 from batching_engine.config import EngineConfig
 from batching_engine.engine import LLMEngine
-from batching_engine.loading import fit_model_len
 from batching_engine.model.config import LlamaConfig, model_config_from_dir
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams, Sequence
@@ -26,7 +25,7 @@ from harness.tiny_llama import hf_greedy, runner_greedy, save_tiny_decoder
 from infergrid.errors import ContractError
 
 # Gemma 3's own: an attention scale other than head_dim's, sliding and full layers, each
-# kind with its rope base (the window itself wider than any test's context).
+# kind with its rope base (the window wider than any test's context unless a variant says).
 GEMMA3 = {
     "query_pre_attn_scalar": 24,
     "layer_types": ["sliding_attention", "full_attention"],
@@ -41,9 +40,17 @@ FAMILIES = {
     "qwen3": {"attention_bias": True},
     "qwen3-tied": {"tie_word_embeddings": True},
     "mistral": {"sliding_window": 4096},
+    # Windows far narrower than the contexts: every prompt and most decodes slide.
+    "mistral-window-8": {"sliding_window": 8},
+    "qwen2-sliding-layer": {
+        "sliding_window": 5,
+        "use_sliding_window": True,
+        "layer_types": ["full_attention", "sliding_attention"],
+    },
     "llama-attention-bias": {"attention_bias": True},
     "gemma3_text": {"tie_word_embeddings": False, **GEMMA3},
     "gemma3_text-tied": {"initializer_range": 0.05, **GEMMA3},
+    "gemma3_text-window-6": {"tie_word_embeddings": False, **GEMMA3, "sliding_window": 6},
 }
 
 
@@ -161,26 +168,6 @@ def edited_config(path, **changes) -> None:
     raw = json.loads(config_path.read_text())
     raw.update(changes)
     config_path.write_text(json.dumps(raw))
-
-
-def test_a_sliding_window_narrower_than_the_positions_caps_the_context(tmp_path):
-    save_tiny_decoder(tmp_path, "mistral", sliding_window=48)
-    assert model_config_from_dir(tmp_path).context_limit() == (48, "sliding_window")
-    runner = ModelRunner(tmp_path, kv_cache_memory_bytes=1 << 20)
-    assert runner.max_model_len == 48
-    with pytest.raises(
-        ContractError,
-        match=r"max_model_len: must be 1 to the model's sliding_window \(48\), got 64",
-    ):
-        ModelRunner(tmp_path, kv_cache_memory_bytes=1 << 20, max_model_len=64)
-
-
-def test_the_engine_cuts_a_longer_context_to_the_window_and_says_so(tmp_path, caplog):
-    save_tiny_decoder(tmp_path, "mistral", sliding_window=48)
-    config = model_config_from_dir(tmp_path)
-    assert fit_model_len(EngineConfig(max_model_len=2048), config).max_model_len == 48
-    assert "max_model_len 2048 exceeds the model's sliding_window (48); using 48" in caplog.text
-    assert fit_model_len(EngineConfig(max_model_len=32), config).max_model_len == 32
 
 
 def test_qwen_windows_count_only_where_its_layers_slide(tmp_path):

@@ -83,17 +83,19 @@ def test_a_slot_outside_the_cache_is_refused_and_nothing_is_written():
     group=st.integers(1, 4),
     block_size=st.sampled_from([1, 4, 16]),
     seed=st.integers(0, 2**31),
+    window=st.one_of(st.none(), st.integers(1, 80)),
 )
-def test_decode_attention_matches_the_reference(lens, kv_heads, group, block_size, seed):
-    """Ragged contexts in scattered blocks whose unused slots are NaN; a context of 0 (a padded
-    row) gives zeros."""
+def test_decode_attention_matches_the_reference(lens, kv_heads, group, block_size, seed, window):
+    """Ragged contexts in scattered blocks whose unused slots are NaN, whole or through a
+    sliding window; a context of 0 (a padded row) gives zeros."""
     gen = generator(seed)
     cache = paged_cache(lens, block_size=block_size, num_kv_heads=kv_heads, head_dim=32,
                         dtype=F32, gen=gen)  # fmt: skip
     q = randn(len(lens), kv_heads * group, 32, dtype=F32, gen=gen)
     args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens, 0.17)
-    got = cpu_decode.decode_attention(*args)
-    torch.testing.assert_close(got, decode_attention_reference(*args), **ATTENTION_TOLERANCES[F32])
+    got = cpu_decode.decode_attention(*args, window)
+    expected = decode_attention_reference(*args, window=window)
+    torch.testing.assert_close(got, expected, **ATTENTION_TOLERANCES[F32])
     assert not got[torch.tensor(lens) == 0].any()
 
 

@@ -35,7 +35,9 @@ SHAPES = {
 }
 
 
-def run_both(heads, kv_heads, head_dim, block_size, lens, dtype, seed=0, num_splits=None):
+def run_both(
+    heads, kv_heads, head_dim, block_size, lens, dtype, seed=0, num_splits=None, window=None
+):
     gen = generator(seed)
     cache = paged_cache(
         lens, block_size=block_size, num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, gen=gen
@@ -43,8 +45,8 @@ def run_both(heads, kv_heads, head_dim, block_size, lens, dtype, seed=0, num_spl
     q = randn(len(lens), heads, head_dim, dtype=dtype, gen=gen)
     args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens)
     out = poisoned(*q.shape, dtype=dtype)
-    actual = decode_attention_triton(*args, out=out, num_splits=num_splits)
-    return actual, decode_attention_reference(*args)
+    actual = decode_attention_triton(*args, out=out, num_splits=num_splits, window=window)
+    return actual, decode_attention_reference(*args, window=window)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -73,6 +75,34 @@ def test_a_padded_row_with_no_context_gives_zeros(num_splits):
     actual, expected = run_both(4, 2, 16, 16, [20, 0, 7], torch.float32, num_splits=num_splits)
     assert torch.equal(actual[1], torch.zeros_like(actual[1]))
     torch.testing.assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("window", [1, 5, 16, 100])
+def test_a_sliding_window_matches_the_reference_whatever_the_split(num_splits, window):
+    actual, expected = run_both(*BOUNDARY_CASE, torch.float32, num_splits=num_splits,
+                                window=window)  # fmt: skip
+    torch.testing.assert_close(actual, expected, **ATTENTION_TOLERANCES[torch.float32])
+
+
+def test_the_windowed_reference_is_attention_over_the_last_window_tokens():
+    """The reference against the definition: a window of w leaves a context of L the keys
+    L - w .. L - 1, as if the cache held those alone."""
+    gen = generator(3)
+    lens, window = [3, 12, 20], 5
+    cache = paged_cache(lens, block_size=4, num_kv_heads=1, head_dim=8, dtype=torch.float32,
+                        gen=gen)  # fmt: skip
+    q = randn(len(lens), 2, 8, dtype=torch.float32, gen=gen)
+    got = decode_attention_reference(
+        q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens, window=window
+    )
+    for s, length in enumerate(lens):
+        positions = torch.arange(max(0, length - window), length)
+        blocks = cache.block_tables[s, positions // 4].long()
+        k, v = cache.k_cache[blocks, positions % 4, 0], cache.v_cache[blocks, positions % 4, 0]
+        for head in range(2):
+            weights = torch.softmax(k @ q[s, head] / 8**0.5, dim=0)
+            torch.testing.assert_close(got[s, head], weights @ v)
 
 
 def test_split_count_fills_the_gpu_but_keeps_splits_long():

@@ -36,7 +36,9 @@ CASES = {
 }
 
 
-def run_both(heads, kv_heads, head_dim, block_size, chunks, dtype, seed=0, max_query_len=None):
+def run_both(
+    heads, kv_heads, head_dim, block_size, chunks, dtype, seed=0, max_query_len=None, window=None
+):
     gen = generator(seed)
     query_lens = [q for q, _ in chunks]
     cache = paged_cache(
@@ -48,8 +50,8 @@ def run_both(heads, kv_heads, head_dim, block_size, chunks, dtype, seed=0, max_q
     q = randn(sum(query_lens), heads, head_dim, dtype=dtype, gen=gen)
     args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens, cu_seqlens)
     out = poisoned(*q.shape, dtype=dtype)
-    actual = prefill_attention_triton(*args, max_query_len=max_query_len, out=out)
-    return actual, prefill_attention_reference(*args), args
+    actual = prefill_attention_triton(*args, max_query_len=max_query_len, out=out, window=window)
+    return actual, prefill_attention_reference(*args, window=window), args
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -75,19 +77,28 @@ def test_the_host_given_max_query_len_gives_the_same_answer():
     assert torch.equal(given, derived)
 
 
-def test_reference_is_causal_softmax_attention_at_the_chunk_positions():
+@pytest.mark.parametrize("window", [1, 4, 20, 100])
+def test_a_sliding_window_matches_the_reference(window):
+    actual, expected, _ = run_both(*CASES["mixed-chunks"], torch.float32, window=window)
+    torch.testing.assert_close(actual, expected, **ATTENTION_TOLERANCES[torch.float32])
+
+
+@pytest.mark.parametrize("window", [None, 3], ids=["causal", "window-3"])
+def test_reference_is_causal_softmax_attention_at_the_chunk_positions(window):
     """The reference itself, against the definition: query i of a q_len chunk of a context of
-    length L sits at L - q_len + i and sees keys 0..that position, kv head h // group."""
-    _, expected, args = run_both(4, 2, 16, 8, [(5, 12)], torch.float32)
+    length L sits at L - q_len + i and sees keys 0..that position (the last `window` of them
+    in a sliding-window layer), kv head h // group."""
+    _, expected, args = run_both(4, 2, 16, 8, [(5, 12)], torch.float32, window=window)
     q, k_cache, v_cache, tables, _, _ = args
     positions = torch.arange(12)
     k = k_cache[tables[0, positions // 8].long(), positions % 8]  # [12, 2, 16]
     v = v_cache[tables[0, positions // 8].long(), positions % 8]
     for i in range(5):
-        visible = 12 - 5 + i + 1
+        end = 12 - 5 + i + 1
+        first = 0 if window is None else max(0, end - window)
         for head in range(4):
-            scores = k[:visible, head // 2] @ q[i, head] / math.sqrt(16)
-            want = torch.softmax(scores, dim=0) @ v[:visible, head // 2]
+            scores = k[first:end, head // 2] @ q[i, head] / math.sqrt(16)
+            want = torch.softmax(scores, dim=0) @ v[first:end, head // 2]
             torch.testing.assert_close(expected[i, head], want)
 
 
