@@ -48,8 +48,22 @@ from infergrid.errors import ContractError
 INT4_GROUP_SIZE: Final = 32
 # config.json key where the GGUF import records its linear weights' tensor type.
 GGUF_WEIGHT_TYPE_KEY: Final = "gguf_weight_type"
-# A GGUF tensor type -> the mode that keeps its weights at (about) their size in the file.
-GGUF_MODES: Final = {"Q8_0": "int8", "Q4_0": "int4", "Q4_1": "int4"}
+# A GGUF tensor type -> the engine's mode that keeps its weights at about their size in the
+# file, with at least their precision: 4-bit blocks as int4 groups of 32 (a Q4_K sub-block
+# is one such group: a scale and a minimum over 32 codes of 0..15), 5- to 8-bit ones as int8
+# rows. The import dequantized them; `auto` quantizes them again into these.
+GGUF_MODES: Final = {
+    "Q8_0": "int8",
+    "Q6_K": "int8",
+    "Q5_0": "int8",
+    "Q5_1": "int8",
+    "Q5_K": "int8",
+    "Q4_0": "int4",
+    "Q4_1": "int4",
+    "Q4_K": "int4",
+}
+# GGUF tensor types that hold floats: nothing to keep quantized.
+GGUF_FLOAT_TYPES: Final = ("F32", "F16", "BF16")
 _INT4_INNER_K_TILES: Final = 8  # the CUDA kernel's packing; 2, 4 or 8
 # The CPU path dequantizes at most this many weights at a time (8 MiB of float32): a SmolLM2
 # projection in one piece, its LM head in 14.
@@ -111,9 +125,14 @@ def resolve_quantization(asked: str, model_dir: Path, device: torch.device) -> t
         return asked, f"quantization {asked}" + (path if asked != "none" else slow)
     config = json.loads((Path(model_dir) / "config.json").read_text())
     source = config.get(GGUF_WEIGHT_TYPE_KEY)
-    mode = GGUF_MODES.get(source, "none")
-    if source is None or mode == "none":
+    if source is None or source in GGUF_FLOAT_TYPES:
         return "none", "auto: the checkpoint's weights are not quantized"
+    mode = GGUF_MODES.get(source)
+    if mode is None:
+        return (
+            "none",
+            f"auto: {source} weights dequantized to floats: the engine has no {source} kernel",
+        )
     if missing is not None:
         return "none", f"auto: {source} weights held as floats: no CPU quantized kernel ({missing})"
     return mode, f"auto: the checkpoint's {source} weights held as {mode}{path}"

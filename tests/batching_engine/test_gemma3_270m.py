@@ -15,10 +15,12 @@ from transformers import AutoConfig, Gemma3ForCausalLM
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
 from batching_engine.model.config import model_config_from_dir
+from batching_engine.model.quantization import resolve_quantization
 from batching_engine.model_runner import ModelRunner
 from batching_engine.model_source import locate, resolve_model_dir
 from batching_engine.tokenizer import Tokenizer
 from harness.tiny_llama import hf_greedy, runner_greedy
+from tests.batching_engine.test_quantization import PERPLEXITY_BOUNDS, TEXT, perplexity
 
 URI = "pkg://gemma3-270m"
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Water boils at")
@@ -48,6 +50,27 @@ def test_greedy_tokens_equal_transformers_on_the_converted_weights(model_dir):
     expected = [hf_greedy(reference, prompt, 12) for prompt in prompts]
     runner = ModelRunner(model_dir, kv_cache_memory_bytes=64 << 20, max_model_len=128)
     assert runner_greedy(runner, prompts, 12, chunk_size=5) == expected
+
+
+def test_auto_holds_its_k_quants_as_int8_within_2_percent_of_the_floats_perplexity(model_dir):
+    """The file's most common type is Q5_0 (beside Q4_K, Q6_K and Q8_0): `auto` holds its
+    weights as int8 rows, against the dequantized floats, on the fixed text."""
+    mode, why = resolve_quantization("auto", model_dir, torch.device("cpu"))
+    if mode == "none":
+        pytest.skip(f"no CPU quantized kernel here: {why}")
+    assert mode == "int8" and "Q5_0" in why
+    ids = Tokenizer(model_dir).encode(TEXT.read_text())
+    scores = {
+        mode: perplexity(
+            ModelRunner(
+                model_dir, kv_cache_memory_bytes=64 << 20, max_model_len=1024, quantization=mode
+            ),
+            ids,
+        )  # fmt: skip
+        for mode in ("none", "int8")
+    }
+    print(f"gemma3-270m perplexity: floats {scores['none']:.3f}, int8 {scores['int8']:.3f}")
+    assert scores["int8"] <= scores["none"] * (1 + PERPLEXITY_BOUNDS["int8"])
 
 
 def test_past_the_512_token_window_the_tokens_still_equal_transformers(model_dir):

@@ -164,6 +164,10 @@ def _config_dir(tmp_path: Path, weight_type: str | None) -> Path:
         ("Q4_1", "cuda", "int4"),
         ("Q4_0", "cuda", "int4"),
         ("Q8_0", "cuda", "int8"),
+        ("Q4_K", "cuda", "int4"),
+        ("Q5_0", "cuda", "int8"),
+        ("Q5_K", "cuda", "int8"),
+        ("Q6_K", "cuda", "int8"),
         ("F16", "cuda", "none"),
         (None, "cuda", "none"),
     ],
@@ -191,6 +195,16 @@ def test_on_the_cpu_auto_keeps_them_quantized_only_with_the_cpu_kernel(
         assert ("CPU kernel" in why) if mode == "int4" else ("no CPU quantized kernel" in why)
     finally:
         cpu_build.clear_cache()
+
+
+@pytest.mark.parametrize("weight_type", ["Q2_K", "Q3_K", "IQ4_XS"])
+def test_a_type_without_a_kernel_of_ours_is_dequantized_and_the_reason_says_so(
+    tmp_path, weight_type
+):
+    resolved, why = resolve_quantization("auto", _config_dir(tmp_path, weight_type), CPU)
+    assert resolved == "none"
+    reason = f"{weight_type} weights dequantized to floats: the engine has no {weight_type} kernel"
+    assert why == f"auto: {reason}"
 
 
 def test_an_explicit_mode_is_taken_as_asked(tmp_path):
