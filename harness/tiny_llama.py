@@ -20,6 +20,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
@@ -57,6 +59,7 @@ FAMILIES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM),
+    "phi3": (Phi3Config, Phi3ForCausalLM),
     "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM),
 }
 

@@ -1,13 +1,14 @@
 """The decoder settings the engine needs, read from an HF `config.json`.
 
-Llama, Qwen2, Qwen3 and Mistral are one decoder with a few switches, so one config and one
-model code serve them: `FAMILIES` says, per `model_type`, which architectures it names and
-where its attention differs (biases on the q/k/v projections, a norm on each query and key
-head). Only what the model code uses is kept, and everything is checked at load time: an
-unknown architecture or rope type fails here with the field named, never later at request
-time. Both rope spellings are read: transformers 5's `rope_parameters` (theta inside) and the
-older `rope_theta` + `rope_scaling`. `model_config_from_dir` picks the family by config.json's
-`model_type`: the decoders here, BERT encoders in `bert_config`.
+Llama, Qwen2, Qwen3, Mistral, Phi-3 and Gemma 3 are one decoder with a few switches, so one
+config and one model code serve them: `FAMILIES` says, per `model_type`, which architectures
+it names and where it differs (biases on the q/k/v projections, a norm on each query and key
+head, Gemma's norms, embedding and gate). Only what the model code uses is kept, and
+everything is checked at load time: an unknown architecture or rope type fails here with the
+field named, never later at request time. Both rope spellings are read: transformers 5's
+`rope_parameters` (theta inside) and the older `rope_theta` + `rope_scaling`.
+`model_config_from_dir` picks the family by config.json's `model_type`: the decoders here,
+BERT encoders in `bert_config`.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ FAMILIES = {
     "qwen2": Family("Qwen2", qkv_bias=True, o_bias=False),
     "qwen3": Family("Qwen3", qk_norm=True),
     "mistral": Family("Mistral", qkv_bias=False, o_bias=False),
+    "phi3": Family("Phi3", qkv_bias=False, o_bias=False),
     "gemma3_text": Family(
         "Gemma3",
         qk_norm=True,
@@ -243,7 +245,7 @@ def _sliding_layers(raw: dict[str, Any], model_type: str) -> tuple[bool, ...]:
     layers = positive_int(raw, "num_hidden_layers")
     if raw.get("sliding_window") is None:
         return (False,) * layers
-    if model_type == "mistral":
+    if model_type in ("mistral", "phi3"):  # one window for every layer
         return (True,) * layers
     layer_types = raw.get("layer_types")
     if layer_types is None:
@@ -302,6 +304,11 @@ def _reject_unsupported(raw: dict[str, Any]) -> None:
             raise ContractError(key, "logit soft-capping is not supported")
     if raw.get("use_bidirectional_attention"):
         raise ContractError("use_bidirectional_attention", "only causal attention is supported")
+    factor = raw.get("partial_rotary_factor") or (raw.get("rope_parameters") or {}).get(
+        "partial_rotary_factor", 1.0
+    )
+    if factor != 1.0:
+        raise ContractError("partial_rotary_factor", "partial rotary is not supported")
     if raw.get("mlp_bias"):
         raise ContractError("mlp_bias", "biases on the MLP are not supported")
     if raw.get("pretraining_tp", 1) != 1:

@@ -9,6 +9,7 @@ slice of the fused projections, biases too (Qwen2's q/k/v).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -34,6 +35,8 @@ from batching_engine.model.tensor_parallel import (
 )
 from infergrid.errors import ContractError
 
+# Checkpoint tensors that hold two or three of HF Llama's in one (Phi-3's).
+_FUSED_SUFFIXES = ("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight")
 # Checkpoint tensors that hold nothing the model needs (older HF exports saved rope tables).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # BERT checkpoint tensors the encoder never reads: index buffers and pretraining heads.
@@ -138,20 +141,45 @@ def load_weights(
     rows_filled = dict.fromkeys(params, 0)
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as checkpoint:
-            for name in checkpoint.keys():
-                placement = _locate(name, config, trunk_prefix, tp)
-                if placement is None:
-                    continue
-                field = f"{file.name}:{name}"
-                target = placement.target
-                if target not in params:
-                    raise ContractError(field, "no such parameter in the model")
-                tensor = placement.part(checkpoint.get_tensor(name))
-                _copy_rows(params[target], placement.offset, tensor, field)
-                rows_filled[target] += tensor.shape[0]
+            for stored in checkpoint.keys():
+                for name, whole in _unfused(stored, checkpoint.get_tensor, config):
+                    placement = _locate(name, config, trunk_prefix, tp)
+                    if placement is None:
+                        continue
+                    field = f"{file.name}:{stored}"
+                    target = placement.target
+                    if target not in params:
+                        raise ContractError(field, "no such parameter in the model")
+                    tensor = placement.part(whole())
+                    _copy_rows(params[target], placement.offset, tensor, field)
+                    rows_filled[target] += tensor.shape[0]
     missing = [name for name, param in params.items() if rows_filled[name] != _rows(param)]
     if missing:
         raise ContractError("model_dir", f"checkpoint lacks weights for {', '.join(missing)}")
+
+
+def _unfused(
+    name: str, read: Callable[[str], torch.Tensor], config: ModelConfig
+) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
+    """The checkpoint tensor `name` as the unfused tensors HF's Llama names: Phi-3 stores q,
+    k and v as one `qkv_proj`, and gate and up as one `gate_up_proj` (gate rows first), which
+    each rank then cuts by head or column as it would the separate ones. The tensor is read
+    only when a part is placed."""
+    if not isinstance(config, LlamaConfig) or not name.endswith(_FUSED_SUFFIXES):
+        yield name, lambda: read(name)
+        return
+    q, kv = (
+        config.num_attention_heads * config.head_dim,
+        config.num_key_value_heads * config.head_dim,
+    )
+    if name.endswith("self_attn.qkv_proj.weight"):
+        base = name.removesuffix("qkv_proj.weight")
+        parts = (("q_proj", 0, q), ("k_proj", q, q + kv), ("v_proj", q + kv, q + 2 * kv))
+    else:
+        base, half = name.removesuffix("gate_up_proj.weight"), config.intermediate_size
+        parts = (("gate_proj", 0, half), ("up_proj", half, 2 * half))
+    for part, start, stop in parts:
+        yield f"{base}{part}.weight", lambda start=start, stop=stop: read(name)[start:stop]
 
 
 def _locate(

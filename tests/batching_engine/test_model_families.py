@@ -1,6 +1,7 @@
-"""Qwen2, Qwen3, Mistral and Gemma 3 decode exactly what transformers decodes, through the
-paged KV cache and continuous batching, quirks included: Qwen2's q/k/v biases, Qwen3's norm on
-each query and key head, Llama's optional attention biases, and Gemma 3's norms around each
+"""Qwen2, Qwen3, Mistral, Phi-3 and Gemma 3 decode exactly what transformers decodes, through
+the paged KV cache and continuous batching, quirks included: Qwen2's q/k/v biases, Qwen3's norm
+on each query and key head, Llama's optional attention biases, Phi-3's fused projections,
+sliding windows narrower than the contexts, and Gemma 3's norms around each
 sublayer (scaling by 1 + weight), scaled embedding, GELU gate, attention scale and rope base
 per layer kind.
 
@@ -48,6 +49,8 @@ FAMILIES = {
         "layer_types": ["full_attention", "sliding_attention"],
     },
     "llama-attention-bias": {"attention_bias": True},
+    "phi3": {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    "phi3-window-7": {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "sliding_window": 7},
     "gemma3_text": {"tie_word_embeddings": False, **GEMMA3},
     "gemma3_text-tied": {"initializer_range": 0.05, **GEMMA3},
     "gemma3_text-window-6": {"tie_word_embeddings": False, **GEMMA3, "sliding_window": 6},
@@ -75,7 +78,8 @@ def test_the_config_reads_each_familys_switches(tiny):
     assert isinstance(config, LlamaConfig)
     assert config.model_type == reference.config.model_type
     attention = reference.model.layers[0].self_attn
-    assert config.qkv_bias == (attention.q_proj.bias is not None)
+    q_proj = getattr(attention, "q_proj", None) or attention.qkv_proj  # Phi-3 fuses them
+    assert config.qkv_bias == (q_proj.bias is not None)
     assert config.o_bias == (attention.o_proj.bias is not None)
     assert config.qk_norm == hasattr(attention, "q_norm")
 
