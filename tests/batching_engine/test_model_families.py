@@ -194,6 +194,11 @@ def test_qwen_windows_count_only_where_its_layers_slide(tmp_path):
         ({"mlp_bias": True}, "mlp_bias"),
         ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
         ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+        (
+            {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.75}},
+            "partial_rotary_factor",
+        ),
         ({"sliding_window": 8, "layer_types": ["full_attention"]}, "layer_types"),
         ({"sliding_window": 0, "layer_types": ["sliding_attention"] * 2}, "sliding_window"),
         ({"sliding_window": 8, "layer_types": ["chunked_attention"] * 2}, "layer_types"),
