@@ -20,6 +20,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     PretrainedConfig,
@@ -60,6 +62,7 @@ FAMILIES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM),
     "phi3": (Phi3Config, Phi3ForCausalLM),
+    "mixtral": (MixtralConfig, MixtralForCausalLM),
     "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM),
 }
 

@@ -1,14 +1,14 @@
 """The decoder settings the engine needs, read from an HF `config.json`.
 
-Llama, Qwen2, Qwen3, Mistral, Phi-3 and Gemma 3 are one decoder with a few switches, so one
-config and one model code serve them: `FAMILIES` says, per `model_type`, which architectures
-it names and where it differs (biases on the q/k/v projections, a norm on each query and key
-head, Gemma's norms, embedding and gate). Only what the model code uses is kept, and
-everything is checked at load time: an unknown architecture or rope type fails here with the
-field named, never later at request time. Both rope spellings are read: transformers 5's
-`rope_parameters` (theta inside) and the older `rope_theta` + `rope_scaling`.
-`model_config_from_dir` picks the family by config.json's `model_type`: the decoders here,
-BERT encoders in `bert_config`.
+Llama, Qwen2, Qwen3, Mistral, Mixtral, Phi-3 and Gemma 3 are one decoder with a few switches,
+so one config and one model code serve them: `FAMILIES` says, per `model_type`, which
+architectures it names and where it differs (biases on the q/k/v projections, a norm on each
+query and key head, Gemma's norms, embedding and gate, Mixtral's experts). Only what the
+model code uses is kept, and everything is checked at load time: an unknown architecture or
+rope type fails here with the field named, never later at request time. Both rope spellings
+are read: transformers 5's `rope_parameters` (theta inside) and the older `rope_theta` +
+`rope_scaling`. `model_config_from_dir` picks the family by config.json's `model_type`: the
+decoders here, BERT encoders in `bert_config`.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class Family:
     # scales by 1 + weight, the embedding is scaled by sqrt(hidden_size), attention by
     # query_pre_attn_scalar, and sliding layers rotate with a rope base of their own.
     gemma: bool = False
+    moe: bool = False  # Mixtral: a router picks each token's experts (`num_local_experts`)
     architectures: tuple[str, ...] = ("ForCausalLM", "ForSequenceClassification", "Model")
 
     def heads(self) -> dict[str, str]:
@@ -57,6 +58,7 @@ FAMILIES = {
     "qwen3": Family("Qwen3", qk_norm=True),
     "mistral": Family("Mistral", qkv_bias=False, o_bias=False),
     "phi3": Family("Phi3", qkv_bias=False, o_bias=False),
+    "mixtral": Family("Mixtral", qkv_bias=False, o_bias=False, moe=True),
     "gemma3_text": Family(
         "Gemma3",
         qk_norm=True,
@@ -114,6 +116,9 @@ class LlamaConfig:
     # Which layers slide, and the rope base they rotate with when it is their own.
     sliding_layers: tuple[bool, ...] = ()
     local_rope_theta: float | None = None
+    # A mixture of experts: experts per layer and per token (0: a dense MLP).
+    num_experts: int = 0
+    experts_per_token: int = 0
 
     @property
     def norm_offset(self) -> float:
@@ -182,6 +187,7 @@ class LlamaConfig:
             attention_scale=_attention_scale(raw) if family.gemma else 0.0,
             sliding_layers=sliding,
             local_rope_theta=local_theta,
+            **(_experts(raw) if family.moe else {}),
         )
 
 
@@ -245,7 +251,7 @@ def _sliding_layers(raw: dict[str, Any], model_type: str) -> tuple[bool, ...]:
     layers = positive_int(raw, "num_hidden_layers")
     if raw.get("sliding_window") is None:
         return (False,) * layers
-    if model_type in ("mistral", "phi3"):  # one window for every layer
+    if model_type in ("mistral", "mixtral", "phi3"):  # one window for every layer
         return (True,) * layers
     layer_types = raw.get("layer_types")
     if layer_types is None:
@@ -266,6 +272,16 @@ def _older_sliding_layers(raw: dict[str, Any], model_type: str, layers: int) -> 
         return (False,) * layers
     first = raw.get("max_window_layers") or 0
     return tuple(i >= first for i in range(layers))
+
+
+def _experts(raw: dict[str, Any]) -> dict[str, int]:
+    experts = positive_int(raw, "num_local_experts")
+    per_token = positive_int(raw, "num_experts_per_tok")
+    if per_token > experts:
+        raise ContractError(
+            "num_experts_per_tok", f"{per_token} exceeds num_local_experts {experts}"
+        )
+    return {"num_experts": experts, "experts_per_token": per_token}
 
 
 def _activation(raw: dict[str, Any], key: str) -> str:

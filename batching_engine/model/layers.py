@@ -133,7 +133,12 @@ class SwiGLUMLP(nn.Module):
         self.down_proj = Linear(self.intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj(self._gate(self.gate_up_proj(x))))
+        return self.tp.all_reduce(self.partial(x))
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the output, before the sum over ranks (which a mixture of
+        experts makes once for all its experts)."""
+        return self.down_proj(self._gate(self.gate_up_proj(x)))
 
     def _gate(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.activation == "silu":

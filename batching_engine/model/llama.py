@@ -29,6 +29,7 @@ from batching_engine.model.attention import (
 )
 from batching_engine.model.config import LlamaConfig
 from batching_engine.model.layers import Embedding, Linear, RMSNorm, SwiGLUMLP
+from batching_engine.model.moe import SparseMoE
 from batching_engine.model.rope import RotaryEmbedding
 from batching_engine.model.tensor_parallel import SINGLE, TensorParallel, kv_heads, query_heads
 
@@ -92,7 +93,13 @@ def norm(config: LlamaConfig, size: int) -> RMSNorm:
     return RMSNorm(size, config.rms_norm_eps, config.norm_offset)
 
 
-def mlp(config: LlamaConfig, tp: TensorParallel) -> SwiGLUMLP:
+def mlp(config: LlamaConfig, tp: TensorParallel) -> SwiGLUMLP | SparseMoE:
+    """The layer's MLP: a gated one, or Mixtral's mixture of them."""
+    if config.num_experts:
+        return SparseMoE(
+            config.hidden_size, config.intermediate_size, config.num_experts,
+            config.experts_per_token, tp, config.hidden_act,
+        )  # fmt: skip
     return SwiGLUMLP(config.hidden_size, config.intermediate_size, tp, config.hidden_act)
 
 

@@ -246,14 +246,30 @@ def _target(name: str, config: LlamaConfig, trunk_prefix: str, tp: TensorParalle
         "self_attn.k_proj.bias": ("self_attn.qkv_proj.bias", q_size, kv, None),
         "self_attn.v_proj.bias": ("self_attn.qkv_proj.bias", q_size + kv_size, kv, None),
         "self_attn.o_proj.weight": ("self_attn.o_proj.weight", 0, None, q),
-        "mlp.gate_proj.weight": ("mlp.gate_up_proj.weight", 0, mlp_rows, None),
-        "mlp.up_proj.weight": ("mlp.gate_up_proj.weight", len(mlp), mlp_rows, None),
-        "mlp.down_proj.weight": ("mlp.down_proj.weight", 0, None, mlp_rows),
+        # A dense MLP's (`mlp.`) or an expert's (`mlp.experts.<e>.`).
+        ".gate_proj.weight": (".gate_up_proj.weight", 0, mlp_rows, None),
+        ".up_proj.weight": (".gate_up_proj.weight", len(mlp), mlp_rows, None),
+        ".down_proj.weight": (".down_proj.weight", 0, None, mlp_rows),
     }
+    trunk_name = _expert_name(trunk_name)
     for suffix, (ours, offset, rows, columns) in split.items():
         if trunk_name.endswith(suffix):
             return Placement(trunk_name.removesuffix(suffix) + ours, offset, rows, columns)
     return Placement(trunk_name)
+
+
+def _expert_name(name: str) -> str:
+    """Mixtral's names as a dense MLP's: `block_sparse_moe.experts.<e>.w1` (gate), `w3` (up)
+    and `w2` (down) inside our `mlp.experts.<e>`, the router as `mlp.gate`; the split then
+    places each expert's rows and columns as it does a dense MLP's."""
+    if ".block_sparse_moe." not in name:
+        return name
+    name = name.replace(".block_sparse_moe.", ".mlp.")
+    for old, new in (("w1.weight", "gate_proj.weight"), ("w3.weight", "up_proj.weight"),
+                     ("w2.weight", "down_proj.weight")):  # fmt: skip
+        if name.endswith(f".{old}"):
+            return name.removesuffix(old) + new
+    return name
 
 
 def _rows(target: nn.Parameter | RowQuantized) -> int:

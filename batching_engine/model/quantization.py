@@ -342,11 +342,12 @@ def _int8_rows(codes: torch.Tensor, scales: torch.Tensor) -> Fill:
 
 def quantize_modules(model: nn.Module, mode: str, dtype: torch.dtype) -> None:
     """Swap, in place, a Llama model's projections (and LM head, or the embedding it is tied
-    to) for quantized ones, before the loader fills them. A classifier's score head, a few
-    rows, stays as it is."""
+    to) for quantized ones, before the loader fills them. A classifier's score head and a
+    mixture's router, a few rows each, stay as they are: a rounded router could pick other
+    experts."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, Linear) and name != "score":
+            if isinstance(child, Linear) and name not in ("score", "gate"):
                 bias = child.bias is not None
                 swapped = QuantizedLinear(
                     child.in_features, child.out_features, mode, dtype, bias=bias

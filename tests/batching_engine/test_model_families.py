@@ -20,6 +20,8 @@ import torch
 from batching_engine.config import EngineConfig
 from batching_engine.engine import LLMEngine
 from batching_engine.model.config import LlamaConfig, model_config_from_dir
+from batching_engine.model.layers import Linear
+from batching_engine.model.quantization import QuantizedLinear
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams, Sequence
 from harness.tiny_llama import hf_greedy, runner_greedy, save_tiny_decoder
@@ -51,6 +53,8 @@ FAMILIES = {
     "llama-attention-bias": {"attention_bias": True},
     "phi3": {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
     "phi3-window-7": {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "sliding_window": 7},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "mixtral-top-1-of-8": {"num_local_experts": 8, "num_experts_per_tok": 1},
     "gemma3_text": {"tie_word_embeddings": False, **GEMMA3},
     "gemma3_text-tied": {"initializer_range": 0.05, **GEMMA3},
     "gemma3_text-window-6": {"tie_word_embeddings": False, **GEMMA3, "sliding_window": 6},
@@ -154,6 +158,17 @@ def test_an_int8_embedding_keeps_gemmas_scale_on_lookups_not_as_the_head(tmp_pat
     )
 
 
+def test_quantized_experts_keep_their_router_in_floats(tmp_path):
+    save_tiny_decoder(tmp_path, "mixtral", num_local_experts=4, num_experts_per_tok=2)
+    runner = ModelRunner(tmp_path, kv_cache_memory_bytes=1 << 20, max_model_len=64,
+                         quantization="int8")  # fmt: skip
+    moe = runner.model.model.layers[0].mlp
+    assert type(moe.gate) is Linear
+    assert type(moe.experts[3].down_proj) is QuantizedLinear
+    tokens = runner_greedy(runner, prompts(9), 8)[0]
+    assert len(tokens) == 8
+
+
 def test_quantized_weights_keep_the_biases(tmp_path):
     save_tiny_decoder(tmp_path, "qwen2")
     plain = ModelRunner(tmp_path, kv_cache_memory_bytes=1 << 20, max_model_len=64)
@@ -195,6 +210,15 @@ def test_qwen_windows_count_only_where_its_layers_slide(tmp_path):
         ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
         ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+        (
+            {
+                "model_type": "mixtral",
+                "architectures": ["MixtralForCausalLM"],
+                "num_local_experts": 2,
+                "num_experts_per_tok": 3,
+            },
+            "num_experts_per_tok",
+        ),
         (
             {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.75}},
             "partial_rotary_factor",

@@ -96,6 +96,7 @@ def test_two_ranks_decode_the_tokens_of_one_and_of_transformers(tmp_path, heads,
         ("qwen2", {}),
         ("qwen3", {"attention_bias": True}),
         ("phi3", {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+        ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
         (
             "gemma3_text",
             {
@@ -108,7 +109,8 @@ def test_two_ranks_decode_the_tokens_of_one_and_of_transformers(tmp_path, heads,
 )
 def test_two_ranks_split_each_familys_biases_and_head_norms(tmp_path, family, overrides):
     """q/k/v biases split with their heads, o_proj's added once, head norms on every rank,
-    Phi-3's fused q/k/v and gate/up cut by head and column as the separate ones are."""
+    Phi-3's fused q/k/v and gate/up cut by head and column as the separate ones are, each of
+    Mixtral's experts cut by column, the router whole."""
     reference = save_tiny_decoder(
         tmp_path, family, hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
         intermediate_size=200, **overrides,
