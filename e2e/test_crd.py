@@ -127,7 +127,12 @@ INVALID = [
         "spec.resources",
         "set only one of",
     ),
-    ("no-gpu-request", {"spec.resources": {"cpu": "2"}}, "spec.resources", "set one of"),
+    (
+        "gpuModels-without-a-gpu",
+        {"spec.resources": {"cpu": "2", "gpuModels": ["a100-80gb"]}},
+        "spec.resources",
+        "need a GPU",
+    ),
     (
         "gpuCores-without-gpuMemoryMiB",
         {"spec.resources": {"gpus": 1, "gpuCores": 30}},

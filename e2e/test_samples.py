@@ -80,9 +80,13 @@ def test_the_sample_serves_from_the_real_node(cluster, samples_namespace, path: 
     kubectl(cluster.kubeconfig, "apply", "-n", namespace, "-f", str(path))
     try:
         pods = wait_all_ready(cluster.api, namespace, name)
+        gpu_service = {"gpus", "gpuMemoryMiB", "migProfile"} & spec["resources"].keys()
         for pod in pods:
             assert core.read_node(pod.spec.node_name).metadata.labels.get(REAL_NODE_LABEL)
             assert pod.status.container_statuses[0].restart_count == 0
+            if not gpu_service:  # CPU-only: placed with no GPU scheduler, holding no GPU
+                assert pod.spec.scheduler_name == "default-scheduler"
+                assert not (pod.spec.containers[0].resources.limits or {})
         _check_storage(core, namespace, pods, spec)
         with port_forward(cluster.kubeconfig, namespace, f"svc/{name}", 80) as url:
             ai = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120)

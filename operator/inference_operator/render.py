@@ -10,13 +10,14 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
 from infergrid.constants import (
     ANNOTATION_PLACEMENT_POLICY,
     ANNOTATION_TOPOLOGY,
+    LABEL_GPU_PRODUCT,
     LABEL_INFERENCESERVICE,
     RESOURCE_GPU,
     RESOURCE_GPU_CORES,
@@ -90,6 +91,20 @@ class TrackStorage:
     volumes: tuple[dict[str, Any], ...] = ()
     mounts: tuple[dict[str, Any], ...] = ()
     env: tuple[dict[str, str], ...] = ()
+
+
+# A CPU-only service's pods prefer nodes without GPUs (no device plugin labelled them), and
+# take a GPU node's CPUs only where no other node has room.
+AWAY_FROM_GPU_NODES: Final = {
+    "preferredDuringSchedulingIgnoredDuringExecution": [
+        {
+            "weight": 100,
+            "preference": {
+                "matchExpressions": [{"key": LABEL_GPU_PRODUCT, "operator": "DoesNotExist"}]
+            },
+        }
+    ]
+}
 
 
 def configmap_name(spec: ServiceSpec, name: str, track: str) -> str:
@@ -340,7 +355,10 @@ def _mount(name: str, path: str, read_only: bool) -> dict[str, Any]:
 
 
 def gpu_limits(resources: Resources) -> dict[str, str]:
-    """The extended resources of one engine container, as the device plugin advertises them."""
+    """The extended resources of one engine container, as the device plugin advertises them;
+    none for a CPU-only service."""
+    if resources.cpu_only:
+        return {}
     if resources.gpus is not None:
         return {RESOURCE_GPU: str(resources.gpus)}
     if resources.mig_profile is not None:
@@ -368,6 +386,8 @@ def _pod_spec(spec: ServiceSpec, name: str, track: str, storage: TrackStorage) -
     if spec.scheduling.node_selector:
         pod["nodeSelector"] = dict(spec.scheduling.node_selector)
     affinity = node_affinity(spec.resources.gpu_constraint)
+    if spec.resources.cpu_only:
+        affinity = AWAY_FROM_GPU_NODES
     if affinity is not None:
         pod["affinity"] = {"nodeAffinity": affinity}
     return pod
@@ -376,7 +396,8 @@ def _pod_spec(spec: ServiceSpec, name: str, track: str, storage: TrackStorage) -
 def _container(spec: ServiceSpec, storage: TrackStorage) -> dict[str, Any]:
     requests = {k: v for k, v in (("cpu", spec.resources.cpu),
                                   ("memory", spec.resources.memory)) if v}  # fmt: skip
-    resources: dict[str, Any] = {"limits": gpu_limits(spec.resources)}
+    limits = gpu_limits(spec.resources)
+    resources: dict[str, Any] = {"limits": limits} if limits else {}
     if requests:
         resources["requests"] = requests
     env = [{"name": CONFIG_ENV, "value": f"{CONFIG_DIR}/{CONFIG_KEY}"}, *storage.env]
@@ -432,7 +453,9 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 
 
 def _pod_annotations(spec: ServiceSpec) -> dict[str, str]:
-    """Placement inputs for the extender."""
+    """Placement inputs for the extender; a CPU-only service's pods have none to give."""
+    if spec.resources.cpu_only:
+        return {}
     annotations = {ANNOTATION_PLACEMENT_POLICY: spec.scheduling.policy}
     if spec.resources.topology:
         annotations[ANNOTATION_TOPOLOGY] = spec.resources.topology

@@ -28,6 +28,9 @@ MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]+gb$")
 # How long a model may take to load (spec.model.loadTimeoutSeconds): bounds and default.
 LOAD_TIMEOUT_S = (30, 7200, 600)
 
+# Where a CPU-only service's pods go unless spec.scheduling.schedulerName says otherwise.
+CPU_SCHEDULER = "default-scheduler"
+
 
 @dataclass(frozen=True, slots=True)
 class Model:
@@ -40,7 +43,8 @@ class Model:
 
 @dataclass(frozen=True, slots=True)
 class Resources:
-    """Exactly one of `gpus`, `gpu_memory_mib` or `mig_profile` is set."""
+    """At most one of `gpus`, `gpu_memory_mib` or `mig_profile` is set; none makes a CPU-only
+    service, whose pods the default scheduler places with no GPU involved."""
 
     gpus: int | None = None
     gpu_memory_mib: int | None = None
@@ -50,6 +54,10 @@ class Resources:
     cpu: str | None = None
     memory: str | None = None
     gpu_constraint: GpuConstraint = GpuConstraint()
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.gpus is None and self.gpu_memory_mib is None and self.mig_profile is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +127,14 @@ def parse_spec(
     """
     doc = expect(doc, dict, "spec")
     engine = field(doc, "engine", dict, "spec", {})
+    resources = _resources(field(doc, "resources", dict, "spec"))
+    if resources.cpu_only:  # no GPU to place: kube-scheduler's own profile does it
+        default_scheduler = CPU_SCHEDULER
     return ServiceSpec(
         model=_model(field(doc, "model", dict, "spec")),
         image=field(engine, "image", str, "spec.engine", default_image),
         engine=read_crd_engine(engine, "spec.engine"),
-        resources=_resources(field(doc, "resources", dict, "spec")),
+        resources=resources,
         scheduling=_scheduling(
             field(doc, "scheduling", dict, "spec", {}), default_scheduler, priority_classes
         ),
@@ -149,8 +160,8 @@ def _model(doc: dict[str, Any]) -> Model:
 def _resources(doc: dict[str, Any]) -> Resources:
     path = "spec.resources"
     given = [key for key in ("gpus", "gpuMemoryMiB", "migProfile") if doc.get(key) is not None]
-    if len(given) != 1:
-        raise ContractError(path, f"set exactly one of gpus, gpuMemoryMiB, migProfile; got {given}")
+    if len(given) > 1:
+        raise ContractError(path, f"set at most one of gpus, gpuMemoryMiB, migProfile; got {given}")
     resources = Resources(
         gpus=_optional(doc, "gpus", path, 1, 8),
         gpu_memory_mib=_optional(doc, "gpuMemoryMiB", path, 256, 1048576),
@@ -168,6 +179,9 @@ def _resources(doc: dict[str, Any]) -> Resources:
             join(path, "topology"),
             "is only allowed with gpus >= 2",
         )
+    if resources.cpu_only and not resources.gpu_constraint.empty:
+        key = "gpuModels" if resources.gpu_constraint.models else "minComputeCapability"
+        raise ContractError(join(path, key), "is only allowed with a GPU resource")
     return resources
 
 

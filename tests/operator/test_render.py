@@ -68,6 +68,37 @@ def test_gpu_resources_are_limits_of_the_engine_container(resources, limits):
     assert engine["resources"] == {"limits": limits}
 
 
+@pytest.mark.parametrize("resources", [{}, {"cpu": "2", "memory": "2Gi"}], ids=["none", "cpu"])
+def test_a_cpu_only_service_asks_for_no_gpu_and_no_gpu_scheduler(resources):
+    """No GPU resource: the default scheduler places the pods, preferring nodes without
+    GPUs, with nothing for the extender; the engine gets one rank."""
+    rendered = render_deployment(spec(resources=resources), "m", "ns")
+    pod = rendered["spec"]["template"]
+    engine = container(rendered)
+    assert "limits" not in engine["resources"]
+    assert engine["resources"].get("requests", {}) == {
+        k: v for k, v in resources.items() if k in ("cpu", "memory")
+    }
+    assert pod["spec"]["schedulerName"] == "default-scheduler"
+    assert "annotations" not in pod["metadata"] or not pod["metadata"]["annotations"]
+    preferred = pod["spec"]["affinity"]["nodeAffinity"]
+    assert preferred == {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "preference": {"matchExpressions": [
+                {"key": "infergrid.io/gpu.product", "operator": "DoesNotExist"}]}}
+        ]
+    }  # fmt: skip
+    configmap = render_configmap(spec(resources=resources), "m", "ns", "stable")
+    assert yaml.safe_load(configmap["data"]["engine.yaml"])["engine"]["tensorParallelSize"] == 1
+
+
+def test_a_cpu_only_service_keeps_the_scheduler_it_names():
+    s = spec(resources={"cpu": "1"}, scheduling={"schedulerName": "batch-scheduler"})
+    assert render_deployment(s, "m", "ns")["spec"]["template"]["spec"]["schedulerName"] == (
+        "batch-scheduler"
+    )
+
+
 def test_whole_gpus_beyond_one_render_as_their_count():
     assert gpu_limits(Resources(gpus=4)) == {"nvidia.com/gpu": "4"}
 

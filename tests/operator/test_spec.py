@@ -56,8 +56,11 @@ def test_every_inference_service_of_a_scheduling_sample_parses(path):
 @pytest.mark.parametrize(
     ("resources", "field"),
     [
-        ({}, "spec.resources"),
         ({"gpus": 1, "gpuMemoryMiB": 1024}, "spec.resources"),
+        ({"gpuModels": ["a100-80gb"]}, "spec.resources.gpuModels"),
+        ({"cpu": "2", "minComputeCapability": "8.0"}, "spec.resources.minComputeCapability"),
+        ({"cpu": "2", "gpuCores": 20}, "spec.resources.gpuCores"),
+        ({"topology": "nvlink"}, "spec.resources.topology"),
         ({"gpus": 1, "gpuCores": 20}, "spec.resources.gpuCores"),
         ({"gpus": 1, "topology": "nvlink"}, "spec.resources.topology"),
         ({"gpuMemoryMiB": 1024, "topology": "nvlink"}, "spec.resources.topology"),
