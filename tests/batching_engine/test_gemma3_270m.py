@@ -8,6 +8,9 @@ from the converted directory as the engine does through its paged cache.
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -19,6 +22,7 @@ from batching_engine.model.quantization import resolve_quantization
 from batching_engine.model_runner import ModelRunner
 from batching_engine.model_source import locate, resolve_model_dir
 from batching_engine.tokenizer import Tokenizer
+from harness.engine_process import EngineProcess
 from harness.tiny_llama import hf_greedy, runner_greedy
 from tests.batching_engine.test_quantization import PERPLEXITY_BOUNDS, TEXT, perplexity
 
@@ -85,3 +89,27 @@ def test_past_the_512_token_window_the_tokens_still_equal_transformers(model_dir
     expected = hf_greedy(reference, prompt, 6)
     runner = ModelRunner(model_dir, kv_cache_memory_bytes=64 << 20, max_model_len=1024)
     assert runner_greedy(runner, [prompt], 6, chunk_size=256) == [expected]
+
+
+def test_an_engine_process_serves_it_over_http_with_transformers_tokens(model_dir, tmp_path):
+    """`infergrid-engine --model pkg://gemma3-270m`, as a pod runs it, answers a completion
+    with the text of transformers' greedy tokens (floats, to compare them exactly)."""
+    tokenizer = Tokenizer(model_dir)
+    prompt = PROMPTS[0]
+    reference = Gemma3ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    expected = tokenizer.decode(hf_greedy(reference, tokenizer.encode(prompt), 12))
+    args = ["--model", URI, "--kv-cache-memory", "128MiB", "--quantization", "none"]
+    engine = EngineProcess(args, tmp_path / "engine.log")
+    try:
+        engine.wait_ready()
+        body = {"model": "gemma3-270m", "prompt": prompt, "max_tokens": 12, "temperature": 0}
+        request = urllib.request.Request(
+            f"{engine.url}/v1/completions", json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            choice = json.load(answer)["choices"][0]
+        assert choice["text"] == expected
+        assert "weights: none (quantization none" in engine.log_path.read_text()
+    finally:
+        engine.kill()
