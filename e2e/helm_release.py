@@ -274,7 +274,27 @@ def tenant_api(
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
          "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
     )  # fmt: skip
-    return as_token(cluster, token(cluster, namespace, name))
+    tenant = as_token(cluster, token(cluster, namespace, name))
+    wait_until(lambda: _granted(tenant, namespace, rules), 30, f"RBAC to grant {name} its Role")
+    return tenant
+
+
+def _granted(api: client.ApiClient, namespace: str, rules: list[dict]) -> bool:
+    """Whether the API server authorizes every rule's every verb for `api`'s identity yet: a
+    new RoleBinding takes effect once the server's RBAC cache has seen it, a moment later
+    (seconds on a loaded machine)."""
+    reviews = client.AuthorizationV1Api(api)
+    for rule in rules:
+        for group in rule.get("apiGroups", [""]):
+            for name in rule["resources"]:
+                resource, _, subresource = name.partition("/")
+                for verb in rule["verbs"]:
+                    attributes = {"namespace": namespace, "group": group, "resource": resource,
+                                  "subresource": subresource, "verb": verb}  # fmt: skip
+                    body = {"spec": {"resourceAttributes": attributes}}
+                    if not reviews.create_self_subject_access_review(body).status.allowed:
+                        return False
+    return True
 
 
 def as_token(cluster, bearer: str) -> client.ApiClient:
