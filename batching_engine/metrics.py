@@ -23,6 +23,7 @@ from batching_engine.throughput import BusyWindow
 from infergrid.constants import (
     METRIC_ENGINE_E2E_LATENCY,
     METRIC_ENGINE_GPU_UTILIZATION,
+    METRIC_ENGINE_KV_USAGE,
     METRIC_ENGINE_QUEUE_DEPTH,
     METRIC_ENGINE_RUNNING,
 )
@@ -91,7 +92,9 @@ class EngineMetrics:
             METRIC_ENGINE_RUNNING.removeprefix(PREFIX),
             "Sequences being generated (holding KV blocks).",
         )
-        self.kv_usage = g("kv_cache_usage_ratio", "Share of KV-cache blocks in use, 0 to 1.")
+        self.kv_usage = g(
+            METRIC_ENGINE_KV_USAGE.removeprefix(PREFIX), "Share of KV-cache blocks in use, 0 to 1."
+        )
         self.utilization = g(
             METRIC_ENGINE_GPU_UTILIZATION.removeprefix(PREFIX),
             f"Engine busy time: percent of the last {BUSY_WINDOW_S:g} s the "

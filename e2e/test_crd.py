@@ -128,6 +128,26 @@ INVALID = [
         "set only one of",
     ),
     (
+        "vllm-without-an-image",
+        {"spec.runtime": "vllm"},
+        "spec.engine.image",
+        "needs spec.engine.image",
+    ),
+    (
+        "customRuntime-without-runtime-custom",
+        {
+            "spec.customRuntime": {
+                "port": 9000,
+                "readyPath": "/r",
+                "livePath": "/l",
+                "metrics": {"queueDepth": "q", "running": "r"},
+            }
+        },
+        "spec",
+        "set exactly when spec.runtime is custom",
+    ),
+    ("runtime-tgi", {"spec.runtime": "tgi"}, "spec.runtime", "vllm"),
+    (
         "gpuModels-without-a-gpu",
         {"spec.resources": {"cpu": "2", "gpuModels": ["a100-80gb"]}},
         "spec.resources",

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from infergrid.constants import LABEL_INFERENCESERVICE
+from infergrid.engine_metrics import INFERGRID_METRICS, MetricNames
+from infergrid.errors import ContractError
+from infergrid.runtimes import RUNTIMES, Runtime, custom_runtime
 from infergrid.serving_config import BY_ATTR, DEFAULT_PORT
 from infergrid.tracks import CANARY, STABLE, track_of_pod
 
@@ -49,6 +52,7 @@ class Backend:
     pod: str
     url: str  # http://ip:port, no trailing slash
     track: str
+    metrics: MetricNames = INFERGRID_METRICS  # its runtime's series, as its service says
 
     @property
     def key(self) -> Key:
@@ -143,7 +147,9 @@ def build_catalog(
     """The catalog of these InferenceServices, with the ready pods their slices list: those
     of `pods` only (the engine pods of the namespaces served). Slices naming anything else
     are in `Catalog.refused`, with the first reason."""
-    endpoints, refused = _endpoints_by_service(slices, {p.key: p for p in pods})
+    services = list(services)
+    ports = {_service_key(s): runtime_of(s.get("spec") or {}).port for s in services}
+    endpoints, refused = _endpoints_by_service(slices, {p.key: p for p in pods}, ports)
     routes: dict[ModelKey, Route] = {}
     shadowed: list[str] = []
     for service in sorted(services, key=_age):
@@ -178,29 +184,51 @@ def _route(service: dict[str, Any], endpoints: Mapping[Key, list[Backend]]) -> R
     percent = canary.get("trafficPercent", 0) if canary else 0
     replicas = spec.get("replicas", 1)
     context = (spec.get("engine") or {}).get("maxModelLen", BY_ATTR["max_model_len"].default)
+    names = runtime_of(spec).metrics
+    backends = [replace(b, metrics=names) for b in endpoints.get((namespace, name), [])]
     return Route(
         model=model,
         namespace=namespace,
         service=name,
         canary_percent=percent if isinstance(percent, int) else 0,
         replicas=replicas if isinstance(replicas, int) else 1,
-        backends=tuple(sorted(endpoints.get((namespace, name), []), key=lambda b: b.pod)),
+        backends=tuple(sorted(backends, key=lambda b: b.pod)),
         context_tokens=context if isinstance(context, int) else None,
     )
 
 
+def runtime_of(spec: Mapping[str, Any]) -> Runtime:
+    """The service's runtime: its engine port and the series it reports its load in. A spec
+    the operator would refuse (an unknown runtime, a bad custom one) is read as the bundled
+    engine's: its pods, on no engine port of that runtime, route nothing."""
+    name = spec.get("runtime", "infergrid")
+    try:
+        if name == "custom":
+            return custom_runtime(spec.get("customRuntime") or {})
+        return RUNTIMES[name]
+    except (ContractError, KeyError, TypeError):
+        return RUNTIMES["infergrid"]
+
+
+def _service_key(service: Mapping[str, Any]) -> Key:
+    meta = service.get("metadata") or {}
+    return (meta.get("namespace") or "", meta.get("name") or "")
+
+
 def _endpoints_by_service(
-    slices: Iterable[dict[str, Any]], pods: Mapping[Key, EnginePod]
+    slices: Iterable[dict[str, Any]], pods: Mapping[Key, EnginePod], ports: Mapping[Key, int]
 ) -> tuple[dict[Key, list[Backend]], dict[Key, str]]:
+    """`ports`: each InferenceService's engine port, its runtime's."""
     found: dict[Key, dict[str, Backend]] = {}
     refused: dict[Key, str] = {}
     for eps in slices:
         meta = eps.get("metadata") or {}
         service = _controllers_service(meta)
-        port = _port(eps.get("ports") or [])
+        namespace = meta.get("namespace", "")
+        expected = ports.get((namespace, service or ""), DEFAULT_PORT)
+        port = _port(eps.get("ports") or [], expected)
         if not service or port is None:
             continue
-        namespace = meta.get("namespace", "")
         seen = found.setdefault((namespace, service), {})
         for endpoint in eps.get("endpoints") or []:
             if not _serving(endpoint):
@@ -229,12 +257,13 @@ def _controllers_service(meta: dict[str, Any]) -> str | None:
     return service if owned else None
 
 
-def _port(ports: list[dict[str, Any]]) -> int | None:
+def _port(ports: list[dict[str, Any]], expected: int) -> int | None:
     """The slice's engine port: the one named `http`, and only if it is the port the operator
-    gives every engine pod (`DEFAULT_PORT`). A slice's ports are as forgeable as the rest of
-    it, and another port of a pod (a hostNetwork pod's is the node's) is no engine."""
+    gives the service's engine pods (its runtime's, `expected`). A slice's ports are as
+    forgeable as the rest of it, and another port of a pod (a hostNetwork pod's is the
+    node's) is no engine."""
     named = [p.get("port") for p in ports if p.get("name") == PORT_NAME]
-    return DEFAULT_PORT if DEFAULT_PORT in named else None
+    return expected if expected in named else None
 
 
 def _serving(endpoint: dict[str, Any]) -> bool:

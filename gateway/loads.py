@@ -90,7 +90,8 @@ async def _one(
                 ours = loads.in_flight.get(backend.key, 0)  # as the engine wrote its figures
         if body is None:
             return
-        sample = await asyncio.to_thread(parse_engine_metrics, body.decode("utf-8", "replace"))
+        text = body.decode("utf-8", "replace")
+        sample = await asyncio.to_thread(parse_engine_metrics, text, backend.metrics)
     except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as err:
         log.debug("scrape of %s/%s failed: %s", backend.namespace, backend.pod, err)
         return

@@ -96,6 +96,7 @@ METRIC_ENGINE_QUEUE_DEPTH: Final = "infergrid_engine_queue_depth"  # gauge
 METRIC_ENGINE_RUNNING: Final = "infergrid_engine_running_sequences"  # gauge
 METRIC_ENGINE_E2E_LATENCY: Final = "infergrid_engine_e2e_latency_seconds"  # histogram
 METRIC_ENGINE_GPU_UTILIZATION: Final = "infergrid_engine_gpu_utilization_percent"  # gauge
+METRIC_ENGINE_KV_USAGE: Final = "infergrid_engine_kv_cache_usage_ratio"  # gauge, 0..1
 # On every child of an InferenceService (its Service, hence its EndpointSlices, and pods):
 # the service's name. The operator sets it; the gateway watches the slices that carry it.
 LABEL_INFERENCESERVICE: Final = "infergrid.io/inferenceservice"

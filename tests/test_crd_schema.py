@@ -166,6 +166,7 @@ CONTRACT_DEFAULTS = {
     "spec.autoscaling.warmPool": 0,
     "spec.autoscaling.intervalSeconds": 15,
     "spec.network.allowSameNamespace": False,
+    "spec.runtime": "infergrid",
 }
 
 

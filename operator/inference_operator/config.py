@@ -15,8 +15,9 @@ from infergrid.storage_uri import parse_storage_uri
 from .engine_access import Caller, callers, cidrs
 
 DEFAULT_ENGINE_IMAGE: Final = "infergrid/engine:0.1.0"
-DEFAULT_METRICS_URL: Final = "http://{pod_ip}:8000/metrics"
-URL_FIELDS: Final = {"pod_ip": "10.0.0.1", "pod_name": "p", "namespace": "ns"}
+# {port} is the service's runtime's (8000 for the bundled engine, infergrid/runtimes.py).
+DEFAULT_METRICS_URL: Final = "http://{pod_ip}:{port}/metrics"
+URL_FIELDS: Final = {"pod_ip": "10.0.0.1", "pod_name": "p", "namespace": "ns", "port": 8000}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +54,13 @@ def scans_namespaces(namespaces: tuple[str, ...]) -> bool:
 
 
 def url_template(doc: dict[str, Any], key: str) -> str:
-    """A URL with {pod_ip}, {pod_name} or {namespace} in it, checked once at start."""
+    """A URL with {pod_ip}, {pod_name}, {namespace} or {port} in it, checked once at start."""
     value = text(doc, key)
     try:
         value.format(**URL_FIELDS)
     except (KeyError, IndexError, ValueError) as err:
         raise ContractError(
-            key, f"only {{pod_ip}}, {{pod_name}}, {{namespace}} may appear: {err}"
+            key, f"only {{pod_ip}}, {{pod_name}}, {{namespace}}, {{port}} may appear: {err}"
         ) from err
     return value
 

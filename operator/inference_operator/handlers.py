@@ -357,10 +357,12 @@ async def autoscale_once(
     the scale patch and status.metrics."""
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     pods = await asyncio.to_thread(memo.kube.pods, namespace, stable_selector(name))
-    template = memo.config.metrics_url_template
-    urls = {p["metadata"]["name"]: scrape_url(template, p) for p in pods if scrapable(p)}
+    template, runtime = memo.config.metrics_url_template, service.runtime
+    urls = {
+        p["metadata"]["name"]: scrape_url(template, p, runtime.port) for p in pods if scrapable(p)
+    }
     scraped, (pending, gateway_failing) = await asyncio.gather(
-        scrape(urls, memo.config.scrape_timeout_s),
+        scrape(urls, memo.config.scrape_timeout_s, runtime.metrics),
         read_pending(memo.config, namespace, name, state.gateway_failing),
     )
     warn_ignored_metrics(body, scraped.ignored, state.ignored)

@@ -31,9 +31,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from infergrid.capped_read import read_capped
 from infergrid.constants import METRIC_GATEWAY_PENDING
 from infergrid.engine_metrics import (
+    INFERGRID_METRICS,
     MAX_METRICS_BYTES,
     Buckets,
     EngineSample,
+    MetricNames,
     parse_engine_metrics,
 )
 
@@ -118,12 +120,14 @@ def scrapable(pod: Mapping) -> bool:
     )
 
 
-def scrape_url(template: str, pod: Mapping) -> str:
-    """The metrics URL of a pod (a dict of the API's Pod), from the operator's template."""
+def scrape_url(template: str, pod: Mapping, port: int) -> str:
+    """The metrics URL of a pod (a dict of the API's Pod), from the operator's template;
+    `port` is its runtime's."""
     return template.format(
         pod_ip=pod.get("status", {}).get("podIP", ""),
         pod_name=pod["metadata"]["name"],
         namespace=pod["metadata"]["namespace"],
+        port=port,
     )
 
 
@@ -140,8 +144,11 @@ class ScrapeRound:
     ignored: dict[str, str]
 
 
-async def scrape(urls: Mapping[str, str], timeout_s: float) -> ScrapeRound:
-    """Every pod's sample, read concurrently; a pod that fails to answer is left out.
+async def scrape(
+    urls: Mapping[str, str], timeout_s: float, names: MetricNames = INFERGRID_METRICS
+) -> ScrapeRound:
+    """Every pod's sample, read concurrently under its runtime's series `names`; a pod that
+    fails to answer is left out.
 
     timeout_s bounds each request, body included (aiohttp's total timeout is per request).
     """
@@ -150,19 +157,19 @@ async def scrape(urls: Mapping[str, str], timeout_s: float) -> ScrapeRound:
         bodies = await asyncio.gather(*(_fetch(session, p, u) for p, u in urls.items()))
     fetched = dict(zip(urls, bodies, strict=True))
     read = {pod: body for pod, body in fetched.items() if isinstance(body, bytes)}
-    samples, unreadable = await asyncio.to_thread(parse_bodies, read)
+    samples, unreadable = await asyncio.to_thread(parse_bodies, read, names)
     refused = {pod: body.reason for pod, body in fetched.items() if isinstance(body, _Refused)}
     return ScrapeRound(samples, refused | unreadable)
 
 
 def parse_bodies(
-    bodies: Mapping[str, bytes],
+    bodies: Mapping[str, bytes], names: MetricNames = INFERGRID_METRICS
 ) -> tuple[dict[str, EngineSample], dict[str, str]]:
     """Each pod's sample, and why each body that is not UTF-8 Prometheus text was left out."""
     samples, unreadable = {}, {}
     for pod, body in bodies.items():
         try:
-            samples[pod] = parse_engine_metrics(body.decode())
+            samples[pod] = parse_engine_metrics(body.decode(), names)
         except ValueError as err:  # UnicodeDecodeError is one
             log.warning("pod %s: unreadable metrics: %s", pod, err)
             unreadable[pod] = f"/metrics is not Prometheus text: {unreadable_reason(err)}"

@@ -376,7 +376,7 @@ def _pod_spec(spec: ServiceSpec, name: str, track: str, storage: TrackStorage) -
         "schedulerName": spec.scheduling.scheduler_name,
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(),
-        "containers": [_container(spec, storage)],
+        "containers": [_container(spec, track, storage)],
         "volumes": [config, {"name": TMP_VOLUME, "emptyDir": {}}, *storage.volumes],
     }
     if spec.scheduling.priority_class_name:
@@ -393,23 +393,35 @@ def _pod_spec(spec: ServiceSpec, name: str, track: str, storage: TrackStorage) -
     return pod
 
 
-def _container(spec: ServiceSpec, storage: TrackStorage) -> dict[str, Any]:
+def _container(spec: ServiceSpec, track: str, storage: TrackStorage) -> dict[str, Any]:
+    """The engine container: the bundled engine reads the serving file the ConfigMap holds;
+    another runtime gets its flags from the runtime table, and the track's model as a path."""
     requests = {k: v for k, v in (("cpu", spec.resources.cpu),
                                   ("memory", spec.resources.memory)) if v}  # fmt: skip
     limits = gpu_limits(spec.resources)
     resources: dict[str, Any] = {"limits": limits} if limits else {}
     if requests:
         resources["requests"] = requests
-    env = [{"name": CONFIG_ENV, "value": f"{CONFIG_DIR}/{CONFIG_KEY}"}, *storage.env]
+    runtime = spec.runtime
+    env = [*storage.env]
+    served: dict[str, Any] = {}
+    if runtime.args is None:
+        env.insert(0, {"name": CONFIG_ENV, "value": f"{CONFIG_DIR}/{CONFIG_KEY}"})
+    else:
+        uri, field = track_uri(spec, track)
+        served["args"] = runtime.args(model_path(uri, field), spec.model.name, spec.engine)
+        if runtime.command:
+            served["command"] = list(runtime.command)
     return {
         "name": "engine",
         "image": spec.image,
-        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        **served,
+        "ports": [{"name": "http", "containerPort": runtime.port, "protocol": "TCP"}],
         "env": env,
         "resources": resources,
-        "livenessProbe": _probe("/healthz", period=10, failures=3),
-        "readinessProbe": _probe("/readyz", period=5, failures=3),
-        "startupProbe": startup_probe(spec.model.load_timeout_s),
+        "livenessProbe": _probe(runtime.live_path, period=10, failures=3),
+        "readinessProbe": _probe(runtime.ready_path, period=5, failures=3),
+        "startupProbe": startup_probe(spec.model.load_timeout_s, runtime.ready_path),
         "securityContext": container_security_context(),
         "volumeMounts": [
             _mount(CONFIG_VOLUME, CONFIG_DIR, read_only=True),
@@ -438,10 +450,20 @@ def container_security_context() -> dict[str, Any]:
     }
 
 
-def startup_probe(load_timeout_s: int) -> dict[str, Any]:
-    """/readyz every 5 s, failing the pod only once the model had its whole load timeout."""
+def startup_probe(load_timeout_s: int, path: str = "/readyz") -> dict[str, Any]:
+    """The readiness path every 5 s, failing the pod only once the model had its whole load
+    timeout."""
     failures = math.ceil(load_timeout_s / STARTUP_PERIOD_S)
-    return _probe("/readyz", period=STARTUP_PERIOD_S, failures=failures)
+    return _probe(path, period=STARTUP_PERIOD_S, failures=failures)
+
+
+def model_path(uri: str, field: str) -> str:
+    """Where a runtime other than the bundled engine finds the model: inside the claim the
+    pod mounts for a pvc:// URI (as `track_storage` mounts it), or the file:// path."""
+    parsed = parse_storage_uri(uri, field)
+    if parsed.scheme == "pvc":
+        return f"{parsed.mount_path}/{parsed.path}" if parsed.path else parsed.mount_path
+    return parsed.name
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:

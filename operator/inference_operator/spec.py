@@ -18,6 +18,7 @@ from infergrid.codec import expect, field, integer, join, one_of
 from infergrid.constants import DEFAULT_POLICY, PLACEMENT_POLICIES, TOPOLOGIES
 from infergrid.errors import ContractError
 from infergrid.gpu_models import GpuConstraint, check_models, parse_capability
+from infergrid.runtimes import RUNTIME_NAMES, RUNTIMES, Runtime, check_settings, custom_runtime
 from infergrid.serving_config import FORMATS, TASKS, read_crd_engine
 from infergrid.storage_uri import parse_storage_uri
 from infergrid.tracks import MAX_NAME_WITH_CANARY
@@ -28,6 +29,8 @@ MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]+gb$")
 # How long a model may take to load (spec.model.loadTimeoutSeconds): bounds and default.
 LOAD_TIMEOUT_S = (30, 7200, 600)
 
+# The storage a runtime other than the bundled engine reads its model from: a path.
+PATH_SCHEMES = ("pvc", "file")
 # Where a CPU-only service's pods go unless spec.scheduling.schedulerName says otherwise.
 CPU_SCHEDULER = "default-scheduler"
 
@@ -110,6 +113,7 @@ class ServiceSpec:
     autoscaling: Autoscaling
     canary: Canary | None
     network: Network = Network()
+    runtime: Runtime = RUNTIMES["infergrid"]
 
 
 def parse_spec(
@@ -127,13 +131,18 @@ def parse_spec(
     """
     doc = expect(doc, dict, "spec")
     engine = field(doc, "engine", dict, "spec", {})
+    runtime = _runtime(doc)
+    if runtime.args is not None:  # not the bundled engine: no image of the operator's fits
+        default_image = field(engine, "image", str, "spec.engine")
+    engine_settings = read_crd_engine(engine, "spec.engine")
+    check_settings(runtime, engine_settings)
     resources = _resources(field(doc, "resources", dict, "spec"))
     if resources.cpu_only:  # no GPU to place: kube-scheduler's own profile does it
         default_scheduler = CPU_SCHEDULER
-    return ServiceSpec(
+    service = ServiceSpec(
         model=_model(field(doc, "model", dict, "spec")),
         image=field(engine, "image", str, "spec.engine", default_image),
-        engine=read_crd_engine(engine, "spec.engine"),
+        engine=engine_settings,
         resources=resources,
         scheduling=_scheduling(
             field(doc, "scheduling", dict, "spec", {}), default_scheduler, priority_classes
@@ -142,7 +151,42 @@ def parse_spec(
         autoscaling=_autoscaling(field(doc, "autoscaling", dict, "spec", {})),
         canary=_canary(doc.get("canary"), name),
         network=_network(field(doc, "network", dict, "spec", {})),
+        runtime=runtime,
     )
+    _check_runtime_storage(service)
+    return service
+
+
+def _runtime(doc: dict[str, Any]) -> Runtime:
+    """spec.runtime, and spec.customRuntime exactly when it is custom."""
+    name = one_of(doc, "runtime", RUNTIME_NAMES, "spec", "infergrid")
+    custom = doc.get("customRuntime")
+    if (name == "custom") != (custom is not None):
+        raise ContractError("spec.customRuntime", "is set exactly when spec.runtime is custom")
+    if custom is None:
+        return RUNTIMES[name]
+    return custom_runtime(expect(custom, dict, "spec.customRuntime"))
+
+
+def _check_runtime_storage(spec: ServiceSpec) -> None:
+    """A runtime other than the bundled engine reads a path: its model and canary come from
+    a claim or the image's files (pkg:// models are the bundled engine's packages, and hf://
+    needs its cache layout); llama.cpp's is one GGUF file."""
+    if spec.runtime.args is None:
+        return
+    uris = [("spec.model.storageUri", spec.model.storage_uri)]
+    if spec.canary is not None:
+        uris.append(("spec.canary.storageUri", spec.canary.storage_uri))
+    for path, uri in uris:
+        scheme = uri.partition("://")[0]
+        if scheme not in PATH_SCHEMES:
+            raise ContractError(
+                path, f"the {spec.runtime.name} runtime reads pvc:// or file:// paths, got {uri}"
+            )
+        if spec.runtime.model_file and not uri.endswith(".gguf"):
+            raise ContractError(
+                path, f"the {spec.runtime.name} runtime loads a .gguf file, got {uri}"
+            )
 
 
 def _model(doc: dict[str, Any]) -> Model:

@@ -312,3 +312,51 @@ def test_a_service_being_deleted_or_without_a_model_name_is_not_routed():
 
 def test_replicas_at_zero_are_kept_for_scale_from_zero():
     assert build_catalog([service("a", "m", replicas=0)], [], []).routes["ml", "m"].replicas == 0
+
+
+CUSTOM = {
+    "runtime": "custom",
+    "customRuntime": {
+        "port": 9000,
+        "readyPath": "/r",
+        "livePath": "/l",
+        "metrics": {"queueDepth": "tgi_queue_size", "running": "r"},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("runtime", "port", "queue_series"),
+    [
+        ({}, 8000, "infergrid_engine_queue_depth"),
+        ({"runtime": "sglang"}, 30000, "sglang:num_queue_reqs"),
+        ({"runtime": "llama.cpp"}, 8080, "llamacpp:requests_deferred"),
+        (CUSTOM, 9000, "tgi_queue_size"),
+    ],
+)  # fmt: skip
+def test_each_backend_is_on_its_runtimes_port_and_read_in_its_series(runtime, port, queue_series):
+    slices = [endpoint_slice("chat", endpoint("chat-7d9f8b6c5-x2kzq", "10.0.0.5"), port=port)]
+    svc = service("chat", "qwen")
+    svc["spec"].update(runtime)
+    (backend,) = catalog_of([svc], slices).routes["ml", "qwen"].backends
+    assert backend.metrics.queue_depth == queue_series
+    assert backend.url == f"http://10.0.0.5:{port}"
+
+
+@pytest.mark.parametrize(
+    "runtime",
+    [
+        {"runtime": "sglang"},
+        {"runtime": "tgi"},
+        {"runtime": "custom", "customRuntime": {"port": 1}},
+    ],
+    ids=["another-runtimes-port", "unknown-runtime", "bad-custom-runtime"],
+)
+def test_a_slice_on_a_port_not_the_runtimes_routes_nothing(runtime):
+    """sglang listens on 30000: a slice naming 8000 aims at no engine; a spec the API
+    server would refuse is read as the bundled engine's, whose port the slice does not name."""
+    slices = [endpoint_slice("chat", endpoint("chat-7d9f8b6c5-x2kzq", "10.0.0.5"),
+                             port=8000 if runtime == {"runtime": "sglang"} else 30000)]  # fmt: skip
+    svc = service("chat", "qwen")
+    svc["spec"].update(runtime)
+    assert catalog_of([svc], slices).routes["ml", "qwen"].backends == ()

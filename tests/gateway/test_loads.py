@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import aiohttp
+from aiohttp import web
+
 from gateway.catalog import Backend
-from gateway.loads import Loads
+from gateway.loads import Loads, scrape
+from infergrid.runtimes import RUNTIMES
 from infergrid.tracks import STABLE
 
 POD = ("ml", "chat-7d9f8b6c5-bbbbb")
@@ -43,3 +49,34 @@ def test_figures_of_pods_that_left_are_forgotten_but_in_flight_counts_stay():
     loads.reported(POD, held=4, ours=1)
     loads.keep_only([])
     assert loads.work(POD) == 1
+
+
+def test_a_pods_load_is_read_in_its_runtimes_series():
+    """A vLLM pod reports waiting and running requests as vllm:* gauges."""
+    body = (
+        '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name="m"} 2\n'
+        '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 3\n'
+    )
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=body)
+
+    async def run() -> Loads:
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        backend = Backend("ml", POD[1], f"http://127.0.0.1:{port}", STABLE,
+                          RUNTIMES["vllm"].metrics)  # fmt: skip
+        loads = Loads(cooldown_s=1.0)
+        try:
+            async with aiohttp.ClientSession() as session:
+                await scrape(session, loads, [backend], timeout_s=5.0)
+        finally:
+            await runner.cleanup()
+        return loads
+
+    assert asyncio.run(run()).foreign[("ml", POD[1])] == 5

@@ -24,7 +24,7 @@ def test_defaults():
     assert cfg.scheduler_name == "infergrid-scheduler"
     assert cfg.engine_image == "infergrid/engine:0.1.0"
     assert cfg.namespaces == ()
-    assert cfg.metrics_url_template == "http://{pod_ip}:8000/metrics"
+    assert cfg.metrics_url_template == "http://{pod_ip}:{port}/metrics"
     assert cfg.hf_cache_claim == "" and cfg.allow_model_download is False
 
 

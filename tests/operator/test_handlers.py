@@ -251,7 +251,7 @@ def test_a_pod_whose_metrics_are_ignored_is_named_in_one_event_and_the_others_st
     m.kube.scale = lambda namespace, name, replicas: scaled.append(replicas)
     scraped = ScrapeRound({"chat-a": EngineSample(queue_depth=32)}, {"chat-huge": OVER_CAP})
 
-    async def scrape(urls: dict[str, str], timeout_s: float) -> ScrapeRound:
+    async def scrape(urls: dict[str, str], timeout_s: float, names) -> ScrapeRound:
         assert set(urls) == {"chat-a", "chat-huge"}
         return scraped
 

@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from inference_operator import metrics_scrape
+from inference_operator.config import DEFAULT_METRICS_URL
 from inference_operator.metrics_scrape import (
     OVER_CAP,
     MetricsUnreadable,
@@ -19,6 +20,7 @@ from inference_operator.metrics_scrape import (
     gateway_pending,
     histogram_quantile,
     latency_delta,
+    parse_bodies,
     parse_gateway_pending,
     scrapable,
     scrape,
@@ -26,6 +28,7 @@ from inference_operator.metrics_scrape import (
 )
 from infergrid.constants import METRIC_GATEWAY_PENDING
 from infergrid.engine_metrics import MAX_METRICS_BYTES, parse_engine_metrics
+from infergrid.runtimes import RUNTIMES
 from tests.test_engine_metrics import engine_text
 
 
@@ -75,12 +78,20 @@ def test_aggregate_means_over_pods_and_p99_over_their_new_requests():
     assert metrics.p99_latency_ms == pytest.approx(1000 + 1500 * (103.95 - 100) / 5)
 
 
-def test_the_url_template_names_the_pod():
+def test_the_url_template_names_the_pod_and_its_runtimes_port():
     pod = {"metadata": {"name": "chat-1", "namespace": "ns"}, "status": {"podIP": "10.1.2.3"}}
-    assert scrape_url("http://{pod_ip}:8000/metrics", pod) == "http://10.1.2.3:8000/metrics"
-    assert scrape_url("http://127.0.0.1:9/{namespace}/{pod_name}", pod) == (
+    assert scrape_url(DEFAULT_METRICS_URL, pod, 8000) == "http://10.1.2.3:8000/metrics"
+    assert scrape_url(DEFAULT_METRICS_URL, pod, 30000) == "http://10.1.2.3:30000/metrics"
+    assert scrape_url("http://127.0.0.1:9/{namespace}/{pod_name}", pod, 8000) == (
         "http://127.0.0.1:9/ns/chat-1"
     )
+
+
+def test_a_runtimes_own_series_are_read_as_the_engines():
+    body = b"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 12\n"
+    samples, unreadable = parse_bodies({"p": body}, RUNTIMES["vllm"].metrics)
+    assert (samples["p"].queue_depth, unreadable) == (12, {})
+    assert parse_bodies({"p": body})[0]["p"].queue_depth is None  # not the bundled engine's
 
 
 def test_running_pods_with_an_address_are_scraped_ready_or_not():
@@ -188,9 +199,9 @@ def test_a_body_that_is_not_utf8_is_left_out_not_raised(unused_tcp_port):
 def test_parsing_runs_off_the_event_loop(unused_tcp_port, monkeypatch):
     threads = []
 
-    def recording(text: str):
+    def recording(text: str, names):
         threads.append(threading.current_thread())
-        return parse_engine_metrics(text)
+        return parse_engine_metrics(text, names)
 
     monkeypatch.setattr(metrics_scrape, "parse_engine_metrics", recording)
     body = engine_text().encode()

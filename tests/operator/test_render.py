@@ -302,3 +302,35 @@ def test_gpu_models_become_node_affinity_and_the_annotations_the_extender_checks
     unconstrained = render_deployment(spec(), "m", "ns")["spec"]["template"]
     assert "affinity" not in unconstrained["spec"]
     assert "infergrid.io/gpu-models" not in unconstrained["metadata"]["annotations"]
+
+
+VLLM = {"runtime": "vllm", "engine": {"image": "vllm/vllm-openai:v0.11.0", "maxNumSeqs": 8}}
+
+
+def test_another_runtime_gets_its_flags_port_and_probes_and_no_serving_file():
+    s = spec(**VLLM, model={"name": "llama", "storageUri": "pvc://models/llama-3"})
+    engine = container(render_deployment(s, "llama", "ns"))
+    assert engine["image"] == "vllm/vllm-openai:v0.11.0"
+    assert engine["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert engine["args"][:2] == ["--model", "/mnt/models/models/llama-3"]
+    assert engine["args"][engine["args"].index("--max-num-seqs") + 1] == "8"
+    assert engine["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert engine["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert engine["startupProbe"]["httpGet"]["path"] == "/health"
+    assert all(e["name"] != "INFERGRID_ENGINE_CONFIG" for e in engine["env"])
+    mounts = {m["mountPath"]: m.get("readOnly") for m in engine["volumeMounts"]}
+    assert mounts["/mnt/models/models"] is True  # the claim the path is in
+
+
+def test_llama_cpp_serves_the_canarys_own_file_on_its_own_port():
+    s = spec(
+        runtime="llama.cpp", engine={"image": "infergrid/llama-cpp:1"},
+        model={"name": "m", "storageUri": "pvc://models/a.gguf"},
+        canary={"storageUri": "file:///models/b.gguf", "trafficPercent": 10}, replicas=2,
+    )  # fmt: skip
+    stable = container(render_deployment(s, "m", "ns", "stable"))
+    canary = container(render_deployment(s, "m", "ns", "canary"))
+    assert stable["args"][:2] == ["--model", "/mnt/models/models/a.gguf"]
+    assert canary["args"][:2] == ["--model", "/models/b.gguf"]
+    assert canary["ports"][0]["containerPort"] == 8080
+    assert "command" not in canary  # llama-server is the image's entrypoint

