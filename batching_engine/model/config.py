@@ -44,6 +44,8 @@ class Family:
     # query_pre_attn_scalar, and sliding layers rotate with a rope base of their own.
     gemma: bool = False
     moe: bool = False  # Mixtral: a router picks each token's experts (`num_local_experts`)
+    # Its `sliding_window` covers every layer, with no `layer_types` to say which.
+    window_on_every_layer: bool = False
     architectures: tuple[str, ...] = ("ForCausalLM", "ForSequenceClassification", "Model")
 
     def heads(self) -> dict[str, str]:
@@ -56,9 +58,11 @@ FAMILIES = {
     "llama": Family("Llama"),
     "qwen2": Family("Qwen2", qkv_bias=True, o_bias=False),
     "qwen3": Family("Qwen3", qk_norm=True),
-    "mistral": Family("Mistral", qkv_bias=False, o_bias=False),
-    "phi3": Family("Phi3", qkv_bias=False, o_bias=False),
-    "mixtral": Family("Mixtral", qkv_bias=False, o_bias=False, moe=True),
+    "mistral": Family("Mistral", qkv_bias=False, o_bias=False, window_on_every_layer=True),
+    "phi3": Family("Phi3", qkv_bias=False, o_bias=False, window_on_every_layer=True),
+    "mixtral": Family(
+        "Mixtral", qkv_bias=False, o_bias=False, moe=True, window_on_every_layer=True
+    ),
     "gemma3_text": Family(
         "Gemma3",
         qk_norm=True,
@@ -159,7 +163,7 @@ class LlamaConfig:
             )
         head_dim = raw.get("head_dim") or hidden_size // num_heads
         theta, scaling, local_theta = _gemma_rope(raw) if family.gemma else (*_rope(raw), None)
-        sliding = _sliding_layers(raw, model_type)
+        sliding = _sliding_layers(raw, family)
         return cls(
             architecture=architecture,
             vocab_size=positive_int(raw, "vocab_size"),
@@ -243,7 +247,7 @@ def _switch(raw: dict[str, Any], rule: bool | str) -> bool:
     return value
 
 
-def _sliding_layers(raw: dict[str, Any], model_type: str) -> tuple[bool, ...]:
+def _sliding_layers(raw: dict[str, Any], family: Family) -> tuple[bool, ...]:
     """Which layers attend through `sliding_window`. Mistral's window covers every layer;
     the others' only the layers `layer_types` marks sliding. Files older than `layer_types`
     say it another way: Qwen from `max_window_layers` on, when `use_sliding_window`; Gemma 3
@@ -251,11 +255,11 @@ def _sliding_layers(raw: dict[str, Any], model_type: str) -> tuple[bool, ...]:
     layers = positive_int(raw, "num_hidden_layers")
     if raw.get("sliding_window") is None:
         return (False,) * layers
-    if model_type in ("mistral", "mixtral", "phi3"):  # one window for every layer
+    if family.window_on_every_layer:
         return (True,) * layers
     layer_types = raw.get("layer_types")
     if layer_types is None:
-        return _older_sliding_layers(raw, model_type, layers)
+        return _older_sliding_layers(raw, family, layers)
     if not isinstance(layer_types, list) or len(layer_types) != layers:
         raise ContractError("layer_types", f"expected a list of {layers} layer types")
     unknown = set(layer_types) - {"full_attention", "sliding_attention"}
@@ -264,8 +268,8 @@ def _sliding_layers(raw: dict[str, Any], model_type: str) -> tuple[bool, ...]:
     return tuple(kind == "sliding_attention" for kind in layer_types)
 
 
-def _older_sliding_layers(raw: dict[str, Any], model_type: str, layers: int) -> tuple[bool, ...]:
-    if model_type == "gemma3_text":
+def _older_sliding_layers(raw: dict[str, Any], family: Family, layers: int) -> tuple[bool, ...]:
+    if family.gemma:
         pattern = positive_int(raw, "sliding_window_pattern", default=6)
         return tuple((i + 1) % pattern != 0 for i in range(layers))
     if not raw.get("use_sliding_window"):

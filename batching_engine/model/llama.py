@@ -131,19 +131,16 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class SandwichDecoderLayer(nn.Module):
+class SandwichDecoderLayer(LlamaDecoderLayer):
     """Gemma's block: the attention's and the MLP's outputs are normed too before each is
-    added to the residual stream (four norms, named as transformers names them)."""
+    added to the residual stream (four norms, named as transformers names them: Llama's
+    `post_attention_layernorm` norms the attention's output here)."""
 
     def __init__(
         self, config: LlamaConfig, tp: TensorParallel = SINGLE, window: int | None = None
     ) -> None:
-        super().__init__()
-        self.input_layernorm = norm(config, config.hidden_size)
-        self.self_attn = LlamaAttention(config, tp, window)
-        self.post_attention_layernorm = norm(config, config.hidden_size)
+        super().__init__(config, tp, window)
         self.pre_feedforward_layernorm = norm(config, config.hidden_size)
-        self.mlp = mlp(config, tp)
         self.post_feedforward_layernorm = norm(config, config.hidden_size)
 
     def forward(

@@ -9,6 +9,7 @@ slice of the fused projections, biases too (Qwen2's q/k/v).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -164,9 +165,10 @@ def _unfused(
     """The checkpoint tensor `name` as the unfused tensors HF's Llama names: Phi-3 stores q,
     k and v as one `qkv_proj`, and gate and up as one `gate_up_proj` (gate rows first), which
     each rank then cuts by head or column as it would the separate ones. The tensor is read
-    only when a part is placed."""
+    only when a part is placed, and once for all its parts."""
+    whole = functools.cache(lambda: read(name))
     if not isinstance(config, LlamaConfig) or not name.endswith(_FUSED_SUFFIXES):
-        yield name, lambda: read(name)
+        yield name, whole
         return
     q, kv = (
         config.num_attention_heads * config.head_dim,
@@ -179,7 +181,7 @@ def _unfused(
         base, half = name.removesuffix("gate_up_proj.weight"), config.intermediate_size
         parts = (("gate_proj", 0, half), ("up_proj", half, 2 * half))
     for part, start, stop in parts:
-        yield f"{base}{part}.weight", lambda start=start, stop=stop: read(name)[start:stop]
+        yield f"{base}{part}.weight", lambda start=start, stop=stop: whole()[start:stop]
 
 
 def _locate(
