@@ -31,7 +31,7 @@ from typing import Any
 from infergrid.constants import LABEL_INFERENCESERVICE
 from infergrid.engine_metrics import INFERGRID_METRICS, MetricNames
 from infergrid.errors import ContractError
-from infergrid.runtimes import RUNTIMES, Runtime, custom_runtime
+from infergrid.runtimes import RUNTIMES, Runtime, read_runtime
 from infergrid.serving_config import BY_ATTR, DEFAULT_PORT
 from infergrid.tracks import CANARY, STABLE, track_of_pod
 
@@ -201,12 +201,9 @@ def runtime_of(spec: Mapping[str, Any]) -> Runtime:
     """The service's runtime: its engine port and the series it reports its load in. A spec
     the operator would refuse (an unknown runtime, a bad custom one) is read as the bundled
     engine's: its pods, on no engine port of that runtime, route nothing."""
-    name = spec.get("runtime", "infergrid")
     try:
-        if name == "custom":
-            return custom_runtime(spec.get("customRuntime") or {})
-        return RUNTIMES[name]
-    except (ContractError, KeyError, TypeError):
+        return read_runtime(spec)
+    except ContractError:
         return RUNTIMES["infergrid"]
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from infergrid.codec import expect, field, integer, join, reject_unknown
+from infergrid.codec import expect, field, integer, join, one_of, reject_unknown
 from infergrid.engine_metrics import INFERGRID_METRICS, MetricNames
 from infergrid.errors import ContractError
 from infergrid.serving_config import CRD_SETTINGS, DEFAULT_PORT
@@ -124,6 +124,20 @@ RUNTIMES: Final = {
 }  # fmt: skip
 # spec.runtime's choices: the table's, and one the service describes (spec.customRuntime).
 RUNTIME_NAMES: Final = (*RUNTIMES, "custom")
+
+
+def read_runtime(spec: Mapping[str, Any], path: str = "spec") -> Runtime:
+    """An InferenceService's runtime: `runtime` (the bundled engine when unset), and
+    `customRuntime` exactly when it is custom."""
+    name = one_of(spec, "runtime", RUNTIME_NAMES, path, "infergrid")
+    custom = spec.get("customRuntime")
+    if (name == "custom") != (custom is not None):
+        raise ContractError(
+            join(path, "customRuntime"), f"is set exactly when {path}.runtime is custom"
+        )
+    if custom is None:
+        return RUNTIMES[name]
+    return custom_runtime(expect(custom, dict, join(path, "customRuntime")))
 
 
 def check_settings(runtime: Runtime, engine: Mapping[str, Any], path: str = "spec.engine") -> None:

@@ -18,7 +18,7 @@ from infergrid.codec import expect, field, integer, join, one_of
 from infergrid.constants import DEFAULT_POLICY, PLACEMENT_POLICIES, TOPOLOGIES
 from infergrid.errors import ContractError
 from infergrid.gpu_models import GpuConstraint, check_models, parse_capability
-from infergrid.runtimes import RUNTIME_NAMES, RUNTIMES, Runtime, check_settings, custom_runtime
+from infergrid.runtimes import RUNTIMES, Runtime, check_settings, read_runtime
 from infergrid.serving_config import FORMATS, TASKS, read_crd_engine
 from infergrid.storage_uri import parse_storage_uri
 from infergrid.tracks import MAX_NAME_WITH_CANARY
@@ -131,7 +131,7 @@ def parse_spec(
     """
     doc = expect(doc, dict, "spec")
     engine = field(doc, "engine", dict, "spec", {})
-    runtime = _runtime(doc)
+    runtime = read_runtime(doc)
     if runtime.args is not None:  # not the bundled engine: no image of the operator's fits
         default_image = field(engine, "image", str, "spec.engine")
     engine_settings = read_crd_engine(engine, "spec.engine")
@@ -155,17 +155,6 @@ def parse_spec(
     )
     _check_runtime_storage(service)
     return service
-
-
-def _runtime(doc: dict[str, Any]) -> Runtime:
-    """spec.runtime, and spec.customRuntime exactly when it is custom."""
-    name = one_of(doc, "runtime", RUNTIME_NAMES, "spec", "infergrid")
-    custom = doc.get("customRuntime")
-    if (name == "custom") != (custom is not None):
-        raise ContractError("spec.customRuntime", "is set exactly when spec.runtime is custom")
-    if custom is None:
-        return RUNTIMES[name]
-    return custom_runtime(expect(custom, dict, "spec.customRuntime"))
 
 
 def _check_runtime_storage(spec: ServiceSpec) -> None:
