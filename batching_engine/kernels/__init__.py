@@ -2,9 +2,10 @@
 
 The model calls `dispatch` only:
 
-- `decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale=None, plan=None)`
+- `decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale=None, plan=None,
+  window=None, softcap=None)`
 - `prefill_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q,
-  scale=None, max_query_len=None)`
+  scale=None, max_query_len=None, window=None, softcap=None)`
 - `write_kv_cache(key, value, k_cache, v_cache, slot_mapping)`
 - `fused_add_rmsnorm(x, residual, weight, eps) -> (normed, new_residual)`
 - `rotary_embedding(positions, q, k, cos, sin) -> (q, k)`

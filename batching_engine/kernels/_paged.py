@@ -30,6 +30,11 @@ LOG2_E = 1.4426950408889634
 NO_WINDOW = 1 << 30
 
 
+def softcap_log2(softcap: float | None) -> float:
+    """The Triton kernels' cap, in the log2 units their scores are kept in (0: uncapped)."""
+    return float(softcap or 0.0) * LOG2_E
+
+
 @triton.jit
 def paged_kv_tile(
     table_row,
@@ -55,6 +60,12 @@ def paged_kv_tile(
 
 
 @triton.jit
+def _tanh(x):
+    """tanh through the sigmoid, which Triton has on every backend (the interpreter too)."""
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
 def attend_kv_tile(
     q,
     m_i,
@@ -66,14 +77,20 @@ def attend_kv_tile(
     kv_mask,
     visible,
     scale_log2,
+    cap_log2,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """One online-softmax step of both attention kernels: fold a tile of K/V into the running
     max `m_i` (log2 units), denominator `l_i` and output `acc` of each query row. A row that sees
-    nothing yet keeps m = -inf and adds nothing (exp2 of -inf is 0, never NaN)."""
+    nothing yet keeps m = -inf and adds nothing (exp2 of -inf is 0, never NaN). With SOFTCAP,
+    each score s becomes cap * tanh(s / cap) first (Gemma's soft-capping; `cap_log2` is the cap
+    in log2 units, and the unit change cancels inside the tanh)."""
     k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
     scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+    if SOFTCAP:
+        scores = cap_log2 * _tanh(scores / cap_log2)
     scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -171,9 +188,16 @@ def attention(
     visible: torch.Tensor | None,
     scale: float,
     is_causal: bool = False,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """GQA attention, batch-first: q `[B, n, H, D]`, k/v `[B, L, KVH, D]`, visible `[B, n, L]`
-    (None: every key, or causal when `is_causal`, as HF passes a whole prompt) -> `[B, n, H, D]`."""
+    (None: every key, or causal when `is_causal`, as HF passes a whole prompt) -> `[B, n, H, D]`.
+    `softcap`: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2)."""
+    if softcap:
+        if visible is None and is_causal:
+            visible = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device)
+            visible = visible.tril()[None]
+        return _softcapped_attention(q, k, v, visible, scale, softcap)
     mask = None if visible is None else visible[:, None]
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2),
@@ -185,3 +209,25 @@ def attention(
         enable_gqa=True,
     )
     return out.transpose(1, 2)
+
+
+def _softcapped_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor | None,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """`attention` with capped scores, computed as transformers' eager Gemma 2 attention does
+    (scaled product, cap, mask, softmax in float32, then the probabilities in q's dtype):
+    `scaled_dot_product_attention` has no hook between the product and the softmax."""
+    group = q.shape[2] // k.shape[2]
+    keys = k.repeat_interleave(group, dim=2).permute(0, 2, 3, 1)  # [B, H, D, L]
+    values = v.repeat_interleave(group, dim=2).transpose(1, 2)  # [B, H, L, D]
+    scores = torch.matmul(q.transpose(1, 2), keys) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if visible is not None:
+        scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, values).transpose(1, 2)

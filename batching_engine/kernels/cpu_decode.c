@@ -85,17 +85,24 @@ static float dot(const float *a, const float *b, int64_t n) {
     return sum;
 }
 
+/* A score s soft-capped, as softcap * tanh(s / softcap) (Gemma 2); a cap of 0 leaves it. */
+static float capped(float s, float softcap) {
+    return softcap > 0.0f ? tanhf(s / softcap) * softcap : s;
+}
+
 /* One sequence's query heads of one KV head over its cached tokens `first`..`context` - 1. */
 static void attend(const float *q, int64_t group, int64_t head_dim, const float *k_cache,
                    const float *v_cache, int64_t kv_heads, int64_t kv_head, int64_t block_size,
                    const int32_t *table, int64_t first, int64_t context, float scale,
-                   float *scores, float *out) {
+                   float softcap, float *scores, float *out) {
     int64_t n = context - first;
     for (int64_t t = first; t < context; t++) {
         int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
         const float *k = k_cache + (slot * kv_heads + kv_head) * head_dim;
-        for (int64_t g = 0; g < group; g++)
-            scores[g * n + t - first] = dot(q + g * head_dim, k, head_dim) * scale;
+        for (int64_t g = 0; g < group; g++) {
+            float score = dot(q + g * head_dim, k, head_dim) * scale;
+            scores[g * n + t - first] = capped(score, softcap);
+        }
     }
     for (int64_t g = 0; g < group; g++) {
         float *p = scores + g * n, top = -INFINITY, total = 0.0f;
@@ -118,14 +125,15 @@ static void attend(const float *q, int64_t group, int64_t head_dim, const float 
 /* q [seqs][heads][head_dim] -> out, same shape: each sequence's query over its context_lens[s]
    cached tokens, found through its row of block_tables [seqs][max_blocks] in caches of
    `num_blocks` blocks [block_size][kv_heads][head_dim]; with `window` > 0, over the last
-   `window` of them only (a sliding-window layer). A context of 0 gives zeros. */
+   `window` of them only (a sliding-window layer); with `softcap` > 0, each score capped by it
+   (Gemma 2). A context of 0 gives zeros. */
 int decode_attention(const float *q, int64_t seqs, int64_t heads, int64_t kv_heads,
                      int64_t head_dim, const float *k_cache, const float *v_cache,
                      int64_t num_blocks, int64_t block_size, const int32_t *block_tables,
                      int64_t max_blocks, const int32_t *context_lens, float scale,
-                     int64_t window, float *out) {
+                     int64_t window, float softcap, float *out) {
     int64_t group = heads / kv_heads, longest = 0;
-    if (kv_heads <= 0 || heads % kv_heads || window < 0) return 1;
+    if (kv_heads <= 0 || heads % kv_heads || window < 0 || !(softcap >= 0.0f)) return 1;
     for (int64_t s = 0; s < seqs; s++) {
         int64_t context = context_lens[s];
         if (context < 0 || context > max_blocks * block_size) return 1;
@@ -156,7 +164,7 @@ int decode_attention(const float *q, int64_t seqs, int64_t heads, int64_t kv_hea
                 int64_t first = window > 0 && context > window ? context - window : 0;
                 attend(q + (s * heads + h * group) * head_dim, group, head_dim, k_cache, v_cache,
                        kv_heads, h, block_size, block_tables + s * max_blocks, first, context,
-                       scale, scores, o);
+                       scale, softcap, scores, o);
             }
         free(scores);
     }

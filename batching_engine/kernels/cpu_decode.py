@@ -25,7 +25,8 @@ def _declare(library: ctypes.CDLL) -> None:
     library.rotary.argtypes = [_P, _I64, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _P]
     library.write_kv.argtypes = [_P, _I64, _P, _I64, _I64, _I64, _P, _P, _P, _I64]
     library.decode_attention.argtypes = [
-        _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _P, _I64, _P, ctypes.c_float, _I64, _P,
+        _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _P, _I64, _P, ctypes.c_float, _I64,
+        ctypes.c_float, _P,
     ]  # fmt: skip
     for name in ("rotary", "write_kv", "decode_attention"):
         getattr(library, name).restype = ctypes.c_int
@@ -129,9 +130,11 @@ def decode_attention(
     context_lens: torch.Tensor,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """What `decode_attention.decode_attention_reference` returns, within float32 rounding;
-    `window`: attend to the last `window` cached tokens only."""
+    `window`: attend to the last `window` cached tokens only; `softcap`: cap each score s at
+    softcap * tanh(s / softcap)."""
     _require_contiguous(k_cache, v_cache)
     q = q.contiguous()
     seqs, heads, head_dim = q.shape
@@ -143,10 +146,10 @@ def decode_attention(
         _call().decode_attention(
             q.data_ptr(), seqs, heads, kv_heads, head_dim, k_cache.data_ptr(),
             v_cache.data_ptr(), num_blocks, block_size, tables.data_ptr(), tables.shape[1],
-            lens.data_ptr(), scale, window or 0, out.data_ptr(),
+            lens.data_ptr(), scale, window or 0, softcap or 0.0, out.data_ptr(),
         ),
-        "decode_attention: a context length or block id is outside the cache, or the heads"
-        " do not divide into the KV heads",
+        "decode_attention: a context length or block id is outside the cache, the heads"
+        " do not divide into the KV heads, or the window or soft cap is negative",
     )  # fmt: skip
     return out
 

@@ -41,6 +41,7 @@ from ._paged import (
     dot_dtype,
     gather_slots,
     paged_kv_tile,
+    softcap_log2,
 )
 
 MIN_TOKENS_PER_SPLIT = 256
@@ -63,6 +64,7 @@ def _decode_attention_kernel(
     scale_log2,
     tokens_per_split,
     window,
+    cap_log2,
     stride_q_seq,
     stride_q_head,
     stride_cache_block,
@@ -83,6 +85,7 @@ def _decode_attention_kernel(
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SPLIT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -132,8 +135,10 @@ def _decode_attention_kernel(
             kv_mask,
             n_mask[None, :],
             scale_log2,
+            cap_log2,
             DOT_DTYPE,
             DOT_PRECISION,
+            SOFTCAP,
         )
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -245,19 +250,21 @@ def decode_attention_reference(
     scale: float | None = None,
     plan: DecodePlan | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """The torch path, batched by `decode_plan` (built here unless the caller kept one for
     the step). Sequences with no context (padded rows of a CUDA-graph batch) get zeros.
-    `window`: attend to the last `window` cached tokens only (a sliding-window layer)."""
+    `window`: attend to the last `window` cached tokens only (a sliding-window layer).
+    `softcap`: each score s becomes softcap * tanh(s / softcap) (Gemma 2; None or 0: off)."""
     scale = default_scale(q) if scale is None else scale
     plan = plan or decode_plan(block_tables, context_lens, k_cache.shape[1])
     groups = plan.groups
     if plan.covers_all and len(groups) == 1 and isinstance(groups[0].rows, slice):
         assert groups[0].rows == slice(0, len(q)), "a group covering every row is all of them"
-        return _attend(q, k_cache, v_cache, groups[0], scale, window)
+        return _attend(q, k_cache, v_cache, groups[0], scale, window, softcap)
     out = torch.empty_like(q) if plan.covers_all else torch.zeros_like(q)
     for group in groups:
-        out[group.rows] = _attend(q[group.rows], k_cache, v_cache, group, scale, window)
+        out[group.rows] = _attend(q[group.rows], k_cache, v_cache, group, scale, window, softcap)
     return out
 
 
@@ -268,6 +275,7 @@ def _attend(
     group: ContextGroup,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One call: every context of the group gathered to its longest and masked (to its
     last `window` positions too, for a sliding-window layer)."""
@@ -277,7 +285,7 @@ def _attend(
         positions = torch.arange(visible.shape[1], device=visible.device)
         lengths = visible.sum(dim=1, keepdim=True)
         visible = visible & (positions >= lengths - window)
-    return attention(q[:, None], k, v, visible[:, None, :], scale)[:, 0]
+    return attention(q[:, None], k, v, visible[:, None, :], scale, softcap=softcap)[:, 0]
 
 
 def length_groups(lengths: list[int]) -> list[list[int]]:
@@ -316,6 +324,7 @@ def decode_attention_plan(
     num_splits: int,
     interpreted: bool,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> tuple[Launch, Launch | None]:
     """The attention launch and, when split, the launch that merges the partial outputs.
 
@@ -355,6 +364,7 @@ def decode_attention_plan(
             float(scale) * LOG2_E,
             tokens_per_split,
             NO_WINDOW if window is None else window,
+            softcap_log2(softcap),
             q.stride(0),
             q.stride(1),
             k_cache.stride(0),
@@ -374,6 +384,7 @@ def decode_attention_plan(
             "DOT_DTYPE": dtype,
             "DOT_PRECISION": precision,
             "SPLIT": split,
+            "SOFTCAP": bool(softcap),
         },
         num_warps=4,
         num_stages=2,
@@ -425,11 +436,12 @@ def decode_attention_triton(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """The Triton path. q `[num_seqs, num_heads, head_dim]` -> out of the same shape.
 
     `num_splits` overrides the split-K heuristic (tests use it to force either path).
-    `window`: attend to the last `window` cached tokens only (a sliding-window layer).
+    `window` and `softcap`: as the reference's.
     """
     out = torch.empty_like(q) if out is None else out
     _check(q, k_cache, v_cache, block_tables, context_lens, out, num_splits)
@@ -448,7 +460,7 @@ def decode_attention_triton(
     scale = default_scale(q) if scale is None else scale
     attention, merge = decode_attention_plan(
         q, k_cache, v_cache, block_tables, context_lens, out, scale, num_splits,
-        interpreted=is_interpreted(_decode_attention_kernel), window=window,
+        interpreted=is_interpreted(_decode_attention_kernel), window=window, softcap=softcap,
     )  # fmt: skip
     attention.run(_decode_attention_kernel)
     if merge is not None:

@@ -76,21 +76,26 @@ def decode_attention(
     scale: float | None = None,
     plan: _decode.DecodePlan | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """q `[num_seqs, num_heads, head_dim]`, one token per sequence at position
     `context_lens[s] - 1` (its K/V already written) -> attention output, same shape.
     Graph-safe on the Triton path: no host sync; rows with context length 0 give zeros.
     `plan` (`decode_plan`, the torch path's only) spares rebuilding it at every layer.
-    `window`: a sliding-window layer's, the last `window` cached tokens only."""
+    `window`: a sliding-window layer's, the last `window` cached tokens only. `softcap`:
+    each score s becomes softcap * tanh(s / softcap) before the softmax (None or 0: off)."""
     if uses_triton(q):
         return _decode.decode_attention_triton(
-            q, k_cache, v_cache, block_tables, context_lens, scale, window=window
-        )
+            q, k_cache, v_cache, block_tables, context_lens, scale, window=window,
+            softcap=softcap,
+        )  # fmt: skip
     if uses_cpu_kernels(q, k_cache, v_cache):
         scale = _decode.default_scale(q) if scale is None else scale
-        return _cpu.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window)
+        return _cpu.decode_attention(
+            q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap
+        )
     return _decode.decode_attention_reference(
-        q, k_cache, v_cache, block_tables, context_lens, scale, plan, window
+        q, k_cache, v_cache, block_tables, context_lens, scale, plan, window, softcap
     )
 
 
@@ -104,17 +109,18 @@ def prefill_attention(
     scale: float | None = None,
     max_query_len: int | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """q `[num_tokens, num_heads, head_dim]`, the flattened chunks (`cu_seqlens_q`), each the
     last tokens of its sequence's `context_lens[s]` cached tokens (their K/V written first).
-    Pass `max_query_len` to spare a device sync. `window`: as decode_attention's."""
+    Pass `max_query_len` to spare a device sync. `window`, `softcap`: as decode_attention's."""
     if uses_triton(q):
         return _prefill.prefill_attention_triton(
             q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, max_query_len,
-            window=window,
+            window=window, softcap=softcap,
         )  # fmt: skip
     return _prefill.prefill_attention_reference(
-        q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, window
+        q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, window, softcap
     )
 
 

@@ -39,6 +39,7 @@ from ._paged import (
     dot_dtype,
     gather_slots,
     paged_kv_tile,
+    softcap_log2,
 )
 
 
@@ -53,6 +54,7 @@ def _prefill_attention_kernel(
     out_ptr,
     scale_log2,
     window,
+    cap_log2,
     stride_q_token,
     stride_q_head,
     stride_cache_block,
@@ -69,6 +71,7 @@ def _prefill_attention_kernel(
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     tile = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
@@ -124,8 +127,10 @@ def _prefill_attention_kernel(
                 kv_mask,
                 visible,
                 scale_log2,
+                cap_log2,
                 DOT_DTYPE,
                 DOT_PRECISION,
+                SOFTCAP,
             )
 
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -144,9 +149,11 @@ def prefill_attention_reference(
     cu_seqlens_q: torch.Tensor,
     scale: float | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """The torch path, sequence by sequence: gather the context, attend causally (within the
-    last `window` positions of each query, for a sliding-window layer)."""
+    last `window` positions of each query, for a sliding-window layer). `softcap`: each score
+    s becomes softcap * tanh(s / softcap) (Gemma 2; None or 0: off)."""
     scale = default_scale(q) if scale is None else scale
     out = torch.empty_like(q)
     bounds = cu_seqlens_q.tolist()
@@ -159,24 +166,29 @@ def prefill_attention_reference(
             k_cache.shape[1],
         )  # fmt: skip
         k, v = gather_slots(k_cache, slots), gather_slots(v_cache, slots)
-        out[start:end] = _chunk_attention(q[None, start:end], k, v, scale, window)[0]
+        out[start:end] = _chunk_attention(q[None, start:end], k, v, scale, window, softcap)[0]
     return out
 
 
 def _chunk_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """q `[1, n, H, D]`: the last n of the L positions in k/v `[1, L, KVH, D]`, causal, and
     within `window` of the query."""
     num_queries, context_len = q.shape[1], k.shape[1]
     if num_queries == context_len and (window is None or window >= context_len):
-        return attention(q, k, v, None, scale, is_causal=True)
+        return attention(q, k, v, None, scale, is_causal=True, softcap=softcap)
     key_positions = torch.arange(context_len, device=q.device)
     query_positions = key_positions[context_len - num_queries :]
     visible = key_positions[None, :] <= query_positions[:, None]
     if window is not None:
         visible &= key_positions[None, :] > query_positions[:, None] - window
-    return attention(q, k, v, visible[None], scale)
+    return attention(q, k, v, visible[None], scale, softcap=softcap)
 
 
 def _check(
@@ -212,6 +224,7 @@ def prefill_attention_plan(
     max_query_len: int,
     interpreted: bool,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> Launch:
     head_dim = q.shape[2]
     block_d = max(16, next_power_of_2(head_dim))
@@ -231,6 +244,7 @@ def prefill_attention_plan(
             out,
             float(scale) * LOG2_E,
             NO_WINDOW if window is None else window,
+            softcap_log2(softcap),
             q.stride(0),
             q.stride(1),
             k_cache.stride(0),
@@ -249,6 +263,7 @@ def prefill_attention_plan(
             "BLOCK_N": block_n,
             "DOT_DTYPE": dtype,
             "DOT_PRECISION": precision,
+            "SOFTCAP": bool(softcap),
         },
         num_warps=4 if block_d <= 64 else 8,
         num_stages=2,
@@ -266,9 +281,11 @@ def prefill_attention_triton(
     max_query_len: int | None = None,
     out: torch.Tensor | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """The Triton path. Pass `max_query_len` (the runner knows it) to spare a device sync.
-    `window`: each query sees the last `window` positions up to its own only."""
+    `window`: each query sees the last `window` positions up to its own only. `softcap`: as
+    the reference's."""
     out = torch.empty_like(q) if out is None else out
     _check(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out)
     check_device(
@@ -284,6 +301,7 @@ def prefill_attention_triton(
     plan = prefill_attention_plan(
         q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, scale,
         max_query_len, interpreted=is_interpreted(_prefill_attention_kernel), window=window,
+        softcap=softcap,
     )  # fmt: skip
     plan.run(_prefill_attention_kernel)
     return out

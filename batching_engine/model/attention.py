@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from batching_engine.kernels import dispatch
+from batching_engine.kernels._paged import attention
 from batching_engine.kernels.decode_attention import DecodePlan, decode_plan
 
 
@@ -98,18 +98,20 @@ def paged_attention(
     meta: PagedAttentionMetadata,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of every query token ([num_tokens, heads, head_dim]) over its cached context,
     whose K/V (this step's included) are already written; over the last `window` positions
-    up to each query's own only, in a sliding-window layer."""
+    up to each query's own only, in a sliding-window layer; with a `softcap` (Gemma 2), each
+    score s taken as softcap * tanh(s / softcap) before the softmax."""
     split, num_prefill = meta.num_prefill_tokens, meta.num_prefill_seqs
     if num_prefill == 0:
-        return _decode(q, k_cache, v_cache, meta, scale, window)
+        return _decode(q, k_cache, v_cache, meta, scale, window, softcap)
     if split == q.shape[0]:
-        return _prefill(q, k_cache, v_cache, meta, scale, window)
+        return _prefill(q, k_cache, v_cache, meta, scale, window, softcap)
     out = torch.empty_like(q)
-    out[:split] = _prefill(q[:split], k_cache, v_cache, meta, scale, window)
-    out[split:] = _decode(q[split:], k_cache, v_cache, meta, scale, window)
+    out[:split] = _prefill(q[:split], k_cache, v_cache, meta, scale, window, softcap)
+    out[split:] = _decode(q[split:], k_cache, v_cache, meta, scale, window, softcap)
     return out
 
 
@@ -120,6 +122,7 @@ def _prefill(
     meta: PagedAttentionMetadata,
     scale: float,
     window: int | None,
+    softcap: float | None,
 ) -> torch.Tensor:
     seqs = meta.num_prefill_seqs
     return dispatch.prefill_attention(
@@ -132,6 +135,7 @@ def _prefill(
         scale,
         meta.max_query_len,
         window,
+        softcap,
     )
 
 
@@ -142,13 +146,14 @@ def _decode(
     meta: PagedAttentionMetadata,
     scale: float,
     window: int | None,
+    softcap: float | None,
 ) -> torch.Tensor:
     seqs = slice(meta.num_prefill_seqs, None)
     tables, lens = meta.block_tables[seqs], meta.context_lens[seqs]
     if meta.decode_plan is None and dispatch.uses_reference(q):
         meta.decode_plan = decode_plan(tables, lens, k_cache.shape[1])
     return dispatch.decode_attention(
-        q, k_cache, v_cache, tables, lens, scale, meta.decode_plan, window
+        q, k_cache, v_cache, tables, lens, scale, meta.decode_plan, window, softcap
     )
 
 
@@ -159,9 +164,10 @@ def dense_causal_attention(
     meta: DenseAttentionMetadata,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention inside each whole sequence of the flat batch, with no cache: single-pass
-    models only, so no kernel of its own. `window`: as `paged_attention`'s."""
+    models only, so no kernel of its own. `window`, `softcap`: as `paged_attention`'s."""
     out = torch.empty_like(q)
     start = 0
     for seq_len in meta.seq_lens_host:
@@ -171,15 +177,11 @@ def dense_causal_attention(
             positions = torch.arange(seq_len, device=q.device)
             offset = positions[:, None] - positions[None, :]
             mask = (offset >= 0) & (offset < window)
-        attended = F.scaled_dot_product_attention(
-            q[chunk].transpose(0, 1),
-            k[chunk].transpose(0, 1),
-            v[chunk].transpose(0, 1),
-            attn_mask=mask,
-            is_causal=mask is None,
-            scale=scale,
-            enable_gqa=True,
-        )
-        out[chunk] = attended.transpose(0, 1)
+        visible = None if mask is None else mask[None]
+        attended = attention(
+            q[None, chunk], k[None, chunk], v[None, chunk], visible, scale,
+            is_causal=mask is None, softcap=softcap,
+        )  # fmt: skip
+        out[chunk] = attended[0]
         start += seq_len
     return out

@@ -1,14 +1,14 @@
 """The decoder settings the engine needs, read from an HF `config.json`.
 
-Llama, Qwen2, Qwen3, Mistral, Mixtral, Phi-3 and Gemma 3 are one decoder with a few switches,
-so one config and one model code serve them: `FAMILIES` says, per `model_type`, which
+Llama, Qwen2, Qwen3, Mistral, Mixtral, Phi-3, Gemma 2 and Gemma 3 are one decoder with a few
+switches, so one config and one model code serve them: `FAMILIES` says, per `model_type`, which
 architectures it names and where it differs (biases on the q/k/v projections, a norm on each
-query and key head, Gemma's norms, embedding and gate, Mixtral's experts). Only what the
-model code uses is kept, and everything is checked at load time: an unknown architecture or
-rope type fails here with the field named, never later at request time. Both rope spellings
-are read: transformers 5's `rope_parameters` (theta inside) and the older `rope_theta` +
-`rope_scaling`. `model_config_from_dir` picks the family by config.json's `model_type`: the
-decoders here, BERT encoders in `bert_config`.
+query and key head, Gemma's norms, embedding, gate and soft-capping, Mixtral's experts). Only
+what the model code uses is kept, and everything is checked at load time: an unknown
+architecture or rope type fails here with the field named, never later at request time. Both
+rope spellings are read: transformers 5's `rope_parameters` (theta inside) and the older
+`rope_theta` + `rope_scaling`. `model_config_from_dir` picks the family by config.json's
+`model_type`: the decoders here, BERT encoders in `bert_config`.
 """
 
 from __future__ import annotations
@@ -41,11 +41,16 @@ class Family:
     activation_key: str = "hidden_act"  # the config field naming the MLP's gate activation
     # Gemma: the attention and MLP outputs are normed too (four norms a layer), every norm
     # scales by 1 + weight, the embedding is scaled by sqrt(hidden_size), attention by
-    # query_pre_attn_scalar, and sliding layers rotate with a rope base of their own.
+    # query_pre_attn_scalar.
     gemma: bool = False
+    local_rope: bool = False  # Gemma 3: sliding layers rotate with a rope base of their own
+    # The `SOFTCAPS` its transformers code applies when the config sets them.
+    softcaps: tuple[str, ...] = ()
     moe: bool = False  # Mixtral: a router picks each token's experts (`num_local_experts`)
     # Its `sliding_window` covers every layer, with no `layer_types` to say which.
     window_on_every_layer: bool = False
+    # Files older than `layer_types`: all but every nth layer slide (0: not said this way).
+    sliding_window_pattern: int = 0
     architectures: tuple[str, ...] = ("ForCausalLM", "ForSequenceClassification", "Model")
 
     def heads(self) -> dict[str, str]:
@@ -63,14 +68,26 @@ FAMILIES = {
     "mixtral": Family(
         "Mixtral", qkv_bias=False, o_bias=False, moe=True, window_on_every_layer=True
     ),
+    "gemma2": Family(
+        "Gemma2",
+        activation_key="hidden_activation",
+        gemma=True,
+        softcaps=("attn_logit_softcapping", "final_logit_softcapping"),
+        sliding_window_pattern=2,
+    ),
     "gemma3_text": Family(
         "Gemma3",
         qk_norm=True,
         activation_key="hidden_activation",
         gemma=True,
+        local_rope=True,
+        softcaps=("final_logit_softcapping",),  # its attention never passes its cap on
+        sliding_window_pattern=6,
         architectures=("ForCausalLM", "TextModel"),
     ),
 }
+# Gemma's tanh caps, on the attention scores and on the logits: x becomes cap * tanh(x / cap).
+SOFTCAPS = ("attn_logit_softcapping", "final_logit_softcapping")
 # The MLP gate activations the model code has, by their transformers names.
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # Every decoder architecture, and what it puts on top of the decoder.
@@ -123,6 +140,9 @@ class LlamaConfig:
     # A mixture of experts: experts per layer and per token (0: a dense MLP).
     num_experts: int = 0
     experts_per_token: int = 0
+    # Gemma's `SOFTCAPS` (None: uncapped).
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
 
     @property
     def norm_offset(self) -> float:
@@ -162,7 +182,7 @@ class LlamaConfig:
                 f"{num_kv_heads} does not divide num_attention_heads {num_heads}",
             )
         head_dim = raw.get("head_dim") or hidden_size // num_heads
-        theta, scaling, local_theta = _gemma_rope(raw) if family.gemma else (*_rope(raw), None)
+        theta, scaling, local_theta = _local_rope(raw) if family.local_rope else (*_rope(raw), None)
         sliding = _sliding_layers(raw, family)
         return cls(
             architecture=architecture,
@@ -192,6 +212,7 @@ class LlamaConfig:
             sliding_layers=sliding,
             local_rope_theta=local_theta,
             **(_experts(raw) if family.moe else {}),
+            **_softcaps(raw, family),
         )
 
 
@@ -250,8 +271,8 @@ def _switch(raw: dict[str, Any], rule: bool | str) -> bool:
 def _sliding_layers(raw: dict[str, Any], family: Family) -> tuple[bool, ...]:
     """Which layers attend through `sliding_window`. Mistral's window covers every layer;
     the others' only the layers `layer_types` marks sliding. Files older than `layer_types`
-    say it another way: Qwen from `max_window_layers` on, when `use_sliding_window`; Gemma 3
-    all but every `sliding_window_pattern`th layer."""
+    say it another way: Qwen from `max_window_layers` on, when `use_sliding_window`; Gemma
+    all but every `sliding_window_pattern`th layer (every other one in Gemma 2)."""
     layers = positive_int(raw, "num_hidden_layers")
     if raw.get("sliding_window") is None:
         return (False,) * layers
@@ -269,8 +290,9 @@ def _sliding_layers(raw: dict[str, Any], family: Family) -> tuple[bool, ...]:
 
 
 def _older_sliding_layers(raw: dict[str, Any], family: Family, layers: int) -> tuple[bool, ...]:
-    if family.gemma:
-        pattern = positive_int(raw, "sliding_window_pattern", default=6)
+    if family.sliding_window_pattern:
+        default = family.sliding_window_pattern
+        pattern = positive_int(raw, "sliding_window_pattern", default=default)
         return tuple((i + 1) % pattern != 0 for i in range(layers))
     if not raw.get("use_sliding_window"):
         return (False,) * layers
@@ -300,7 +322,7 @@ def _attention_scale(raw: dict[str, Any]) -> float:
     return positive_float(raw, "query_pre_attn_scalar") ** -0.5
 
 
-def _gemma_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None, float]:
+def _local_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None, float]:
     """Full layers' theta and scaling, and sliding layers' own theta (never scaled): per
     layer type in transformers 5's `rope_parameters`, else `rope_theta`, `rope_scaling` and
     `rope_local_base_freq`."""
@@ -317,11 +339,17 @@ def _gemma_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None, float]:
     return (*_rope(raw), local_theta)
 
 
+def _softcaps(raw: dict[str, Any], family: Family) -> dict[str, float | None]:
+    """Each cap, a positive number or null. A cap the family's transformers code ignores is
+    refused: applying it would part from transformers' tokens, dropping it from the config."""
+    for key in SOFTCAPS:
+        if raw.get(key) is not None and key not in family.softcaps:
+            raise ContractError(key, f"not applied by transformers' {family.prefix} models")
+    return {key: None if raw.get(key) is None else positive_float(raw, key) for key in SOFTCAPS}
+
+
 def _reject_unsupported(raw: dict[str, Any]) -> None:
     """Refuse variants the model code would otherwise compute silently wrong."""
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if raw.get(key) is not None:
-            raise ContractError(key, "logit soft-capping is not supported")
     if raw.get("use_bidirectional_attention"):
         raise ContractError("use_bidirectional_attention", "only causal attention is supported")
     factor = raw.get("partial_rotary_factor") or (raw.get("rope_parameters") or {}).get(

@@ -1,4 +1,4 @@
-"""The Llama decoder (and its kin: Qwen2, Qwen3, Mistral, Gemma 3) over one flat batch of
+"""The Llama decoder (and its kin: Qwen2, Qwen3, Mistral, Gemma 2 and 3) over one flat batch of
 tokens from many sequences.
 
 There is no batch dimension: a step's tokens are concatenated ([num_tokens, hidden]) and the
@@ -11,8 +11,9 @@ Parameter names follow HF's (`model.layers.3.self_attn...`) except for the two f
 projections, `qkv_proj` and `gate_up_proj`, which the loader fills shard by shard. The
 families differ in a few places: Qwen2 adds biases to q, k and v; Qwen3 and Gemma 3 norm
 each query and key head before rotary (`q_norm`, `k_norm`, one weight shared by every head);
-Gemma 3 also norms each sublayer's output (`SandwichDecoderLayer`), scales its embedding,
-gates its MLP with GELU and gives its sliding layers a rope base of their own.
+Gemma norms each sublayer's output (`SandwichDecoderLayer`), scales its embedding, gates its
+MLP with GELU and may soft-cap its logits; Gemma 2 soft-caps its attention scores too, and
+Gemma 3 gives its sliding layers a rope base of their own.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class LlamaAttention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = config.scale
+        self.softcap = config.attn_logit_softcapping
         self.qkv_proj = Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias
         )
@@ -80,11 +82,13 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k.reshape(-1, self.head_dim))[0].view_as(k)
         q, k = dispatch.rotary_embedding(meta.positions, q, k, *rope)
         if isinstance(meta, DenseAttentionMetadata):
-            out = dense_causal_attention(q, k, v, meta, self.scale, self.window)
+            out = dense_causal_attention(q, k, v, meta, self.scale, self.window, self.softcap)
         else:
             assert kv_cache is not None, "paged attention needs this layer's KV cache"
             dispatch.write_kv_cache(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
-            out = paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale, self.window)
+            out = paged_attention(
+                q, kv_cache[0], kv_cache[1], meta, self.scale, self.window, self.softcap
+            )
         return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
 
 
@@ -210,6 +214,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: LlamaConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.model = LlamaModel(config, tp)
+        self.softcap = config.final_logit_softcapping
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -225,7 +230,12 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, meta, kv_caches)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits for the given hidden states only: the runner passes just the sampled rows."""
+        """Logits for the given hidden states only: the runner passes just the sampled rows;
+        soft-capped as softcap * tanh(logits / softcap) where the model says (Gemma 2)."""
         if self.lm_head is None:
-            return self.model.embed_tokens.as_head(hidden)
-        return self.lm_head(hidden)
+            logits = self.model.embed_tokens.as_head(hidden)
+        else:
+            logits = self.lm_head(hidden)
+        if self.softcap is None:
+            return logits
+        return torch.tanh(logits / self.softcap) * self.softcap

@@ -79,10 +79,10 @@ def test_the_dummy_steps_call_attention_as_a_real_step_does(model, monkeypatch):
     def dense(*args, **kwargs):
         raise AssertionError("the profile took the dense (single-pass) attention path")
 
-    def recording_paged(q, k_cache, v_cache, meta, scale, window):
+    def recording_paged(q, k_cache, v_cache, meta, scale, window, softcap):
         assert not isinstance(meta, DenseAttentionMetadata)
         calls.append((tuple(q.shape), meta.num_prefill_seqs, meta.num_prefill_tokens))
-        return paged(q, k_cache, v_cache, meta, scale, window)
+        return paged(q, k_cache, v_cache, meta, scale, window, softcap)
 
     monkeypatch.setattr(llama, "dense_causal_attention", dense)
     monkeypatch.setattr(llama, "paged_attention", recording_paged)

@@ -83,6 +83,6 @@ def test_an_unknown_model_type_is_refused_naming_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(MINILM | {"model_type": "t5"}))
     with pytest.raises(
         ContractError,
-        match="^model_type: 't5' is not supported; known: bert, gemma3_text, llama, mistral",
+        match="^model_type: 't5' is not supported; known: bert, gemma2, gemma3_text, llama",
     ):
         model_config_from_dir(tmp_path)

@@ -72,7 +72,7 @@ def test_a_classifier_counts_its_labels():
     [
         (
             {"model_type": "gemma"},
-            "^model_type: 'gemma' is not a decoder; known: gemma3_text, llama",
+            "^model_type: 'gemma' is not a decoder; known: gemma2, gemma3_text, llama",
         ),
         (
             {"architectures": ["Qwen2ForCausalLM"]},

@@ -1,9 +1,9 @@
-"""Qwen2, Qwen3, Mistral, Phi-3 and Gemma 3 decode exactly what transformers decodes, through
-the paged KV cache and continuous batching, quirks included: Qwen2's q/k/v biases, Qwen3's norm
-on each query and key head, Llama's optional attention biases, Phi-3's fused projections,
-sliding windows narrower than the contexts, and Gemma 3's norms around each
-sublayer (scaling by 1 + weight), scaled embedding, GELU gate, attention scale and rope base
-per layer kind.
+"""Qwen2, Qwen3, Mistral, Phi-3, Gemma 2 and Gemma 3 decode exactly what transformers decodes,
+through the paged KV cache and continuous batching, quirks included: Qwen2's q/k/v biases,
+Qwen3's norm on each query and key head, Llama's optional attention biases, Phi-3's fused
+projections, sliding windows narrower than the contexts, Gemma's norms around each sublayer
+(scaling by 1 + weight), scaled embedding, GELU gate and attention scale, Gemma 3's rope base
+per layer kind, and Gemma 2's soft-capped attention scores and logits.
 
 Each model is tiny, random and made on the spot by transformers (`harness/tiny_llama.py`),
 with every bias and norm weight drawn, so that a bias or norm left out changes the tokens.
@@ -19,8 +19,10 @@ import torch
 
 from batching_engine.config import EngineConfig
 from batching_engine.engine import LLMEngine
-from batching_engine.model.config import LlamaConfig, model_config_from_dir
+from batching_engine.model.attention import DenseAttentionMetadata
+from batching_engine.model.config import SOFTCAPS, LlamaConfig, model_config_from_dir
 from batching_engine.model.layers import Linear
+from batching_engine.model.loader import load_model
 from batching_engine.model.quantization import QuantizedLinear
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams, Sequence
@@ -36,6 +38,14 @@ GEMMA3 = {
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
     },
+}
+# Gemma 2's own: caps small enough to change random weights' scores and logits, and
+# transformers' default layers (every other one sliding, through a window wider than any test's
+# context unless a variant says).
+GEMMA2 = {
+    "query_pre_attn_scalar": 24,
+    "attn_logit_softcapping": 5.0,
+    "final_logit_softcapping": 3.0,
 }
 # family -> overrides of the tiny model that bring out its quirks
 FAMILIES = {
@@ -58,6 +68,13 @@ FAMILIES = {
     "gemma3_text": {"tie_word_embeddings": False, **GEMMA3},
     "gemma3_text-tied": {"initializer_range": 0.05, **GEMMA3},
     "gemma3_text-window-6": {"tie_word_embeddings": False, **GEMMA3, "sliding_window": 6},
+    "gemma3_text-capped-logits": {
+        "tie_word_embeddings": False,
+        **GEMMA3,
+        "final_logit_softcapping": GEMMA2["final_logit_softcapping"],
+    },
+    "gemma2": {"tie_word_embeddings": False, **GEMMA2},
+    "gemma2-window-6": {"tie_word_embeddings": False, **GEMMA2, "sliding_window": 6},
 }
 
 
@@ -86,6 +103,8 @@ def test_the_config_reads_each_familys_switches(tiny):
     assert config.qkv_bias == (q_proj.bias is not None)
     assert config.o_bias == (attention.o_proj.bias is not None)
     assert config.qk_norm == hasattr(attention, "q_norm")
+    for cap in SOFTCAPS:
+        assert getattr(config, cap) == getattr(reference.config, cap, None)
 
 
 def test_greedy_tokens_equal_transformers_with_chunked_prefill_in_one_batch(tiny):
@@ -143,6 +162,30 @@ def test_gemma3_files_older_than_layer_types_read_the_same(tmp_path):
     assert older.rope_theta == current.rope_theta == 1000000.0
 
 
+def test_gemma2_files_older_than_layer_types_slide_every_other_layer(tmp_path):
+    save_tiny_decoder(tmp_path, "gemma2", num_hidden_layers=4, **GEMMA2)
+    current = model_config_from_dir(tmp_path)
+    edited_config(tmp_path, layer_types=None)
+    older = model_config_from_dir(tmp_path)
+    assert older.sliding_layers == current.sliding_layers == (True, False, True, False)
+    assert older.local_rope_theta is None  # one rope base for every layer
+
+
+@pytest.mark.parametrize("variant", ["gemma2", "gemma2-window-6", "gemma3_text-capped-logits"])
+def test_soft_capped_logits_are_transformers(tmp_path, variant):
+    """The final cap keeps the logits' order, so greedy tokens cannot show it: the logits do,
+    here from one pass over the whole prompt (the single-pass models' attention)."""
+    reference = save_tiny_decoder(tmp_path, family_of(variant), **FAMILIES[variant])
+    _, model = load_model(tmp_path)
+    ids = torch.tensor(prompts(30)[0])
+    meta = DenseAttentionMetadata(positions=torch.arange(30), seq_lens_host=(30,))
+    with torch.no_grad():
+        logits = model.compute_logits(model(ids, meta))
+        expected = reference(ids[None]).logits[0]
+    assert expected.abs().max() < GEMMA2["final_logit_softcapping"]
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_an_int8_embedding_keeps_gemmas_scale_on_lookups_not_as_the_head(tmp_path):
     save_tiny_decoder(tmp_path, "gemma3_text", **GEMMA3)
     plain = ModelRunner(tmp_path, kv_cache_memory_bytes=1 << 20, max_model_len=64)
@@ -182,6 +225,15 @@ def test_quantized_weights_keep_the_biases(tmp_path):
     )
 
 
+# The edits that make the tiny Qwen3 a Gemma 3, or a Gemma 2, as far as the config goes.
+GEMMA_OF_QWEN3 = {
+    "model_type": "gemma3_text",
+    "architectures": ["Gemma3ForCausalLM"],
+    "query_pre_attn_scalar": 16,
+}
+GEMMA2_OF_QWEN3 = {**GEMMA_OF_QWEN3, "model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]}
+
+
 def edited_config(path, **changes) -> None:
     config_path = path / "config.json"
     raw = json.loads(config_path.read_text())
@@ -207,7 +259,11 @@ def test_qwen_windows_count_only_where_its_layers_slide(tmp_path):
         ({"architectures": ["LlamaForCausalLM"]}, "architectures"),
         ({"attention_bias": "yes"}, "attention_bias"),
         ({"mlp_bias": True}, "mlp_bias"),
+        # Caps where transformers applies none, and caps that are no number above 0.
         ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+        ({**GEMMA_OF_QWEN3, "attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+        ({**GEMMA2_OF_QWEN3, "attn_logit_softcapping": 0}, "attn_logit_softcapping"),
+        ({**GEMMA2_OF_QWEN3, "final_logit_softcapping": -30.0}, "final_logit_softcapping"),
         ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
         (

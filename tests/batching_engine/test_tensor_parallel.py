@@ -34,6 +34,7 @@ from harness.engine_process import EngineProcess
 from harness.tiny_llama import hf_greedy, runner_greedy, save_tiny_decoder, save_tiny_llama
 from harness.tiny_model_dir import write_tiny_model
 from infergrid.errors import ContractError
+from tests.batching_engine.test_model_families import GEMMA2
 from tests.batching_engine.test_smollm2 import smollm2_gguf
 
 PROMPTS = [[1, 5, 9, 200, 31], [7, 7, 100], list(range(3, 40))]
@@ -105,12 +106,13 @@ def test_two_ranks_decode_the_tokens_of_one_and_of_transformers(tmp_path, heads,
                 "layer_types": ["sliding_attention", "full_attention"],
             },
         ),
+        ("gemma2", {"tie_word_embeddings": False, **GEMMA2}),
     ],
 )
 def test_two_ranks_split_each_familys_biases_and_head_norms(tmp_path, family, overrides):
     """q/k/v biases split with their heads, o_proj's added once, head norms on every rank,
     Phi-3's fused q/k/v and gate/up cut by head and column as the separate ones are, each of
-    Mixtral's experts cut by column, the router whole."""
+    Mixtral's experts cut by column, the router whole, Gemma 2's scores capped per head."""
     reference = save_tiny_decoder(
         tmp_path, family, hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
         intermediate_size=200, **overrides,

@@ -80,26 +80,29 @@ def elementwise_cases() -> Iterator[Case]:
     yield "rotary/bf16", rotary._rotary_kernel, plan
 
 
-# (dtype, num_heads, num_kv_heads, head_dim, block_size): Llama-3-8B-like in every dtype, then
-# SmolLM2-135M (a group of 3, blocks of 256) and a wide head in bf16.
+# (dtype, num_heads, num_kv_heads, head_dim, block_size, softcap): Llama-3-8B-like in every
+# dtype, then SmolLM2-135M (a group of 3, blocks of 256), a wide head, and Gemma-2-2B-like
+# soft-capped scores in bf16.
 ATTENTION_SHAPES = (
-    (torch.bfloat16, 32, 8, 128, 16),
-    (torch.float16, 32, 8, 128, 16),
-    (torch.float32, 32, 8, 128, 16),
-    (torch.bfloat16, 9, 3, 64, 256),
-    (torch.bfloat16, 8, 2, 256, 32),
+    (torch.bfloat16, 32, 8, 128, 16, None),
+    (torch.float16, 32, 8, 128, 16, None),
+    (torch.float32, 32, 8, 128, 16, None),
+    (torch.bfloat16, 9, 3, 64, 256, None),
+    (torch.bfloat16, 8, 2, 256, 32, None),
+    (torch.bfloat16, 8, 4, 256, 16, 50.0),
 )
 
 
 def attention_cases() -> Iterator[Case]:
-    for dtype, heads, kv_heads, head_dim, block_size in ATTENTION_SHAPES:
+    for dtype, heads, kv_heads, head_dim, block_size, softcap in ATTENTION_SHAPES:
         tag = f"{TRITON_TYPES[dtype]}/h{heads}kv{kv_heads}d{head_dim}b{block_size}"
+        tag += "/softcap" if softcap else ""
         cache = empty(64, block_size, kv_heads, head_dim, dtype=dtype)
         tables, lens = empty(4, 32, dtype=torch.int32), empty(4, dtype=torch.int32)
         q = empty(4, heads, head_dim, dtype=dtype)
         for splits in (1, 8):
             attention, merge = decode_attention.decode_attention_plan(
-                q, cache, cache, tables, lens, q, 0.1, splits, interpreted=False
+                q, cache, cache, tables, lens, q, 0.1, splits, interpreted=False, softcap=softcap
             )
             yield (
                 f"decode/{tag}/splits{splits}",
@@ -110,7 +113,7 @@ def attention_cases() -> Iterator[Case]:
                 yield f"decode_merge/{tag}", decode_attention._decode_reduce_kernel, merge
         q, cu = empty(300, heads, head_dim, dtype=dtype), empty(5, dtype=torch.int32)
         plan = prefill_attention.prefill_attention_plan(
-            q, cache, cache, tables, lens, cu, q, 0.1, 200, interpreted=False
+            q, cache, cache, tables, lens, cu, q, 0.1, 200, interpreted=False, softcap=softcap
         )
         yield f"prefill/{tag}", prefill_attention._prefill_attention_kernel, plan
 

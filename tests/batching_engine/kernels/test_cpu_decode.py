@@ -84,17 +84,21 @@ def test_a_slot_outside_the_cache_is_refused_and_nothing_is_written():
     block_size=st.sampled_from([1, 4, 16]),
     seed=st.integers(0, 2**31),
     window=st.one_of(st.none(), st.integers(1, 80)),
+    softcap=st.sampled_from([None, 0.5, 3.0]),
 )
-def test_decode_attention_matches_the_reference(lens, kv_heads, group, block_size, seed, window):
+def test_decode_attention_matches_the_reference(
+    lens, kv_heads, group, block_size, seed, window, softcap
+):
     """Ragged contexts in scattered blocks whose unused slots are NaN, whole or through a
-    sliding window; a context of 0 (a padded row) gives zeros."""
+    sliding window, with scores soft-capped or not; a context of 0 (a padded row) gives
+    zeros."""
     gen = generator(seed)
     cache = paged_cache(lens, block_size=block_size, num_kv_heads=kv_heads, head_dim=32,
                         dtype=F32, gen=gen)  # fmt: skip
     q = randn(len(lens), kv_heads * group, 32, dtype=F32, gen=gen)
     args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens, 0.17)
-    got = cpu_decode.decode_attention(*args, window)
-    expected = decode_attention_reference(*args, window=window)
+    got = cpu_decode.decode_attention(*args, window, softcap)
+    expected = decode_attention_reference(*args, window=window, softcap=softcap)
     torch.testing.assert_close(got, expected, **ATTENTION_TOLERANCES[F32])
     assert not got[torch.tensor(lens) == 0].any()
 
@@ -110,6 +114,14 @@ def test_attention_refuses_what_would_read_outside_the_cache(table, lens):
         cpu_decode.decode_attention(torch.zeros(1, 1, 8), cache, cache,
                                     torch.tensor(table, dtype=torch.int32),
                                     torch.tensor(lens, dtype=torch.int32), 1.0)  # fmt: skip
+
+
+def test_attention_refuses_a_negative_soft_cap():
+    cache = torch.zeros(4, 4, 1, 8)
+    tables, lens = torch.tensor([[0]], dtype=torch.int32), torch.tensor([4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="soft cap is negative"):
+        cpu_decode.decode_attention(torch.zeros(1, 1, 8), cache, cache, tables, lens, 1.0,
+                                    softcap=-1.0)  # fmt: skip
 
 
 @settings(max_examples=40, deadline=None)

@@ -36,7 +36,16 @@ SHAPES = {
 
 
 def run_both(
-    heads, kv_heads, head_dim, block_size, lens, dtype, seed=0, num_splits=None, window=None
+    heads,
+    kv_heads,
+    head_dim,
+    block_size,
+    lens,
+    dtype,
+    seed=0,
+    num_splits=None,
+    window=None,
+    softcap=None,
 ):
     gen = generator(seed)
     cache = paged_cache(
@@ -45,8 +54,10 @@ def run_both(
     q = randn(len(lens), heads, head_dim, dtype=dtype, gen=gen)
     args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens)
     out = poisoned(*q.shape, dtype=dtype)
-    actual = decode_attention_triton(*args, out=out, num_splits=num_splits, window=window)
-    return actual, decode_attention_reference(*args, window=window)
+    actual = decode_attention_triton(
+        *args, out=out, num_splits=num_splits, window=window, softcap=softcap
+    )
+    return actual, decode_attention_reference(*args, window=window, softcap=softcap)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -85,24 +96,38 @@ def test_a_sliding_window_matches_the_reference_whatever_the_split(num_splits, w
     torch.testing.assert_close(actual, expected, **ATTENTION_TOLERANCES[torch.float32])
 
 
-def test_the_windowed_reference_is_attention_over_the_last_window_tokens():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("window", [None, 5])
+def test_soft_capped_scores_match_the_reference_whatever_the_split(num_splits, window, dtype):
+    actual, expected = run_both(*BOUNDARY_CASE, dtype, num_splits=num_splits, window=window,
+                                softcap=0.5)  # fmt: skip
+    torch.testing.assert_close(actual, expected, **ATTENTION_TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("softcap", [None, 0.5], ids=["uncapped", "softcap-0.5"])
+def test_the_windowed_reference_is_attention_over_the_last_window_tokens(softcap):
     """The reference against the definition: a window of w leaves a context of L the keys
-    L - w .. L - 1, as if the cache held those alone."""
+    L - w .. L - 1, as if the cache held those alone; a soft cap c takes each scaled score s
+    to c * tanh(s / c) before the softmax."""
     gen = generator(3)
     lens, window = [3, 12, 20], 5
     cache = paged_cache(lens, block_size=4, num_kv_heads=1, head_dim=8, dtype=torch.float32,
                         gen=gen)  # fmt: skip
     q = randn(len(lens), 2, 8, dtype=torch.float32, gen=gen)
     got = decode_attention_reference(
-        q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens, window=window
-    )
+        q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens, window=window,
+        softcap=softcap,
+    )  # fmt: skip
     for s, length in enumerate(lens):
         positions = torch.arange(max(0, length - window), length)
         blocks = cache.block_tables[s, positions // 4].long()
         k, v = cache.k_cache[blocks, positions % 4, 0], cache.v_cache[blocks, positions % 4, 0]
         for head in range(2):
-            weights = torch.softmax(k @ q[s, head] / 8**0.5, dim=0)
-            torch.testing.assert_close(got[s, head], weights @ v)
+            scores = k @ q[s, head] / 8**0.5
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
+            torch.testing.assert_close(got[s, head], torch.softmax(scores, dim=0) @ v)
 
 
 def test_split_count_fills_the_gpu_but_keeps_splits_long():

@@ -37,7 +37,16 @@ CASES = {
 
 
 def run_both(
-    heads, kv_heads, head_dim, block_size, chunks, dtype, seed=0, max_query_len=None, window=None
+    heads,
+    kv_heads,
+    head_dim,
+    block_size,
+    chunks,
+    dtype,
+    seed=0,
+    max_query_len=None,
+    window=None,
+    softcap=None,
 ):
     gen = generator(seed)
     query_lens = [q for q, _ in chunks]
@@ -50,8 +59,10 @@ def run_both(
     q = randn(sum(query_lens), heads, head_dim, dtype=dtype, gen=gen)
     args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens, cu_seqlens)
     out = poisoned(*q.shape, dtype=dtype)
-    actual = prefill_attention_triton(*args, max_query_len=max_query_len, out=out, window=window)
-    return actual, prefill_attention_reference(*args, window=window), args
+    actual = prefill_attention_triton(
+        *args, max_query_len=max_query_len, out=out, window=window, softcap=softcap
+    )
+    return actual, prefill_attention_reference(*args, window=window, softcap=softcap), args
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -83,12 +94,25 @@ def test_a_sliding_window_matches_the_reference(window):
     torch.testing.assert_close(actual, expected, **ATTENTION_TOLERANCES[torch.float32])
 
 
-@pytest.mark.parametrize("window", [None, 3], ids=["causal", "window-3"])
-def test_reference_is_causal_softmax_attention_at_the_chunk_positions(window):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("window", [None, 4])
+def test_soft_capped_scores_match_the_reference(window, dtype):
+    actual, expected, _ = run_both(*CASES["mixed-chunks"], dtype, window=window, softcap=0.5)
+    torch.testing.assert_close(actual, expected, **ATTENTION_TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize(
+    ("window", "softcap"),
+    [(None, None), (3, None), (None, 0.5), (3, 0.5)],
+    ids=["causal", "window-3", "softcap-0.5", "window-3-softcap-0.5"],
+)
+def test_reference_is_causal_softmax_attention_at_the_chunk_positions(window, softcap):
     """The reference itself, against the definition: query i of a q_len chunk of a context of
     length L sits at L - q_len + i and sees keys 0..that position (the last `window` of them
-    in a sliding-window layer), kv head h // group."""
-    _, expected, args = run_both(4, 2, 16, 8, [(5, 12)], torch.float32, window=window)
+    in a sliding-window layer), kv head h // group; a soft cap c takes each scaled score s to
+    c * tanh(s / c) before the softmax."""
+    _, expected, args = run_both(4, 2, 16, 8, [(5, 12)], torch.float32, window=window,
+                                 softcap=softcap)  # fmt: skip
     q, k_cache, v_cache, tables, _, _ = args
     positions = torch.arange(12)
     k = k_cache[tables[0, positions // 8].long(), positions % 8]  # [12, 2, 16]
@@ -98,6 +122,8 @@ def test_reference_is_causal_softmax_attention_at_the_chunk_positions(window):
         first = 0 if window is None else max(0, end - window)
         for head in range(4):
             scores = k[first:end, head // 2] @ q[i, head] / math.sqrt(16)
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
             want = torch.softmax(scores, dim=0) @ v[first:end, head // 2]
             torch.testing.assert_close(expected[i, head], want)
 
