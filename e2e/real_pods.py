@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -109,7 +110,7 @@ def serving_namespace(
     api: client.ApiClient, identities: Identities, prefix: str, log: Path, *,
     namespace: str = "", operator_args: tuple[str, ...] = (),
 ) -> Iterator[str]:  # fmt: skip
-    """A namespace served by an operator with the engine image built here, as the chart's
+    """A namespace served by an operator with the engine images built here, as the chart's
     operator ServiceAccount, holding the model store's claim on the real node (what the pvc://
     samples name): a fresh one named after `prefix`, or `namespace`, made by the caller.
     Deleted at the end either way. The admission policies leave it alone: the real node's
@@ -120,8 +121,9 @@ def serving_namespace(
         core.create_namespace({"metadata": {"name": namespace}})
     model_store.provide(api, namespace, real_node_name(core))
     kubeconfig = identities.kubeconfig("operator", log.with_suffix(".kubeconfig"))
+    runtime_images = json.dumps({"llama.cpp": image_ref("llama-cpp")})
     operator = OperatorProcess(kubeconfig, [namespace], log, "--engine-image", image_ref("engine"),
-                               *operator_args)  # fmt: skip
+                               "--runtime-images", runtime_images, *operator_args)  # fmt: skip
     operator.start()
     try:
         yield namespace

@@ -128,8 +128,16 @@ INVALID = [
         "set only one of",
     ),
     (
-        "vllm-without-an-image",
-        {"spec.runtime": "vllm"},
+        "custom-without-an-image",
+        {
+            "spec.runtime": "custom",
+            "spec.customRuntime": {
+                "port": 9000,
+                "readyPath": "/r",
+                "livePath": "/l",
+                "metrics": {"queueDepth": "q", "running": "r"},
+            },
+        },
         "spec.engine.image",
         "needs spec.engine.image",
     ),

@@ -19,7 +19,6 @@ import base64
 import json
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -28,10 +27,9 @@ import yaml
 from kubernetes import client
 
 from e2e.gateway_support import (
-    GATEWAY_SAMPLES,
     TEAM_B,
     engine_metrics,
-    install_gateway,
+    gateway_namespace,
     sample,
     wait_ready_pods,
 )
@@ -71,15 +69,7 @@ def fenced(
         pytest.skip("serves on the local cluster's real node")
     core = client.CoreV1Api(cluster.api)
     tmp = tmp_path_factory.mktemp("engine-access")
-    namespace = f"engine-access-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": namespace}})
-    kubectl(cluster.kubeconfig, "apply", "-n", namespace, "-f",
-            str(GATEWAY_SAMPLES / "api-keys.yaml"))  # fmt: skip
-    try:
-        release, _ = install_gateway(cluster, namespace)
-    except BaseException:
-        core.delete_namespace(namespace)
-        raise
+    namespace, release, _ = gateway_namespace(cluster, "engine-access")
     secret = core.read_namespaced_secret(f"{release}-infergrid-engine-auth", namespace)
     key = base64.b64decode(secret.data["key"])
     key_file = tmp / "engine-auth-key"

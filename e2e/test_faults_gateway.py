@@ -22,7 +22,6 @@ import http.client
 import json
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,10 +35,9 @@ from e2e.cluster.processes import wait_until
 from e2e.extender_support import audit
 from e2e.fault_report import Tally, load_scale, publish
 from e2e.gateway_support import (
-    GATEWAY_SAMPLES,
     TEAM_B,
     chat_service,
-    install_gateway,
+    gateway_namespace,
     is_ready,
     wait_ready_pods,
 )
@@ -217,17 +215,9 @@ def gateways(cluster, identities, infsvc_crd, extender, helm_ready, tmp_path_fac
         pytest.skip("serves on the local cluster's real node")
     core = client.CoreV1Api(cluster.api)
     log = tmp_path_factory.mktemp("gateway-fault") / "operator.log"
-    namespace = f"gwfault-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": namespace}})
-    kubectl(cluster.kubeconfig, "apply", "-n", namespace, "-f",
-            str(GATEWAY_SAMPLES / "api-keys.yaml"))  # fmt: skip
-    try:
-        release, metrics_url = install_gateway(
-            cluster, namespace, values=(f"gateway.drainSeconds={DRAIN_S}",), replicas=2
-        )
-    except BaseException:
-        core.delete_namespace(namespace)
-        raise
+    namespace, release, metrics_url = gateway_namespace(
+        cluster, "gwfault", values=(f"gateway.drainSeconds={DRAIN_S}",), replicas=2
+    )
     with serving_namespace(cluster.api, identities, "", log, namespace=namespace,
                            operator_args=("--gateway-metrics-url", metrics_url)):  # fmt: skip
         try:

@@ -13,7 +13,6 @@ import asyncio
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 
 import aiohttp
@@ -24,13 +23,12 @@ from kubernetes import client
 
 from e2e.cluster.processes import wait_until
 from e2e.gateway_support import (
-    GATEWAY_SAMPLES,
     TEAM_A,
     TEAM_B,
     chat_service,
     engine_metrics,
     engine_pods,
-    install_gateway,
+    gateway_namespace,
     kill_pod_processes,
     running,
     sample,
@@ -62,15 +60,7 @@ def routed(
         pytest.skip("serves on the local cluster's real node")
     core = client.CoreV1Api(cluster.api)
     log = tmp_path_factory.mktemp("gateway") / "operator.log"
-    namespace = f"gateway-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": namespace}})
-    kubectl(cluster.kubeconfig, "apply", "-n", namespace, "-f",
-            str(GATEWAY_SAMPLES / "api-keys.yaml"))  # fmt: skip
-    try:
-        release, metrics_url = install_gateway(cluster, namespace)
-    except BaseException:
-        core.delete_namespace(namespace)
-        raise
+    namespace, release, metrics_url = gateway_namespace(cluster, "gateway")
     operator_args = ("--gateway-metrics-url", metrics_url)
     with serving_namespace(cluster.api, identities, "", log, namespace=namespace,
                            operator_args=operator_args):  # fmt: skip

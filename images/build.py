@@ -22,7 +22,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from . import binaries, components, lockfile, plan, record, runtime_only, tools
+from . import binaries, components, llama_server, lockfile, plan, record, runtime_only, tools
 from .cluster_binaries import cache_dir
 from .inputs import file_digest, files_digest, package_files
 from .oci_layout import Layout
@@ -97,6 +97,9 @@ def gather_inputs(
             binary_paths["pause"] = binaries.build_pause(work)
         elif image.binary == "kube-scheduler":
             binary_paths["kube-scheduler"] = binaries.kube_scheduler(say)
+        elif image.binary == "llama-server":
+            binary_paths["llama-server"] = llama_server.llama_server(llama_server.IMAGE_FLAGS)
+            binaries.check_static(binary_paths["llama-server"])
     inputs = plan.Inputs(
         sources={p: files_digest(f) for p, f in files.items()},
         binaries={b: file_digest(p) for b, p in binary_paths.items()},

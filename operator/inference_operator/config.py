@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from infergrid.codec import expect, join
 from infergrid.constants import SCHEDULER_NAME
 from infergrid.engine_token import KEY_FILE_SETTING
 from infergrid.errors import ContractError
+from infergrid.runtimes import RUNTIMES
 from infergrid.settings import Setting, boolean, class_names, names, number, text, whole
 from infergrid.storage_uri import parse_storage_uri
 
@@ -24,6 +27,8 @@ URL_FIELDS: Final = {"pod_ip": "10.0.0.1", "pod_name": "p", "namespace": "ns", "
 class OperatorConfig:
     scheduler_name: str = SCHEDULER_NAME
     engine_image: str = DEFAULT_ENGINE_IMAGE
+    # The image of each other runtime for services whose spec names none, as (runtime, image).
+    runtime_images: tuple[tuple[str, str], ...] = ()
     namespaces: tuple[str, ...] = ()  # none: every namespace
     metrics_url_template: str = DEFAULT_METRICS_URL
     scrape_timeout_s: float = 2.0
@@ -80,6 +85,26 @@ def http_url(doc: dict[str, Any], key: str) -> str:
     return value
 
 
+def runtime_images(doc: dict[str, Any], key: str) -> tuple[tuple[str, str], ...]:
+    """Runtime name -> image, for the table's runtimes other than the bundled engine (whose
+    image is engineImage); on the command line the same map as JSON."""
+    value = doc[key]
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as err:
+            raise ContractError(key, f"expected a JSON object: {err}") from None
+    known = [name for name in RUNTIMES if name != "infergrid"]
+    pairs = []
+    for name, image in expect(value, dict, key).items():
+        if name not in known:
+            raise ContractError(join(key, str(name)), f"is not one of {', '.join(known)}")
+        if not isinstance(image, str) or not image.strip():
+            raise ContractError(join(key, name), "must be an image reference")
+        pairs.append((name, image))
+    return tuple(sorted(pairs))
+
+
 def claim_name(doc: dict[str, Any], key: str) -> str:
     """A PersistentVolumeClaim's name, checked as pvc:// checks it; empty means none."""
     if doc[key] == "":
@@ -101,6 +126,9 @@ SETTINGS: Final = (
             "scheduler of engine pods whose spec names none"),
     Setting("engineImage", "engine_image", text,
             "engine image of services whose spec names none"),
+    Setting("runtimeImages", "runtime_images", runtime_images,
+            "image of each runtime other than infergrid for services whose spec names none, "
+            'e.g. {"llama.cpp": "infergrid/llama-cpp:0.1.0"} (a flag: as JSON)'),
     Setting("namespaces", "namespaces", names,
             "namespaces to serve, comma-separated (default: all)"),
     Setting("metricsUrlTemplate", "metrics_url_template", url_template,

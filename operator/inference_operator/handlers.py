@@ -492,6 +492,7 @@ def _parse(memo: kopf.Memo, body: Any) -> ServiceSpec:
         cfg.scheduler_name,
         cfg.allowed_priority_classes,
         name=body["metadata"]["name"],
+        runtime_images=dict(cfg.runtime_images),
     )
     check_storage(service, model_storage(cfg))
     return service

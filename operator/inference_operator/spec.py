@@ -123,17 +123,19 @@ def parse_spec(
     priority_classes: Collection[str] = (),
     *,
     name: str = "",
+    runtime_images: Mapping[str, str] | None = None,
 ) -> ServiceSpec:
     """The spec of an InferenceService; the defaults fill what the CRD did not.
 
     priority_classes are those the operator allows (its allowedPriorityClasses); name is the
-    service's metadata.name, which bounds whether it may have a canary.
+    service's metadata.name, which bounds whether it may have a canary; runtime_images are
+    the operator's images of the other runtimes (its runtimeImages).
     """
     doc = expect(doc, dict, "spec")
     engine = field(doc, "engine", dict, "spec", {})
     runtime = read_runtime(doc)
-    if runtime.args is not None:  # not the bundled engine: no image of the operator's fits
-        default_image = field(engine, "image", str, "spec.engine")
+    if runtime.args is not None:  # not the bundled engine: its image is the runtime's own
+        default_image = _runtime_image(engine, runtime.name, runtime_images or {})
     engine_settings = read_crd_engine(engine, "spec.engine")
     check_settings(runtime, engine_settings)
     resources = _resources(field(doc, "resources", dict, "spec"))
@@ -155,6 +157,16 @@ def parse_spec(
     )
     _check_runtime_storage(service)
     return service
+
+
+def _runtime_image(engine: Mapping[str, Any], runtime: str, images: Mapping[str, str]) -> str:
+    """spec.engine.image, else the operator's image of the runtime; neither is refused."""
+    if engine.get("image") is None and runtime not in images:
+        raise ContractError(
+            "spec.engine.image",
+            f"is required: this operator has no image of the {runtime} runtime (runtimeImages)",
+        )
+    return field(engine, "image", str, "spec.engine", images.get(runtime))
 
 
 def _check_runtime_storage(spec: ServiceSpec) -> None:

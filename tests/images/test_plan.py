@@ -14,7 +14,7 @@ SOURCES = {
     "gateway": "g0",
     "batching_engine": "b0",
 }
-BINARIES = {"pause": "p0", "kube-scheduler": "k0"}
+BINARIES = {"pause": "p0", "kube-scheduler": "k0", "llama-server": "l0"}
 LOCKS = {"pip": "pip0", "deps": "deps0", "engine": "engine0", "model": "model0"}
 
 

@@ -105,3 +105,29 @@ def test_named_namespaces_are_served_without_scanning_and_patterns_are_scanned()
     assert not scans_namespaces(("team-a", "team-b"))
     assert scans_namespaces(("team-*",))
     assert scans_namespaces(("team-a", "!team-b"))
+
+
+def test_runtime_images_come_from_the_file_or_a_json_flag(tmp_path):
+    assert load([]).runtime_images == ()
+    path = tmp_path / "operator.yaml"
+    path.write_text('version: v1\nruntimeImages: {"llama.cpp": "infergrid/llama-cpp:1"}\n')
+    assert load(["--config", str(path)]).runtime_images == (("llama.cpp", "infergrid/llama-cpp:1"),)
+    flag = '{"vllm": "v:1", "sglang": "s:1"}'
+    assert load([f"--runtime-images={flag}"]).runtime_images == (("sglang", "s:1"), ("vllm", "v:1"))
+
+
+@pytest.mark.parametrize(
+    ("flag", "field"),
+    [
+        ('{"infergrid": "e:1"}', "runtimeImages.infergrid"),  # that one is engineImage
+        ('{"custom": "c:1"}', "runtimeImages.custom"),
+        ('{"vllm": ""}', "runtimeImages.vllm"),
+        ('{"vllm": 1}', "runtimeImages.vllm"),
+        ('["vllm"]', "runtimeImages"),
+        ("{vllm", "runtimeImages"),
+    ],
+)
+def test_a_runtime_image_that_is_not_one_is_named(flag, field):
+    with pytest.raises(ContractError) as err:
+        load([f"--runtime-images={flag}"])
+    assert err.value.field == field

@@ -239,6 +239,23 @@ def test_a_runtime_the_service_cannot_run_is_refused_naming_the_field(change, fi
     assert caught.value.field == field
 
 
+def test_a_runtime_without_an_image_takes_the_operators_image_of_it():
+    doc = {**VLLM, "engine": {}}
+    images = {"vllm": "infergrid/vllm:1", "llama.cpp": "infergrid/llama-cpp:1"}
+    assert parse_spec(doc, "infergrid/engine:1", "s", runtime_images=images).image == (
+        "infergrid/vllm:1"
+    )
+    named = parse_spec(VLLM, "infergrid/engine:1", "s", runtime_images=images)
+    assert named.image == "vllm/vllm-openai:v0.11.0"  # the service's own wins
+
+
+def test_a_runtime_the_operator_has_no_image_of_needs_the_services():
+    with pytest.raises(ContractError) as caught:
+        parse_spec({**VLLM, "engine": {}}, "i", "s", runtime_images={"sglang": "x"})
+    assert caught.value.field == "spec.engine.image"
+    assert "no image of the vllm runtime (runtimeImages)" in caught.value.reason
+
+
 def test_llama_cpp_reads_a_gguf_file_from_a_claim():
     doc = {**VLLM, "runtime": "llama.cpp",
            "model": {"name": "m", "storageUri": "pvc://models/smollm2.Q4_1.gguf"}}  # fmt: skip
