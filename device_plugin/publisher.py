@@ -3,7 +3,8 @@
 Every `interval_s` it re-reads the GPUs through the backend: the inventory
 (health included) goes to the DeviceManager and, when it changed, to the
 node annotation; the usage annotation is written every round, since its
-heartbeat tells the extender this node's numbers are fresh.
+heartbeat tells the extender this node's numbers are fresh; and the GPUs'
+telemetry goes to the metrics (device_plugin/telemetry.py).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from datetime import UTC, datetime
 from device_plugin import metrics
 from device_plugin.discovery import discover, sample_usage
 from device_plugin.health import HealthTracker
-from device_plugin.manager import DeviceManager
+from device_plugin.manager import DeviceManager, HeldSource, PodSource
 from device_plugin.nvml.backend import NvmlBackend, NvmlError
+from device_plugin.telemetry import TelemetrySampler
 from infergrid.constants import ANNOTATION_GPU_INVENTORY, ANNOTATION_GPU_USAGE
 from infergrid.inventory import encode_inventory, node_labels
-from infergrid.usage import GpuUsage, encode_usage
+from infergrid.usage import encode_usage
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,10 @@ class NodePublisher:
         interval_s: float,
         stop: threading.Event,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        held: HeldSource | None = None,
+        pods: PodSource | None = None,
     ):
+        """`held` and `pods` tell the telemetry who holds each GPU (see TelemetrySampler)."""
         self.backend = backend
         self.tracker = tracker
         self.manager = manager
@@ -47,6 +52,7 @@ class NodePublisher:
         self.stop = stop
         self.clock = clock
         self._published_inventory: str | None = None
+        self.telemetry = TelemetrySampler(backend, held, pods)
 
     def publish_once(self) -> None:
         config = self.manager.config
@@ -56,7 +62,8 @@ class NodePublisher:
         )
         self.manager.set_inventory(inventory)
         usage = sample_usage(self.backend, node, self.clock())
-        self._export(usage)
+        self._export()
+        self.telemetry.sample(inventory, self.manager.resources())
         if self.patch_node is None:
             return
         encoded = encode_inventory(inventory)
@@ -68,10 +75,7 @@ class NodePublisher:
         self.patch_node(annotations, labels)
         self._published_inventory = encoded
 
-    def _export(self, usage: GpuUsage) -> None:
-        for sample in usage.gpus:
-            metrics.GPU_MEMORY_USED.labels(sample.uuid).set(sample.used_mib)
-            metrics.GPU_UTILIZATION.labels(sample.uuid).set(sample.utilization_percent)
+    def _export(self) -> None:
         for resource, devices in self.manager.resources().items():
             healthy = sum(d.healthy for d in devices)
             metrics.DEVICES.labels(resource, "healthy").set(healthy)

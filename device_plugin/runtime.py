@@ -85,6 +85,8 @@ class DevicePluginRuntime:
             patch_node,
             config.usage_interval_s,
             self.stop_event,
+            held=held,
+            pods=pods,
         )
         self.plugins = NodePlugins(self._endpoints, config.plugin_dir, self.stop_event)
         self.reporter = (

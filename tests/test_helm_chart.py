@@ -713,6 +713,9 @@ def test_monitoring_parts():
     }
     gateway = one(objects, "ServiceMonitor", "-gateway")
     assert gateway["spec"]["endpoints"][0]["port"] == "metrics"
+    # The plugin's series name the pods that hold each GPU: Prometheus keeps its labels.
+    plugin = one(objects, "ServiceMonitor", "-device-plugin")
+    assert plugin["spec"]["endpoints"][0]["honorLabels"] is True
     labels = one(objects, "Service", "-gateway-metrics")["metadata"]["labels"]
     assert gateway["spec"]["selector"]["matchLabels"].items() <= labels.items()
     dashboard = json.loads(one(objects, "ConfigMap", "-dashboard")["data"]["infergrid.json"])

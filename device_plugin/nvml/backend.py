@@ -33,6 +33,55 @@ class XidEvent:
     xid: int
 
 
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process with memory on a GPU or MIG instance, by its PID as the driver sees it (host)."""
+
+    pid: int
+    used_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class MigTelemetry:
+    """One MIG instance's reading; None where NVML does not offer the value on it.
+
+    Power, temperature, clocks and links belong to the GPU, so an instance has only its own
+    memory and processes.
+    """
+
+    uuid: str
+    memory_used_mib: int | None = None
+    processes: tuple[GpuProcess, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """One reading of a GPU; None for each value NVML does not offer on it (NOT_SUPPORTED).
+
+    Unsupported is no fault: a PCIe card has no NVLink, a GPU in MIG mode no utilisation,
+    and a caller without MIG monitoring privileges no processes of MIG instances.
+    ``throttle_reasons`` is NVML's clocks-event bitmask (``nvmlClocksEventReason*``), the
+    NVLink values are the driver's byte counters since it loaded, summed over the links, and
+    a MIG-enabled GPU's processes are its instances' (in ``mig``).
+    """
+
+    utilization_percent: int | None = None
+    memory_bandwidth_percent: int | None = None
+    memory_used_mib: int | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    temperature_celsius: int | None = None
+    sm_clock_mhz: int | None = None
+    memory_clock_mhz: int | None = None
+    throttle_reasons: int | None = None
+    pcie_tx_bytes_per_second: int | None = None
+    pcie_rx_bytes_per_second: int | None = None
+    nvlink_tx_bytes: int | None = None
+    nvlink_rx_bytes: int | None = None
+    processes: tuple[GpuProcess, ...] | None = None
+    mig: tuple[MigTelemetry, ...] = ()
+
+
 class NvmlError(Exception):
     """An NVML call failed; it names the call and the GPU so the log points at the device."""
 
@@ -74,6 +123,10 @@ class NvmlBackend(Protocol):
 
     def utilization_percent(self, index: int) -> int:
         """Percent of recent time GPU ``index`` ran a kernel, 0 to 100."""
+        ...
+
+    def telemetry(self, index: int) -> Telemetry:
+        """GPU ``index``'s power, heat, clocks, links and processes now, and its MIG instances'."""
         ...
 
     def ecc_state(self, index: int) -> EccState:

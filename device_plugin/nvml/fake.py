@@ -4,10 +4,11 @@ The local cluster's KWOK nodes and the device plugin read the same fleet file,
 so the plugin discovers exactly the GPUs the scheduler sees. Tests and e2e then
 steer it: memory and utilisation, memory that drifts over time, XID events and
 ECC records (injected, or scheduled by the fleet's ``xidEvents`` and
-``eccEvents``) and failing NVML calls. A GPU the fleet lists as ``unhealthy``
-fails its live readings (memory, utilisation) the way a GPU that fell off the
-bus does, so discovery and health checks find it through the same path as on
-real hardware.
+``eccEvents``) and failing NVML calls. Its telemetry (power, heat, clocks,
+links, processes) follows that load, as ``fake_telemetry`` models each board. A
+GPU the fleet lists as ``unhealthy`` fails its live readings (memory,
+utilisation, telemetry) the way a GPU that fell off the bus does, so discovery
+and health checks find it through the same path as on real hardware.
 """
 
 import math
@@ -19,7 +20,8 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Final, TypeVar
 
-from device_plugin.nvml.backend import DeviceInfo, NvmlError, XidEvent
+from device_plugin.nvml.backend import DeviceInfo, NvmlError, Telemetry, XidEvent
+from device_plugin.nvml.fake_telemetry import nvlink_bytes_per_second, reading
 from infergrid.fleet import FAKE_ECC, FleetNode, ScheduledEcc, ScheduledXid
 from infergrid.inventory import ECC_FIELDS, EccState, Gpu, GpuLink, MigInstance
 
@@ -31,6 +33,7 @@ CALLS: Final = frozenset(
         "links",
         "memory_used_mib",
         "utilization_percent",
+        "telemetry",
         "ecc_state",
         "wait_for_events",
     }
@@ -40,7 +43,7 @@ CALLS: Final = frozenset(
 _NODE_CALLS: Final = frozenset({"device_count", "wait_for_events"})
 """Calls about the node, not one GPU: they fail for every GPU or not at all."""
 
-LIVE_READINGS: Final = ("memory_used_mib", "utilization_percent")
+LIVE_READINGS: Final = ("memory_used_mib", "utilization_percent", "telemetry")
 """The calls a GPU listed unhealthy fails: it still has an identity, but cannot be read."""
 
 _LOST: Final = "GPU is lost (listed unhealthy in the fleet)"
@@ -74,7 +77,8 @@ class FakeNvml:
     """An ``NvmlBackend`` over one fleet node; thread-safe, one lock guards all state.
 
     Time comes from ``clock`` (seconds), so a test with a fake clock sees
-    drifting memory move and scheduled XIDs and ECC records come due; the fleet's
+    drifting memory move, NVLink byte counters grow at the rate the utilisation
+    sets, and scheduled XIDs and ECC records come due; the fleet's
     ``xidEvents`` and ``eccEvents`` count from the moment the fake is made. Waiting
     for events uses real time, as NVML does.
     """
@@ -92,6 +96,8 @@ class FakeNvml:
         self._used: dict[int, int] = {}
         self._drifts: dict[int, _Drift] = {}
         self._utilization: dict[int, int] = {}
+        self._nvlink_moved = {gpu.index: (clock(), 0.0) for gpu in node.inventory.gpus}
+        """Per GPU: when its NVLink bytes were last counted, and the bytes counted by then."""
         self._failures: dict[tuple[str, int | None], str] = {
             (call, gpu.index): _LOST
             for gpu in node.inventory.gpus
@@ -132,13 +138,18 @@ class FakeNvml:
     def memory_used_mib(self, index: int) -> int:
         with self._lock:
             self._read("memory_used_mib", index)
-            drift = self._drifts.get(index)
-            return drift.at(self._clock()) if drift else self._used.get(index, 0)
+            return self._used_now(index)
 
     def utilization_percent(self, index: int) -> int:
         with self._lock:
             self._read("utilization_percent", index)
             return self._utilization.get(index, 0)
+
+    def telemetry(self, index: int) -> Telemetry:
+        with self._lock:
+            gpu = self._read("telemetry", index)
+            moved = self._count_nvlink(index)
+            return reading(gpu, self._used_now(index), self._utilization.get(index, 0), moved)
 
     def ecc_state(self, index: int) -> EccState:
         with self._lock:
@@ -192,6 +203,7 @@ class FakeNvml:
             raise ValueError(f"percent: must be from 0 to 100, got {percent}")
         with self._lock:
             self._gpu(index)
+            self._count_nvlink(index)  # the bytes moved at the old rate, up to now
             self._utilization[index] = percent
 
     def inject_xid(self, index: int, xid: int) -> None:
@@ -244,6 +256,21 @@ class FakeNvml:
     def _read(self, call: str, index: int) -> Gpu:
         self._check(call, index)
         return self._gpus[index]
+
+    def _used_now(self, index: int) -> int:
+        drift = self._drifts.get(index)
+        return drift.at(self._clock()) if drift else self._used.get(index, 0)
+
+    def _count_nvlink(self, index: int) -> int | None:
+        """Bytes GPU ``index`` moved over NVLink up to now, at its utilisation; None without any."""
+        now = self._clock()
+        since, moved = self._nvlink_moved[index]
+        rate = nvlink_bytes_per_second(self._gpus[index], self._utilization.get(index, 0))
+        if rate is None:
+            return None
+        moved += rate * max(now - since, 0.0)
+        self._nvlink_moved[index] = (now, moved)
+        return round(moved)
 
     def _gpu(self, index: int) -> Gpu:
         """The GPU a control names; a test naming a GPU the node lacks is a bug in the test."""

@@ -22,6 +22,9 @@ What NVML refuses is not taken for a fault where another call answers:
 - An ECC value the GPU or driver does not have is None: all of them with ECC
   off or on a GPU without ECC, retired pages from Ampere on (rows are remapped
   instead), remapped rows before Ampere.
+- A telemetry value NVML withholds is None: not supported on this GPU or driver
+  (NVLink on a PCIe card, utilisation in MIG mode), or not to this caller
+  (NO_PERMISSION: processes of MIG instances without MIG monitoring privileges).
 """
 
 import logging
@@ -34,7 +37,14 @@ from typing import Any, Final, TypeVar
 
 import pynvml
 
-from device_plugin.nvml.backend import DeviceInfo, NvmlError, XidEvent
+from device_plugin.nvml.backend import (
+    DeviceInfo,
+    GpuProcess,
+    MigTelemetry,
+    NvmlError,
+    Telemetry,
+    XidEvent,
+)
 from infergrid.constants import (
     LINK_HOST_BRIDGE,
     LINK_NUMA,
@@ -65,6 +75,18 @@ _CORES_PER_SM_64: Final = frozenset({"6.0", "7.0", "7.2", "7.5", "8.0"})
 """Compute capabilities with 64 CUDA cores per SM; every other one since Pascal has 128."""
 
 _UNSUPPORTED: Final = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
+_WITHHELD: Final = (*_UNSUPPORTED, pynvml.NVMLError_NoPermission)
+"""What makes a telemetry value absent rather than a fault of the GPU."""
+_UNSUPPORTED_CODES: Final = frozenset(
+    {
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        pynvml.NVML_ERROR_NO_PERMISSION,
+    }
+)
+"""The same, as the return codes of single field values."""
+_ALL_LINKS: Final = 0xFFFFFFFF
+"""The scope of an NVLink throughput field that sums every link (UINT_MAX)."""
 
 _MEMORY_TOLERANCE: Final = 20
 """A full-GPU profile matches a MIG family's when its memory is within 1/20 (5%)."""
@@ -165,14 +187,30 @@ def _call(fn: Callable[..., T], index: int | None, *args: Any) -> T:
         raise NvmlError(fn.__name__, index, str(error)) from error
 
 
-def _optional(fn: Callable[..., T], index: int | None, *args: Any) -> T | None:
-    """``fn(*args)``, or None where this GPU or driver does not support ``fn``."""
+def _optional(
+    fn: Callable[..., T], index: int | None, *args: Any, absent: tuple[type, ...] = _UNSUPPORTED
+) -> T | None:
+    """``fn(*args)``, or None where NVML answers one of ``absent`` (by default: unsupported)."""
     try:
         return fn(*args)
-    except _UNSUPPORTED:
+    except absent:
         return None
     except pynvml.NVMLError as error:
         raise NvmlError(fn.__name__, index, str(error)) from error
+
+
+def _offered(fn: Callable[..., T], index: int, *args: Any) -> T | None:
+    """A telemetry value: ``fn(*args)``, or None where NVML withholds it here."""
+    return _optional(fn, index, *args, absent=_WITHHELD)
+
+
+def _first_offered(index: int, *calls: tuple[Any, ...]) -> Any | None:
+    """The first value offered of ``calls`` (function, args...): a newer call, then its old name."""
+    for fn, *args in calls:
+        value = _offered(fn, index, *args)
+        if value is not None:
+            return value
+    return None
 
 
 class RealNvml:
@@ -255,6 +293,45 @@ class RealNvml:
         """0 for a GPU in MIG mode, where NVML does not measure utilisation."""
         rates = _optional(pynvml.nvmlDeviceGetUtilizationRates, index, _handle(index))
         return rates.gpu if rates is not None else 0
+
+    def telemetry(self, index: int) -> Telemetry:
+        """What NVML offers of GPU ``index`` now; each value it withholds here is None.
+
+        Memory in use is read as ``memory_used_mib`` reads it. A GPU in MIG mode has no
+        utilisation, and its processes are read per instance, where the driver keeps them.
+        """
+        handle = _handle(index)
+        rates = _offered(pynvml.nvmlDeviceGetUtilizationRates, index, handle)
+        mig_enabled = _mig_enabled(handle, index)
+        migs = _mig_devices(handle, index) if mig_enabled else []
+        nvlink_tx, nvlink_rx = _nvlink_bytes(handle, index)
+        return Telemetry(
+            utilization_percent=None if rates is None else rates.gpu,
+            memory_bandwidth_percent=None if rates is None else rates.memory,
+            memory_used_mib=self.memory_used_mib(index),
+            power_watts=_watts(_offered(pynvml.nvmlDeviceGetPowerUsage, index, handle)),
+            power_limit_watts=_watts(
+                _offered(pynvml.nvmlDeviceGetEnforcedPowerLimit, index, handle)
+            ),
+            temperature_celsius=_first_offered(
+                index,
+                (pynvml.nvmlDeviceGetTemperatureV, handle, pynvml.NVML_TEMPERATURE_GPU),
+                (pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU),
+            ),
+            sm_clock_mhz=_clock_mhz(handle, index, pynvml.NVML_CLOCK_SM),
+            memory_clock_mhz=_clock_mhz(handle, index, pynvml.NVML_CLOCK_MEM),
+            throttle_reasons=_first_offered(
+                index,
+                (pynvml.nvmlDeviceGetCurrentClocksEventReasons, handle),
+                (pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, handle),
+            ),
+            pcie_tx_bytes_per_second=_pcie_bytes(handle, index, pynvml.NVML_PCIE_UTIL_TX_BYTES),
+            pcie_rx_bytes_per_second=_pcie_bytes(handle, index, pynvml.NVML_PCIE_UTIL_RX_BYTES),
+            nvlink_tx_bytes=nvlink_tx,
+            nvlink_rx_bytes=nvlink_rx,
+            processes=None if mig_enabled else _processes(handle, index),
+            mig=tuple(_mig_telemetry(mig, index) for mig in migs),
+        )
 
     def ecc_state(self, index: int) -> EccState:
         """Nothing with ECC off; retired pages before Ampere, remapped rows from Ampere on."""
@@ -465,6 +542,67 @@ def _mig_instance(mig: Any, index: int, gpu_mib: int) -> MigInstance:
         uuid=_call(pynvml.nvmlDeviceGetUUID, index, mig),
         memory_mib=attributes.memorySizeMB,
         sm_count=attributes.multiprocessorCount,
+    )
+
+
+# Telemetry of one GPU.
+
+
+def _watts(milliwatts: int | None) -> float | None:
+    return None if milliwatts is None else milliwatts / 1000
+
+
+def _clock_mhz(handle: Any, index: int, clock: int) -> int | None:
+    return _offered(pynvml.nvmlDeviceGetClockInfo, index, handle, clock)
+
+
+def _pcie_bytes(handle: Any, index: int, counter: int) -> int | None:
+    """Bytes per second over PCIe in one direction; NVML counts KiB/s over its last 20 ms."""
+    kib = _offered(pynvml.nvmlDeviceGetPcieThroughput, index, handle, counter)
+    return None if kib is None else kib * 1024
+
+
+def _nvlink_bytes(handle: Any, index: int) -> tuple[int | None, int | None]:
+    """Bytes sent and received over every NVLink since the driver loaded; None without NVLink."""
+    if not _active_nvlinks(handle):
+        return None, None
+    fields = [
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
+    ]
+    values = _offered(pynvml.nvmlDeviceGetFieldValues, index, handle, fields)
+    if values is None:
+        return None, None
+    tx, rx = (_field_kib(value, index) for value in values)
+    return tx, rx
+
+
+def _field_kib(value: Any, index: int) -> int | None:
+    """One field value counted in KiB, as bytes; None where the driver withholds it."""
+    if value.nvmlReturn in _UNSUPPORTED_CODES:
+        return None
+    if value.nvmlReturn != pynvml.NVML_SUCCESS:
+        error = pynvml.NVMLError(value.nvmlReturn)
+        raise NvmlError("nvmlDeviceGetFieldValues", index, str(error))
+    return int(value.value.ullVal) * 1024
+
+
+def _processes(handle: Any, index: int) -> tuple[GpuProcess, ...] | None:
+    """The compute processes on a GPU or MIG device, with the memory the driver says each holds."""
+    found = _offered(pynvml.nvmlDeviceGetComputeRunningProcesses, index, handle)
+    if found is None:
+        return None
+    return tuple(
+        GpuProcess(p.pid, p.usedGpuMemory // _MIB) for p in found if p.usedGpuMemory is not None
+    )
+
+
+def _mig_telemetry(mig: Any, index: int) -> MigTelemetry:
+    """The MIG device ``mig`` of GPU ``index``: its memory in use and its processes."""
+    return MigTelemetry(
+        uuid=_call(pynvml.nvmlDeviceGetUUID, index, mig),
+        memory_used_mib=_call(pynvml.nvmlDeviceGetMemoryInfo, index, mig).used // _MIB,
+        processes=_processes(mig, index),
     )
 
 

@@ -5,9 +5,12 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from device_plugin.nvml.backend import NvmlBackend, NvmlError, XidEvent
+from device_plugin.nvml.backend import GpuProcess, NvmlBackend, NvmlError, XidEvent
 from device_plugin.nvml.fake import FakeNvml, interpolate
+from device_plugin.nvml.fake_telemetry import GENERIC, NVLINK_SHARE, board_of
 from infergrid.fleet import FAKE_ECC, FleetNode, load_fleet, parse_fleet
 from infergrid.inventory import EccState
 
@@ -25,15 +28,17 @@ class FakeClock:
         return self.now
 
 
+A100 = {
+    "model": "NVIDIA A100-SXM4-80GB",
+    "count": 4,
+    "memoryMiB": 81920,
+    "smCount": 108,
+    "computeCapability": "8.0",
+}
+
+
 def four_gpu_node(**changes: object) -> FleetNode:
-    gpus = {
-        "model": "NVIDIA A100-SXM4-80GB",
-        "count": 4,
-        "memoryMiB": 81920,
-        "smCount": 108,
-        "computeCapability": "8.0",
-    }
-    doc = {"version": "v1", "nodes": [{"name": "n", "gpus": gpus} | changes]}
+    doc = {"version": "v1", "nodes": [{"name": "n", "gpus": A100} | changes]}
     return parse_fleet(doc, "test").nodes[0]
 
 
@@ -312,3 +317,82 @@ def test_an_ecc_read_can_be_made_to_fail():
     with pytest.raises(NvmlError, match="ecc_state on GPU 0: injected failure"):
         fake.ecc_state(0)
     assert fake.ecc_state(1) == FAKE_ECC
+
+
+# Telemetry: what a GPU of each model reads under the load a test gives it.
+
+BUSY = st.integers(min_value=0, max_value=100)
+
+
+@pytest.mark.parametrize("name", ["a100-0", "l4-0", "h100"])
+@settings(max_examples=60, deadline=None)
+@given(less=BUSY, more=BUSY)
+def test_power_heat_and_traffic_rise_with_load_within_the_boards_limits(name, less, more):
+    less, more = sorted((less, more))
+    fake = FakeNvml(NODES[name], clock=FakeClock())
+    fake.set_utilization(0, less)
+    fake.set_utilization(1, more)
+    low, high = fake.telemetry(0), fake.telemetry(1)
+    board = board_of(NODES[name].inventory.gpus[0])
+    assert board.idle_watts <= low.power_watts <= high.power_watts <= high.power_limit_watts
+    assert high.power_limit_watts == board.max_watts
+    assert low.temperature_celsius <= high.temperature_celsius
+    assert low.pcie_rx_bytes_per_second <= high.pcie_rx_bytes_per_second
+    assert board.idle_sm_mhz <= high.sm_clock_mhz <= board.max_sm_mhz
+    assert fake.telemetry(1) == high  # the same load reads the same
+
+
+def test_an_idle_gpu_idles_and_a_flat_out_one_is_held_at_its_power_limit():
+    fake = FakeNvml(NODES["h100"])
+    idle = fake.telemetry(0)
+    assert (idle.power_watts, idle.sm_clock_mhz, idle.throttle_reasons) == (70.0, 345, 0x1)
+    assert (idle.pcie_tx_bytes_per_second, idle.processes) == (0, ())
+    fake.set_utilization(0, 100)
+    fake.set_memory_used(0, 40000)
+    busy = fake.telemetry(0)
+    assert (busy.power_watts, busy.temperature_celsius, busy.throttle_reasons) == (700, 85, 0x4)
+    assert busy.sm_clock_mhz < 1980  # the power cap holds the clock below its boost
+    assert busy.processes == (GpuProcess(4000, 40000),)
+    fake.set_utilization(0, 60)
+    assert fake.telemetry(0).throttle_reasons == 0
+
+
+def test_nvlink_bytes_count_up_on_the_clock_at_the_rate_the_load_sets():
+    clock = FakeClock()
+    fake = FakeNvml(NODES["h100"], clock=clock)
+    assert fake.telemetry(0).nvlink_tx_bytes == 0
+    fake.set_utilization(0, 100)
+    clock.now += 10
+    moved = fake.telemetry(0).nvlink_tx_bytes
+    assert moved == 10 * 18 * 25 * 10**9 * NVLINK_SHARE  # 18 links of 25 GB/s, a tenth used
+    fake.set_utilization(0, 0)
+    clock.now += 10
+    assert fake.telemetry(0).nvlink_rx_bytes == moved  # an idle GPU moves nothing
+
+
+def test_a_pcie_gpu_has_no_nvlink_and_a_mig_gpu_no_utilisation_as_on_real_nvml():
+    l4 = FakeNvml(NODES["l4-0"]).telemetry(0)
+    assert (l4.nvlink_tx_bytes, l4.nvlink_rx_bytes) == (None, None)
+    assert l4.power_watts is not None and l4.utilization_percent == 0
+    fake = FakeNvml(NODES["a100-1"])
+    fake.set_memory_used(0, 10001)
+    mig = fake.telemetry(0)
+    assert (mig.utilization_percent, mig.memory_bandwidth_percent, mig.processes) == (None,) * 3
+    assert [m.uuid for m in mig.mig] == [m.uuid for m in fake.mig_instances(0)]
+    assert [m.memory_used_mib for m in mig.mig] == [5001, 5000]
+    assert [m.processes for m in mig.mig] == [(GpuProcess(4001, 5001),), (GpuProcess(4002, 5000),)]
+
+
+def test_an_unknown_model_reads_as_a_generic_board():
+    gpu = four_gpu_node(gpus={**A100, "model": "NVIDIA B200", "memoryMiB": 183000})
+    assert board_of(gpu.inventory.gpus[0]) == GENERIC
+
+
+def test_a_lost_gpu_has_no_telemetry_and_a_test_can_make_one_fail():
+    fake = FakeNvml(four_gpu_node(unhealthy=[2]))
+    with pytest.raises(NvmlError, match="telemetry on GPU 2: GPU is lost"):
+        fake.telemetry(2)
+    fake.fail("telemetry", 1)
+    with pytest.raises(NvmlError, match="injected failure"):
+        fake.telemetry(1)
+    assert fake.telemetry(0).power_watts == 55.0

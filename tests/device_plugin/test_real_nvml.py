@@ -10,7 +10,14 @@ import pytest
 
 from device_plugin.discovery import discover, sample_usage
 from device_plugin.health import HealthTracker
-from device_plugin.nvml.backend import NvmlBackend, NvmlError, XidEvent
+from device_plugin.nvml.backend import (
+    GpuProcess,
+    MigTelemetry,
+    NvmlBackend,
+    NvmlError,
+    Telemetry,
+    XidEvent,
+)
 from device_plugin.nvml.real import (
     NvLinkEnds,
     RealNvml,
@@ -179,6 +186,13 @@ class Driver:
     an error code), ``double_bit`` ((GPU, counter type) → count), ``remapped``
     (GPU → NVML's four row values), and ``retired`` (GPU → its retired pages; such
     a GPU retires pages, as before Ampere, and has no row remapping).
+
+    Telemetry: every GPU reads 250.5 W of 400, SM and memory clocks, PCIe traffic
+    and a power-cap reason; GPUs 0 and 1 count NVLink bytes, and each runs one
+    process (and one whose memory the driver does not give). ``old_driver`` GPUs
+    lack the newer temperature and clocks-event calls (FUNCTION_NOT_FOUND);
+    ``nvlink_field_return`` (GPU → return code of its NVLink fields) and
+    ``withheld`` (NVML function names answering NO_PERMISSION) switch on refusals.
     """
 
     BUS = ("00000000:07:00.0", "00000000:0F:00.0", "00000000:87:00.0")
@@ -199,6 +213,9 @@ class Driver:
         self.remapped: dict[int, tuple[int, int, int, int]] = {}
         self.retired: dict[int, list[int]] = {}
         self.retirement_pending: set[int] = set()
+        self.old_driver: set[int] = set()
+        self.nvlink_field_return: dict[int, int] = {}
+        self.withheld: set[str] = set()
         for name in dir(self):
             if name.startswith("nvml"):
                 monkeypatch.setattr(pynvml, name, getattr(self, name))
@@ -329,6 +346,58 @@ class Driver:
         if handle in self.retired:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return self.remapped.get(handle, (0, 0, 0, 0))
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 250_500  # mW
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        return 400_000
+
+    def nvmlDeviceGetTemperatureV(self, handle, sensor, version=None):
+        if handle in self.old_driver:
+            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return 61
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return 58
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        return {pynvml.NVML_CLOCK_SM: 1410, pynvml.NVML_CLOCK_MEM: 1593}[clock]
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        if handle in self.old_driver:
+            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return pynvml.nvmlClocksEventReasonSwPowerCap
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
+        return pynvml.nvmlClocksThrottleReasonGpuIdle
+
+    def nvmlDeviceGetPcieThroughput(self, handle, counter):
+        return {pynvml.NVML_PCIE_UTIL_TX_BYTES: 1000, pynvml.NVML_PCIE_UTIL_RX_BYTES: 3000}[counter]
+
+    def nvmlDeviceGetFieldValues(self, handle, ids):
+        kib = {
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: 5,
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: 7,
+        }
+        values = (pynvml.c_nvmlFieldValue_t * len(ids))()
+        for value, (field_id, scope) in zip(values, ids, strict=True):
+            assert scope == 0xFFFFFFFF  # every link, summed
+            value.fieldId, value.scopeId = field_id, scope
+            value.nvmlReturn = self.nvlink_field_return.get(handle, pynvml.NVML_SUCCESS)
+            value.value.ullVal = kib[field_id]
+        return values
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        if "nvmlDeviceGetComputeRunningProcesses" in self.withheld:
+            raise nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
+        mib = 1024 * 1024
+        gpu, slot = handle if isinstance(handle, tuple) else (handle, 9)
+        return [
+            SimpleNamespace(pid=1000 + 10 * gpu + slot, usedGpuMemory=(gpu + 1) * 512 * mib),
+            SimpleNamespace(pid=2000, usedGpuMemory=None),  # the driver does not say
+        ]
 
     def nvmlEventSetCreate(self):
         return "event-set"
@@ -582,4 +651,77 @@ def test_a_simulated_double_bit_error_is_published_and_holds_the_gpu(driver):
     assert inventory.gpus[2].ecc.volatile_double_bit == 1
     reason = "ECC volatileDoubleBit is 1 (double-bit errors since the driver loaded)"
     assert health.unhealthy() == {"GPU-2": f"{reason}: needs a GPU reset"}
+    nvml.close()
+
+
+# Telemetry: what NVML offers, in the units the metrics carry, and what it withholds.
+
+
+def test_a_simulated_driver_is_read_into_telemetry_in_the_metrics_units(driver):
+    nvml = RealNvml()
+    reading = nvml.telemetry(0)
+    assert reading == Telemetry(
+        utilization_percent=30,
+        memory_bandwidth_percent=0,
+        memory_used_mib=1000,
+        power_watts=250.5,
+        power_limit_watts=400.0,
+        temperature_celsius=61,
+        sm_clock_mhz=1410,
+        memory_clock_mhz=1593,
+        throttle_reasons=pynvml.nvmlClocksEventReasonSwPowerCap,
+        pcie_tx_bytes_per_second=1000 * 1024,
+        pcie_rx_bytes_per_second=3000 * 1024,
+        nvlink_tx_bytes=5 * 1024,
+        nvlink_rx_bytes=7 * 1024,
+        processes=(GpuProcess(1009, 512),),
+    )
+    nvml.close()
+
+
+def test_an_older_driver_answers_through_the_older_calls(driver):
+    driver.old_driver.add(1)
+    nvml = RealNvml()
+    reading = nvml.telemetry(1)
+    assert (reading.temperature_celsius, reading.throttle_reasons) == (58, 0x1)
+    nvml.close()
+
+
+def test_a_mig_gpu_has_no_utilisation_or_nvlink_and_its_instances_their_own_readings(driver):
+    nvml = RealNvml()
+    reading = nvml.telemetry(2)
+    assert (reading.utilization_percent, reading.memory_bandwidth_percent) == (None, None)
+    assert (reading.nvlink_tx_bytes, reading.processes) == (None, None)
+    assert (reading.power_watts, reading.memory_used_mib) == (250.5, 3000)
+    assert reading.mig == (
+        MigTelemetry("MIG-2-0", 1000, (GpuProcess(1020, 1536),)),
+        MigTelemetry("MIG-2-2", 2000, (GpuProcess(1022, 1536),)),
+    )
+    nvml.close()
+
+
+@pytest.mark.parametrize(
+    "code",
+    [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_NO_PERMISSION],
+    ids=["not-supported", "no-permission"],
+)
+def test_what_nvml_withholds_is_none_not_a_fault(driver, code):
+    driver.nvlink_field_return[0] = code
+    driver.withheld.add("nvmlDeviceGetComputeRunningProcesses")
+    nvml = RealNvml()
+    reading = nvml.telemetry(0)
+    assert (reading.nvlink_tx_bytes, reading.nvlink_rx_bytes, reading.processes) == (None,) * 3
+    assert [m.processes for m in nvml.telemetry(2).mig] == [None, None]
+    nvml.close()
+
+
+def test_a_telemetry_read_that_fails_names_the_call_and_the_gpu(driver):
+    driver.nvlink_field_return[1] = pynvml.NVML_ERROR_UNKNOWN
+    driver.lost.add(0)
+    nvml = RealNvml()
+    with pytest.raises(NvmlError) as caught:
+        nvml.telemetry(1)
+    assert str(caught.value) == "nvmlDeviceGetFieldValues on GPU 1: Unknown Error"
+    with pytest.raises(NvmlError, match="nvmlDeviceGetMemoryInfo on GPU 0: GPU is lost"):
+        nvml.telemetry(0)
     nvml.close()
