@@ -47,7 +47,11 @@ from e2e.operator_support import (
 from images import cluster_binaries
 from images.build import build as build_images
 from infergrid import placement_table
-from infergrid.cluster_snapshot import Snapshot, read_snapshot
+from infergrid.cluster_snapshot import Snapshot, list_objects, read_snapshot
+from infergrid.constants import PLACEMENT_POLICIES
+from infergrid.simulate.policies import parse_policies
+from infergrid.what_if import report as what_if_report
+from infergrid.what_if import what_if
 
 STATE = REPO / ".demo"
 FLEET = REPO / "e2e" / "fleets" / "demo.yaml"
@@ -106,6 +110,8 @@ class Demo:
             ("sample InferenceServices placed on the KWOK fleet by infergrid-scheduler",
              self.services),
             ("placement per GPU, as the API server holds it", self.placements),
+            ("infergrid what-if: these pods replayed under each policy, and what a re-pack"
+             " would free (nothing moves)", self.what_if),
             ("SmolLM2 served from a pod on the real node: kubectl apply, then chat through the"
              " gateway", self.engine),
             ("live metrics of that pod and of the gateway", self.metrics),
@@ -200,6 +206,13 @@ class Demo:
         for problem in snap.problems:
             self.out(f"    unreadable: {problem}")
 
+    def what_if(self) -> None:
+        """What `infergrid what-if` prints on this cluster, read through the same listing."""
+        nodes, pods = list_objects(self.cluster.api())
+        policies = parse_policies(",".join(PLACEMENT_POLICIES))  # the extender's, as the CLI
+        result = what_if(nodes, pods, policies, datetime.now(UTC), STALE_AFTER)
+        self.out(_indent(what_if_report.table(result)))
+
     def engine(self) -> None:
         """The sample as a user applies it: unmodified, so it lands on the real node (KWOK's
         taint keeps it off the fake fleet), then reached through its Service."""
@@ -268,6 +281,7 @@ class Demo:
             f"    kubectl get inferenceservices,pods -n {NAMESPACE} -o wide",
             f"    kubectl get pods -n {SERVING} -o wide   # served from the real node",
             "    .venv/bin/infergrid placements",
+            "    .venv/bin/infergrid what-if",
             f"    kubectl port-forward -n {RELEASE_NAMESPACE} svc/{RELEASE}-gateway 8080:80"
             "   # the gateway's Service, from anywhere",
             f"    curl {self.gateway_url}/v1/models   # or its pod's IP, from this host",

@@ -14,6 +14,7 @@ from kubernetes import client
 
 from e2e.cluster.real_node import RUN_ROOT
 from e2e.demo import NAMESPACE, Demo
+from infergrid.constants import PLACEMENT_POLICIES
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -35,8 +36,8 @@ def demo_run(tmp_path_factory):
 def test_the_demo_runs_every_step_and_says_so(demo_run):
     demo, code, output = demo_run
     assert code == 0, output
-    for step in range(1, 10):
-        assert f"[{step}/9]" in output
+    for step in range(1, 11):
+        assert f"[{step}/10]" in output
     assert "smollm2> " in output and output.split("smollm2> ", 1)[1].strip()
     # The chart's pods, each Ready under its own ServiceAccount on the real node.
     rows = _release_rows(output)
@@ -51,6 +52,20 @@ def test_the_demo_runs_every_step_and_says_so(demo_run):
     assert "Ready on local-l4" in output and "serving smollm2 (text-generation)" in output
     assert "time to first token" in output and "time per output token" in output
     assert "queue depth" in output
+
+
+def test_what_if_replays_every_gpu_pod_of_the_demo_under_each_policy(demo_run):
+    """The what-if table of the demo's own cluster: one row per policy of the extender's,
+    each placing the sample pods that hold GPUs now, and a re-pack that moved nothing."""
+    demo, code, output = demo_run
+    assert code == 0, output
+    table = output.split("infergrid what-if", 1)[1].split("done in", 1)[0]
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[1:] if line.strip()}
+    holding = rows["now"][1]
+    assert int(holding) >= 1
+    for policy in PLACEMENT_POLICIES:
+        assert rows[policy][1] == holding, table  # placed: every pod that holds GPUs now
+    assert "a plan only, nothing was moved" in table
 
 
 def test_the_placement_table_matches_the_assignments_the_api_server_holds(demo_run):

@@ -1,5 +1,6 @@
 """The ``infergrid`` command: look at a fleet file or a pod's GPU request without a cluster,
-or replay a trace through the placement core (``simulate``).
+replay a trace through the placement core (``simulate``), or read a cluster: who holds what
+(``placements``), and what each policy would free (``what-if``).
 
 Bad input prints ``error: <field>: <reason>`` and exits 2, never a traceback.
 """
@@ -9,9 +10,10 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 from infergrid import __version__
+from infergrid.constants import PLACEMENT_POLICIES
 from infergrid.errors import ContractError
 from infergrid.fleet import FleetNode, load_fleet
 from infergrid.inventory import node_capacity
@@ -21,6 +23,12 @@ from infergrid.yamlfile import read_yaml
 
 EXIT_BAD_INPUT: Final = 2
 _FLEET_COLUMNS: Final = ("NODE", "MODEL", "GPUS", "MEMORY_MIB", "CAPACITY")
+_WHAT_IF: Final = """Replays the cluster's GPU pods, in creation order, from empty GPU nodes through
+the simulator's replay under each policy, and prints per policy the pods placed and
+unfit, the nodes and GPUs left free, the stranded GPU memory, the fragmentation and
+unallocated GPU %; then what a re-pack under the best policy would move to free
+whole nodes. It only reads the cluster: nothing is moved. --json prints the schema
+infergrid.io/what-if/v1 (infergrid/what_if/report.py; docs/placement.md)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,6 +68,28 @@ def _parser() -> argparse.ArgumentParser:
         help="a node whose usage heartbeat is older offers nothing, as in the extender",
     )  # fmt: skip
     placements.set_defaults(run=lambda args: _placements(args.stale_after))
+    replay = commands.add_parser(
+        "what-if",
+        help="replay the cluster's GPU pods under each policy: what would be freed, and what a "
+        "re-pack would move (reads the cluster; moves nothing)",
+        description=_WHAT_IF,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    replay.add_argument(
+        "--policies", default=",".join(PLACEMENT_POLICIES),
+        help=f"comma-separated, or all; default the extender's: {','.join(PLACEMENT_POLICIES)}",
+    )  # fmt: skip
+    replay.add_argument(
+        "--snapshot", metavar="FILE",
+        help="read the nodes and pods from FILE (kubectl get nodes,pods -A -o json) instead",
+    )  # fmt: skip
+    replay.add_argument(
+        "--stale-after", type=float, default=30.0, metavar="SECONDS",
+        help="a node whose usage heartbeat is older offers nothing, as in the extender; a "
+        "snapshot's time is its newest heartbeat",
+    )  # fmt: skip
+    replay.add_argument("--json", action="store_true", help="print the JSON report")
+    replay.set_defaults(run=_what_if)
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(run=lambda args: __version__)
     return parser
@@ -77,6 +107,47 @@ def _placements(stale_after_s: float) -> str:
     )  # fmt: skip
     problems = [f"unreadable: {p}" for p in snap.problems]
     return "\n".join([placement_table.render(rows), *problems])
+
+
+def _what_if(args: argparse.Namespace) -> str:
+    from infergrid.simulate.policies import parse_policies
+    from infergrid.what_if import report, what_if
+    from infergrid.what_if.live import objects_of
+
+    policies = parse_policies(args.policies)
+    if not args.stale_after > 0:
+        raise ContractError("stale-after", f"must be above 0 seconds, got {args.stale_after}")
+    if args.snapshot:
+        nodes, pods = objects_of(read_yaml(args.snapshot), args.snapshot)
+        now = None
+    else:
+        nodes, pods = _cluster_objects()
+        now = datetime.now(UTC)
+    result = what_if(nodes, pods, policies, now, timedelta(seconds=args.stale_after))
+    if args.json:
+        return report.dumps(report.to_json(result))
+    return report.table(result)
+
+
+def _cluster_objects() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The cluster's nodes and live pods; a cluster that cannot be read is named, not a
+    traceback."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError
+
+    from infergrid.cluster_snapshot import list_objects
+    from infergrid.process import kube_api
+
+    try:
+        return list_objects(kube_api())
+    except ConfigException as error:
+        raise ContractError("kubeconfig", str(error)) from None
+    except ApiException as error:
+        reason = f"the API server answered {error.status} {error.reason}"
+        raise ContractError("cluster", reason) from None
+    except HTTPError as error:
+        raise ContractError("cluster", f"cannot reach the API server: {error}") from None
 
 
 def _fleet_table(path: str) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from infergrid.errors import ContractError
+from infergrid.simulate.cluster import SimPod
 from infergrid.simulate.trace import TracePod
 
 DEFAULT_INFLATION: Final = 1.3
@@ -38,7 +39,7 @@ class Arrivals:
 
 def arrivals(
     node_count: int,
-    pods: Sequence[TracePod],
+    pods: Sequence[TracePod] | Sequence[SimPod],
     capacity_milli: int,
     seed: int,
     inflation: float = DEFAULT_INFLATION,

@@ -12,10 +12,14 @@ per GPU asks for whole GPUs. The model restricts nothing but ``gpu_spec``.
 CPU and memory go in ``NodeState.host`` and ``HostRequest``: the paper's
 simulator filters on them (kube-scheduler's NodeResourcesFit), and CPU enters
 its best-fit, dot-product and fragmentation.
+
+The replay takes pods as ``SimPod``s, already in the core's types, so a live
+cluster's pods (``infergrid what-if``: shares in MiB, MIG, several containers)
+replay through it as they are; ``sim_pod`` makes one of a trace pod.
 """
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
@@ -64,6 +68,23 @@ def inventory_of(node: TraceNode) -> GpuInventory:
 def share_of(gpu_milli: int) -> tuple[int, int]:
     """(memory MiB, SM percent) of a share of ``gpu_milli`` thousandths of a GPU."""
     return gpu_milli * MIB_PER_MILLI, math.ceil(gpu_milli / PERCENT_PER_MILLI)
+
+
+@dataclass(frozen=True, slots=True)
+class SimPod:
+    """A pod as the replay takes it: its name, its GPU request and what it asks of the node
+    as the core reads them, and its GPU request in milli-GPUs, which the arrived and
+    allocated % count (and a trace's arrivals inflate by)."""
+
+    name: str
+    request: PodGpuRequest
+    host: HostRequest
+    gpu_request_milli: int
+
+
+def sim_pod(pod: TracePod) -> SimPod:
+    """The trace pod in the core's types."""
+    return SimPod(pod.name, *pod_request(pod), pod.gpu_request_milli)
 
 
 def pod_request(pod: TracePod) -> tuple[PodGpuRequest, HostRequest]:

@@ -10,8 +10,9 @@ README of ``shared/traces/openb``, "Metric definitions"):
   arrived it is the mean over the measurements in bin k (as the paper's
   analysis; an empty bin takes bins k−1..k+1);
 * fragmentation rate % = 100 × Σ_n F_n ÷ Σ_n idle(n), F_n over the typical
-  pods (``node_fragmentation``), idle(n) the node's unallocated GPU milli;
-  binned the same way;
+  pods (``node_fragmentation``), idle(n) the node's unallocated GPU milli
+  (``node_fragment`` gives both, ``fragmentation_rate`` the ratio); binned the
+  same way;
 * failed pods at k% = pods that found no node among those arrived by the end
   of bin k.
 
@@ -22,6 +23,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
+
+from infergrid.placement import NodeState, Workload, free_capacity, node_fragmentation
+from infergrid.simulate.trace import MILLI_GPU
 
 LAST_BIN: Final = 130
 """Bins run from 0 to 130% arrived, the paper's x axis."""
@@ -61,6 +65,19 @@ class Spread:
     def of(values: Sequence[float]) -> "Spread":
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
         return Spread(statistics.fmean(values), statistics.median(values), sd)
+
+
+def node_fragment(node: NodeState, workload: Workload) -> tuple[float, float]:
+    """(F_n, idle(n)) of the node in milli-GPUs, F_n over the typical pods ``workload``."""
+    return (
+        node_fragmentation(node, workload) * MILLI_GPU,
+        sum(free_capacity(g) for g in node.gpus) * MILLI_GPU,
+    )
+
+
+def fragmentation_rate(fragment: float, idle: float) -> float:
+    """100 × Σ F_n ÷ Σ idle(n) (each summed over the nodes); 0 with nothing idle."""
+    return 100.0 * fragment / idle if idle > 0 else 0.0
 
 
 def arrival_bin(arrived_pct: float) -> int:

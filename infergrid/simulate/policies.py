@@ -25,7 +25,7 @@ policies ignore the workload.
 """
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal
@@ -191,17 +191,38 @@ def typical_workload(
     shape first. On the default trace that is 40 shapes (96.6% of pods), the last of them
     the 8-GPU pod whose popularity keeps fgd from breaking up idle 8-GPU nodes."""
     counts = Counter((p.num_gpu, p.gpu_milli, p.cpu_milli, p.gpu_spec) for p in pods)
-    if not counts:
-        raise ContractError("pods", "no pods to take typical shapes from")
     ranked = sorted(counts.items(), key=lambda kc: (-kc[1], kc[0][:3], sorted(kc[0][3])))
-    total = sum(counts.values())
+    return _typical([(_demand(*shape), count) for shape, count in ranked], coverage, step)
+
+
+def typical_demands(
+    demands: Iterable[Demand], coverage: float = TYPICAL_COVERAGE, step: int = TYPICAL_STEP
+) -> Workload:
+    """``typical_workload`` of pods already in the core's demands (a live cluster's, one per
+    GPU container): the same selection, equal counts ranking the smaller demand first
+    (GPUs, memory, SMs, CPU, models), which is the trace shapes' order for GPU pods."""
+    counts = Counter(demands)
+    ranked = sorted(
+        counts.items(),
+        key=lambda dc: (
+            -dc[1],
+            (dc[0].whole_gpus, dc[0].memory_mib, dc[0].cores, dc[0].cpu_milli),
+            sorted(dc[0].gpu_models),
+        ),
+    )
+    return _typical(ranked, coverage, step)
+
+
+def _typical(ranked: Sequence[tuple[Demand, int]], coverage: float, step: int) -> Workload:
+    """The first ``step``, 2 × ``step``, ... of the ranked demands, until they cover
+    ``coverage`` of the pods."""
+    if not ranked:
+        raise ContractError("pods", "no pods to take typical shapes from")
+    total = sum(count for _, count in ranked)
     taken = step
     while sum(count for _, count in ranked[:taken]) < coverage * total:
         taken += step
-    return Workload.of(
-        (_demand(num_gpu, gpu_milli, cpu_milli, spec), float(count))
-        for (num_gpu, gpu_milli, cpu_milli, spec), count in ranked[:taken]
-    )
+    return Workload.of((demand, float(count)) for demand, count in ranked[:taken])
 
 
 def _demand(num_gpu: int, gpu_milli: int, cpu_milli: int, spec: frozenset[str]) -> Demand:

@@ -23,6 +23,11 @@ in the node set, which memoises per key and pod shape, and nodes are kept in
 groups by signature: a pod asks about one node per group, and the core runs
 only for states it has not seen with that shape and workload. ``cache=False``
 keys every node apart, for tests that check both agree.
+
+A live cluster's nodes (``Scenario.of_states``, for ``infergrid what-if``) are not
+alike: their GPUs differ in memory, links, MIG layout, health and measured use.
+Each is then a shape of its own, and its signature lists its GPUs' holdings (MIG
+instances taken included) in index order.
 """
 
 import math
@@ -42,15 +47,19 @@ from infergrid.placement import (
     NodeState,
     Policy,
     Workload,
-    free_capacity,
-    node_fragmentation,
     resolve_policy,
     with_cluster,
 )
 from infergrid.pod_request import PodGpuRequest
 from infergrid.simulate.arrivals import DEFAULT_INFLATION, Arrivals, arrivals
-from infergrid.simulate.cluster import node_state, pod_request
-from infergrid.simulate.metrics import Curves, Measurement, curves
+from infergrid.simulate.cluster import SimPod, node_state, sim_pod
+from infergrid.simulate.metrics import (
+    Curves,
+    Measurement,
+    curves,
+    fragmentation_rate,
+    node_fragment,
+)
 from infergrid.simulate.policies import SimPolicy, typical_workload
 from infergrid.simulate.trace import MILLI_GPU, TraceNode, TracePod
 
@@ -62,20 +71,20 @@ Signature = tuple[object, ...]
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
-    """A trace ready to replay: node states built once, pods grouped by shape.
+    """Pods ready to replay on nodes: node states built once, pods grouped by shape.
 
-    ``requests`` holds each pod shape's request as the core sees it, and
-    ``workload`` the trace's typical pods (the metric's M, and the paper's
-    policies' workload), with how contested each GPU model of these nodes is and
-    their CPU per GPU (fgd-cluster-aware reads both); ``gpus_per_model`` and
-    ``cpu_milli`` are that cluster. ``learned`` says whether the production
-    policies learn their workload from the pods as the extender does (else they
-    read ``workload``).
+    ``states`` are the nodes as the replay finds them (a trace's empty), ``requests``
+    holds each pod shape's request as the core sees it, and ``workload`` the typical
+    pods (the metric's M, and the paper's policies' workload), with how contested
+    each GPU model of these nodes is and their CPU per GPU (fgd-cluster-aware reads
+    both); ``gpus_per_model`` and ``cpu_milli`` are that cluster. ``learned`` says
+    whether the production policies learn their workload from the pods as the
+    extender does (else they read ``workload``). ``alike``: nodes of one shape hold
+    alike GPUs, as a trace's do (see the module).
     """
 
-    nodes: tuple[TraceNode, ...]
-    pods: tuple[TracePod, ...]
     states: tuple[NodeState, ...]
+    pods: tuple[SimPod, ...]
     node_shapes: tuple[int, ...]
     pod_shapes: tuple[int, ...]
     requests: tuple[tuple[PodGpuRequest, HostRequest], ...]
@@ -84,35 +93,51 @@ class Scenario:
     gpus_per_model: tuple[tuple[str, int], ...] = ()
     cpu_milli: int = 0
     learned: bool = True
+    alike: bool = True
 
     @staticmethod
     def of(
         nodes: Sequence[TraceNode], pods: Sequence[TracePod], learned: bool = True
     ) -> "Scenario":
+        """A trace's nodes, empty, and its pods; M is the trace's typical pods."""
         node_kinds: dict[tuple[object, ...], int] = {}
         node_shapes = tuple(
             node_kinds.setdefault((n.model, n.gpus, n.cpu_milli, n.memory_mib), len(node_kinds))
             for n in nodes
         )
-        pod_kinds: dict[tuple[object, ...], int] = {}
-        pod_shapes = tuple(pod_kinds.setdefault(p.shape, len(pod_kinds)) for p in pods)
-        first = {shape: pod for shape, pod in zip(pod_shapes, pods, strict=True)}
+        states = [node_state(n) for n in nodes]
+        return Scenario.of_states(
+            states, [sim_pod(p) for p in pods], typical_workload(pods), learned, node_shapes
+        )
+
+    @staticmethod
+    def of_states(
+        states: Sequence[NodeState],
+        pods: Sequence[SimPod],
+        typical: Workload,
+        learned: bool = True,
+        node_shapes: Sequence[int] | None = None,
+    ) -> "Scenario":
+        """Nodes as they are and pods already in the core's types, M the ``typical`` pods.
+        ``node_shapes`` groups nodes whose GPUs are alike; without it none are."""
+        pod_kinds: dict[tuple[PodGpuRequest, HostRequest], int] = {}
+        pod_shapes = tuple(pod_kinds.setdefault((p.request, p.host), len(pod_kinds)) for p in pods)
         gpus_per_model: dict[str, int] = {}
-        for node in nodes:
-            gpus_per_model[node.model] = gpus_per_model.get(node.model, 0) + node.gpus
-        cpu_milli = sum(n.cpu_milli for n in nodes)
+        for gpu in (g for state in states for g in state.gpus):
+            gpus_per_model[gpu.model] = gpus_per_model.get(gpu.model, 0) + 1
+        cpu_milli = sum(s.host.cpu_milli for s in states if s.host is not None)
         return Scenario(
-            nodes=tuple(nodes),
+            states=tuple(states),
             pods=tuple(pods),
-            states=tuple(node_state(n) for n in nodes),
-            node_shapes=node_shapes,
+            node_shapes=tuple(range(len(states)) if node_shapes is None else node_shapes),
             pod_shapes=pod_shapes,
-            requests=tuple(pod_request(first[s]) for s in range(len(pod_kinds))),
-            workload=with_cluster(typical_workload(pods), gpus_per_model, cpu_milli),
-            capacity_milli=sum(n.gpus for n in nodes) * MILLI_GPU,
+            requests=tuple(pod_kinds),
+            workload=with_cluster(typical, gpus_per_model, cpu_milli),
+            capacity_milli=sum(len(s.gpus) for s in states) * MILLI_GPU,
             gpus_per_model=tuple(sorted(gpus_per_model.items())),
             cpu_milli=cpu_milli,
             learned=learned,
+            alike=node_shapes is not None,
         )
 
     def cluster(self) -> tuple[dict[str, int], int]:
@@ -141,12 +166,14 @@ class RunResult:
 @dataclass(frozen=True, slots=True)
 class Played:
     """A replay pod by pod: a measurement after each arrival, where each pod went (a node
-    name, or None when it failed), and how many fits the core ran."""
+    name, or None when it failed), how many fits the core ran, and the nodes as the
+    replay left them (in the arrivals' node order)."""
 
     measurements: tuple[Measurement, ...]
     placed_on: tuple[str | None, ...]
     evaluations: int
     learned: bool
+    nodes: tuple[NodeState, ...]
 
 
 def play(scenario: Scenario, policy: SimPolicy, order: Arrivals, cache: bool = True) -> Played:
@@ -154,7 +181,8 @@ def play(scenario: Scenario, policy: SimPolicy, order: Arrivals, cache: bool = T
     run = _Run(scenario, policy, order, cache)
     measurements = run.play()
     evaluations = run.node_set.evaluations
-    return Played(tuple(measurements), tuple(run.placed_on), evaluations, run.learned is not None)
+    learned = run.learned is not None
+    return Played(tuple(measurements), tuple(run.placed_on), evaluations, learned, tuple(run.nodes))
 
 
 def replay(
@@ -166,7 +194,7 @@ def replay(
 ) -> RunResult:
     """Replay ``seed``'s arrivals under ``policy`` and measure after every pod."""
     started = time.perf_counter()
-    order = arrivals(len(scenario.nodes), scenario.pods, scenario.capacity_milli, seed, inflation)
+    order = arrivals(len(scenario.states), scenario.pods, scenario.capacity_milli, seed, inflation)
     played = play(scenario, policy, order, cache)
     return RunResult(
         policy=policy.name,
@@ -186,6 +214,11 @@ def learns(scenario: Scenario, policy: SimPolicy) -> bool:
     return scenario.learned and policy.core in LEARNING
 
 
+def _percent(milli: int, capacity_milli: int) -> float:
+    """``milli`` as % of the GPUs; 0 of none (a what-if's nodes may publish none)."""
+    return 100.0 * milli / capacity_milli if capacity_milli else 0.0
+
+
 class _Run:
     """The state of one replay: nodes by position in the seed's order, grouped by signature,
     and held in the node set under their signatures."""
@@ -201,6 +234,7 @@ class _Run:
         self.picks = random.Random(f"{order.seed}/pick")
         self.nodes = [scenario.states[i] for i in order.node_order]
         self.shapes = [scenario.node_shapes[i] for i in order.node_order]
+        self.alike = scenario.alike
         self.signatures = [self._signature(p) for p in range(len(self.nodes))]
         self.node_set = NodeSet(indexed=False)  # pods carry CPU: the exact core answers
         self.groups: dict[Signature, set[int]] = {}
@@ -236,8 +270,8 @@ class _Run:
                 frag += new[0] - old[0]
                 idle += new[1] - old[1]
                 allocated += milli
-            rate = 100.0 * frag / idle if idle > 0 else 0.0
-            arrived_pct, allocated_pct = 100.0 * arrived / capacity, 100.0 * allocated / capacity
+            rate = fragmentation_rate(frag, idle)
+            arrived_pct, allocated_pct = _percent(arrived, capacity), _percent(allocated, capacity)
             out.append(Measurement(arrived_pct, allocated_pct, rate, self.failed))
         return out
 
@@ -255,9 +289,12 @@ class _Run:
     def _signature(self, position: int) -> Signature:
         node = self.nodes[position]
         host = node.host
-        held = sorted((g.assigned_mib, g.assigned_cores, g.shares, g.holders) for g in node.gpus)
+        held = [
+            (g.assigned_mib, g.assigned_cores, g.shares, g.holders, tuple(m.taken for m in g.mig))
+            for g in node.gpus
+        ]
         requested = (host.requested_cpu_milli, host.requested_memory_mib) if host else (0, 0)
-        return (self.shapes[position], *requested, tuple(held))
+        return (self.shapes[position], *requested, tuple(sorted(held) if self.alike else held))
 
     def _key(self, position: int, signature: Signature) -> object:
         """The node's key in the node set: its signature, shared by nodes alike; without
@@ -325,10 +362,7 @@ class _Run:
         signature = self.signatures[position]
         known = self.fragments.get(signature)
         if known is None:
-            node = self.nodes[position]
-            known = (
-                node_fragmentation(node, self.scenario.workload) * MILLI_GPU,
-                sum(free_capacity(g) for g in node.gpus) * MILLI_GPU,
+            known = self.fragments[signature] = node_fragment(
+                self.nodes[position], self.scenario.workload
             )
-            self.fragments[signature] = known
         return known
