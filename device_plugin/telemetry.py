@@ -38,6 +38,7 @@ from device_plugin.manager import HeldSource, PodSource
 from device_plugin.nvml.backend import GpuProcess, NvmlBackend, NvmlError, Telemetry
 from infergrid.assignment_annotation import PodAssignment
 from infergrid.inventory import Gpu, GpuInventory
+from infergrid.records import PodRecord
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +224,28 @@ def holders_of(
     return found
 
 
+def holders_assigned(pods: Iterable[PodRecord], inventory: GpuInventory) -> list[Holder]:
+    """Who holds what by the assignments the extender wrote, for a node with no kubelet to
+    ask (a KWOK node): a whole GPU whole, a share and a MIG instance by their memory's part
+    of the GPU's. GPUs and instances this node does not have are left out."""
+    gpus = {gpu.uuid: gpu for gpu in inventory.gpus}
+    instances = {m.uuid: (gpu, m) for gpu in inventory.gpus for m in gpu.mig_instances}
+    found = []
+    for pod in pods:
+        if pod.assignment is None or pod.assignment.node != inventory.node:
+            continue
+        for c in pod.assignment.containers:
+            if c.mig is not None and c.mig.uuid in instances:
+                gpu, mig = instances[c.mig.uuid]
+                ratio = mig.memory_mib / gpu.memory_mib
+                found.append(Holder(gpu, mig.uuid, pod.namespace, pod.name, c.name, ratio))
+            for part in (g for g in c.gpus if g.uuid in gpus):
+                gpu = gpus[part.uuid]
+                ratio = part.memory_mib / gpu.memory_mib if c.shared else 1.0
+                found.append(Holder(gpu, "", pod.namespace, pod.name, c.name, ratio))
+    return found
+
+
 def _held_ratio(
     held: Held, devices: list[Device], assignment: PodAssignment | None, time_slices: int
 ) -> float | None:
@@ -270,9 +293,10 @@ def counter_step(previous: int | None, now: int) -> int:
 class TelemetrySampler:
     """Reads every GPU's telemetry and the kubelet's holders each round, and sets the metrics.
 
-    ``held`` is the kubelet's PodResources API: without it, or while it does not answer,
-    the holders last known stay. ``pods`` is read only to learn a new share holder's
-    assignment (its size), so a node whose holders do not change costs the API server nothing.
+    ``held`` is the kubelet's PodResources API: while it does not answer, the holders last
+    known stay. ``pods`` is read only to learn a new share holder's assignment (its size), so
+    a node whose holders do not change costs the API server nothing; on a node with no kubelet
+    (no ``held``: a KWOK node), the pods' assignments say who holds what, read every round.
     """
 
     def __init__(
@@ -293,7 +317,7 @@ class TelemetrySampler:
         readings = [r for gpu in inventory.gpus if (r := self._read(gpu)) is not None]
         for reading in readings:
             self._tell_unsupported(reading)
-        holders = self._read_holders(devices, inventory.time_slices)
+        holders = self._read_holders(inventory, devices)
         self._export(telemetry_samples(inventory.node, readings, holders))
 
     def _read(self, gpu: Gpu) -> Reading | None:
@@ -321,14 +345,27 @@ class TelemetrySampler:
                 ", ".join(new),
             )
 
-    def _read_holders(self, devices: dict[str, list[Device]], time_slices: int) -> list[Holder]:
-        listing = self._held.list() if self._held is not None else None
+    def _read_holders(
+        self, inventory: GpuInventory, devices: dict[str, list[Device]]
+    ) -> list[Holder]:
+        if self._held is None:
+            return self._assigned_holders(inventory)
+        listing = self._held.list()
         if listing is None:
             return self._holders
         held = ours(listing, devices)
         known = by_id(devices)
         assignments = self._share_assignments(held, known)
-        self._holders = holders_of(held, known, assignments, time_slices)
+        self._holders = holders_of(held, known, assignments, inventory.time_slices)
+        return self._holders
+
+    def _assigned_holders(self, inventory: GpuInventory) -> list[Holder]:
+        if self._pods is None:
+            return self._holders
+        try:
+            self._holders = holders_assigned(self._pods.pods(), inventory)
+        except AllocationError as err:
+            log.warning("gpu_held_ratio keeps the holders last known: %s", err)
         return self._holders
 
     def _share_assignments(

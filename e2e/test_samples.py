@@ -73,8 +73,10 @@ def test_every_scheduling_sample_is_applied_by_the_test_of_its_feature():
 
 def test_every_gateway_sample_is_applied_by_the_gateways_test():
     """The gateway's samples (keys, a canary, scale to zero) are served by test_gateway.py,
-    which puts the gateway in front of them on the real node."""
-    source = (Path(__file__).parent / "test_gateway.py").read_text()
+    which puts the gateway in front of them on the real node (the keys through
+    gateway_support.gateway_namespace, as every gateway test's)."""
+    here = Path(__file__).parent
+    source = "".join((here / f).read_text() for f in ("test_gateway.py", "gateway_support.py"))
     for path in (SAMPLES / "gateway").glob("*.yaml"):
         assert f'"{path.name}"' in source, f"test_gateway.py does not apply {path.name}"
 

@@ -31,7 +31,12 @@ from device_plugin.telemetry import (
     telemetry_samples,
     unsupported,
 )
-from infergrid.assignment_annotation import AssignedGpu, ContainerAssignment, PodAssignment
+from infergrid.assignment_annotation import (
+    AssignedGpu,
+    AssignedMig,
+    ContainerAssignment,
+    PodAssignment,
+)
 from infergrid.fleet import load_fleet
 from infergrid.inventory import GpuInventory
 from infergrid.records import PodRecord
@@ -363,6 +368,54 @@ def test_holders_stay_while_the_kubelet_or_the_api_server_does_not_answer():
     kubelet.held.append(held("chat", "infergrid.io/vgpu", f"{gpu.uuid}::vgpu-0"))
     sampler.sample(inventory, devices_of(inventory))  # the share's size is unknown: left out
     assert [s["pod"] for s in series("infergrid_device_plugin_gpu_held_ratio", "t-quiet")] == [
+        "trainer"
+    ]
+
+
+def test_a_node_with_no_kubelet_reads_its_holders_from_the_assignments():
+    """A KWOK node's plugin has no PodResources to ask: the extender's assignments say who
+    holds what, a whole GPU, a MIG instance and a share alike, and only this node's."""
+    fake = FakeNvml(NODES["local-a100"])
+    inventory = inventory_of(fake, "t-kwok")
+    whole, mig_gpu, shared = inventory.gpus
+    instance = mig_gpu.mig_instances[0]
+
+    def pod(name: str, node: str, container: ContainerAssignment) -> PodRecord:
+        assignment = PodAssignment(node, T0, (container,))
+        return PodRecord(f"uid-{name}", "demo", name, node, "infergrid-scheduler", assignment)
+
+    share = (AssignedGpu(shared.uuid, 8192, 25),)
+    pods = Pods(
+        pod(
+            "trainer",
+            "t-kwok",
+            ContainerAssignment("train", gpus=(AssignedGpu(whole.uuid, 1, 100),)),
+        ),
+        pod(
+            "small",
+            "t-kwok",
+            ContainerAssignment("embed", mig=AssignedMig(instance.uuid, "3g", "")),
+        ),
+        pod("chat", "t-kwok", ContainerAssignment("engine", gpus=share, shared=True)),
+        pod("away", "other-node", ContainerAssignment("engine", gpus=share, shared=True)),
+    )
+    sampler = TelemetrySampler(fake, None, pods)
+    sampler.sample(inventory, devices_of(inventory))
+    found = {
+        (s["pod"], s["container"], s["mig_uuid"])
+        for s in series("infergrid_device_plugin_gpu_held_ratio", "t-kwok")
+    }
+    assert found == {
+        ("trainer", "train", ""),
+        ("small", "embed", instance.uuid),
+        ("chat", "engine", ""),
+    }
+    labels = {"node": "t-kwok", "gpu_uuid": shared.uuid, "model": shared.model, "mig_uuid": ""}
+    chat = {**labels, "namespace": "demo", "pod": "chat", "container": "engine"}
+    assert value("infergrid_device_plugin_gpu_held_ratio", **chat) == 8192 / shared.memory_mib
+    pods.items = pods.items[:1]  # the others left: their series go with them
+    sampler.sample(inventory, devices_of(inventory))
+    assert [s["pod"] for s in series("infergrid_device_plugin_gpu_held_ratio", "t-kwok")] == [
         "trainer"
     ]
 
