@@ -1,6 +1,7 @@
 """The ``infergrid`` command: look at a fleet file or a pod's GPU request without a cluster,
 replay a trace through the placement core (``simulate``), or read a cluster: who holds what
-(``placements``), and what each policy would free (``what-if``).
+(``placements``), what each policy would free (``what-if``), and GPU-hours held against used
+over a window of its metrics (``report``).
 
 Bad input prints ``error: <field>: <reason>`` and exits 2, never a traceback.
 """
@@ -18,6 +19,7 @@ from infergrid.errors import ContractError
 from infergrid.fleet import FleetNode, load_fleet
 from infergrid.inventory import node_capacity
 from infergrid.pod_request import parse_pod_request
+from infergrid.report import cli as report_cli
 from infergrid.simulate import cli as simulate_cli
 from infergrid.yamlfile import read_yaml
 
@@ -90,6 +92,15 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     replay.add_argument("--json", action="store_true", help="print the JSON report")
     replay.set_defaults(run=_what_if)
+    report = commands.add_parser(
+        "report",
+        help="GPU-hours held against used per namespace, service and GPU model, with the "
+        "whole-GPU counterfactual and cost (reads Prometheus or a recorded file)",
+        description=report_cli.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    report_cli.add_arguments(report)
+    report.set_defaults(run=report_cli.run)
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(run=lambda args: __version__)
     return parser
