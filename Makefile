@@ -54,9 +54,10 @@ protos: install
 cluster-build: install
 	$(PY) -m e2e.cluster build
 
-# CHART=1 leaves the real node to the Helm chart (docs/install.md).
+# CHART=1 leaves the real node to the Helm chart (docs/install.md); PROMETHEUS=1 starts
+# a Prometheus that scrapes the cluster (docs/operations.md).
 cluster-up: install
-	$(PY) -m e2e.cluster status >/dev/null || $(PY) -m e2e.cluster up $(if $(CHART),--for-chart)
+	$(PY) -m e2e.cluster status >/dev/null || $(PY) -m e2e.cluster up $(if $(CHART),--for-chart) $(if $(PROMETHEUS),--prometheus)
 
 cluster-down: install
 	$(PY) -m e2e.cluster down

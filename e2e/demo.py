@@ -36,6 +36,7 @@ from e2e.cluster import model_store
 from e2e.cluster.local_cluster import REPO, LocalCluster
 from e2e.cluster.node_images import LOCAL_VALUES, chart_args
 from e2e.cluster.processes import ClusterError, wait_until
+from e2e.cluster.prometheus import SCRAPE_INTERVAL_S
 from e2e.operator_support import (
     SAMPLES,
     container_statuses,
@@ -49,6 +50,7 @@ from images.build import build as build_images
 from infergrid import placement_table
 from infergrid.cluster_snapshot import Snapshot, list_objects, read_snapshot
 from infergrid.constants import PLACEMENT_POLICIES
+from infergrid.report import render_html, render_table, report_from_prometheus
 from infergrid.simulate.policies import parse_policies
 from infergrid.what_if import report as what_if_report
 from infergrid.what_if import what_if
@@ -68,6 +70,7 @@ PROMPTS = (
     "Name three colours of the rainbow.",
 )
 STALE_AFTER = timedelta(seconds=60)
+REPORT_STEP_S = float(SCRAPE_INTERVAL_S)  # a sample per scrape of the cluster's Prometheus
 RELEASE = "infergrid"  # helm install infergrid ... (the chart's names then start infergrid-)
 RELEASE_NAMESPACE = "infergrid-system"
 CHART = REPO / "deploy" / "helm" / "infergrid"
@@ -91,6 +94,7 @@ class Demo:
     engine_url: str = ""  # the engine pod's own port (its /metrics)
     gateway_url: str = ""  # the gateway's OpenAI API, what users call
     gateway_metrics: str = ""
+    started_at: float = 0.0  # when the cluster came up: the report's window starts there
 
     def __post_init__(self) -> None:
         self.cluster = LocalCluster(self.state)
@@ -115,6 +119,8 @@ class Demo:
             ("SmolLM2 served from a pod on the real node: kubectl apply, then chat through the"
              " gateway", self.engine),
             ("live metrics of that pod and of the gateway", self.metrics),
+            ("infergrid report of this run, from the cluster's Prometheus: GPU-hours held with"
+             " shares against whole GPUs", self.report),
         ]  # fmt: skip
 
     def run(self) -> int:
@@ -157,7 +163,8 @@ class Demo:
     def up(self) -> None:
         if self.cluster.is_running():
             self.down()
-        seconds = self.cluster.up(FLEET, for_chart=True)
+        seconds = self.cluster.up(FLEET, for_chart=True, prometheus=True)
+        self.started_at = time.time()
         self.out(f"    control plane, a real node (kubelet + containerd), KWOK nodes with a"
                  f" fake-NVML device plugin each, up in {seconds:.1f}s")  # fmt: skip
 
@@ -246,6 +253,19 @@ class Demo:
             self.out(f"    {line}")
         with urllib.request.urlopen(self.gateway_metrics, timeout=10) as resp:
             self.out(f"    {summarize_gateway(resp.read().decode())}")
+
+    def report(self) -> None:
+        """The report over the run so far, at the scrape interval; its page beside the logs.
+        A scrape the last step has not reached yet waits for it: one interval more."""
+        url = self.cluster.prometheus_url()
+        if url is None:
+            raise StepFailed("the cluster's Prometheus is not running")
+        time.sleep(REPORT_STEP_S)
+        report = report_from_prometheus(url, self.started_at, time.time(), REPORT_STEP_S)
+        self.out(_indent(render_table(report)))
+        page = self.state / "report.html"
+        page.write_text(render_html(report))
+        self.out(f"    the page, with its plots: {page}")
 
     # Helpers.
 

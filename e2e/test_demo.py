@@ -36,8 +36,8 @@ def demo_run(tmp_path_factory):
 def test_the_demo_runs_every_step_and_says_so(demo_run):
     demo, code, output = demo_run
     assert code == 0, output
-    for step in range(1, 11):
-        assert f"[{step}/10]" in output
+    for step in range(1, 12):
+        assert f"[{step}/11]" in output
     assert "smollm2> " in output and output.split("smollm2> ", 1)[1].strip()
     # The chart's pods, each Ready under its own ServiceAccount on the real node.
     rows = _release_rows(output)
@@ -66,6 +66,22 @@ def test_what_if_replays_every_gpu_pod_of_the_demo_under_each_policy(demo_run):
     for policy in PLACEMENT_POLICIES:
         assert rows[policy][1] == holding, table  # placed: every pod that holds GPUs now
     assert "a plan only, nothing was moved" in table
+
+
+def test_the_demo_ends_with_the_report_of_its_own_run(demo_run):
+    """Read from the cluster's Prometheus over the run: the sample pods on GPU shares held
+    less than the whole GPUs they would have held, the total says so, and the page is there
+    with the same figure."""
+    demo, code, output = demo_run
+    assert code == 0, output
+    report = output.split("infergrid report of this run", 1)[1]
+    (total,) = [line for line in report.splitlines() if line.split()[:2] == ["all", "all"]]
+    held, whole = float(total.split()[4]), float(total.split()[5])
+    assert 0 < held < whole, report
+    assert "sharing held" in report and "whole GPUs would have held" in report
+    page = demo.state / "report.html"
+    assert f"the page, with its plots: {page}" in report
+    assert 'id="total-held-gpu-hours"' in page.read_text()
 
 
 def test_the_placement_table_matches_the_assignments_the_api_server_holds(demo_run):

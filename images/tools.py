@@ -18,6 +18,8 @@ PACKAGES = {
     "cmake": ("cmake",),
     "ninja": ("ninja-build",),
     "c++": ("g++",),
+    "prometheus": ("prometheus",),  # the local cluster's (e2e/cluster/prometheus.py)
+    "chromium": ("chromium",),  # the report's page, opened headless in its test
 }
 
 

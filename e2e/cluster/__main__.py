@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         help="start no infergrid-scheduler and no device plugin process for the real node:"
         " the Helm chart's scheduler and DaemonSet take their place",
     )  # fmt: skip
+    up.add_argument(
+        "--prometheus", action="store_true",
+        help="also start a Prometheus that scrapes the cluster (infergrid report reads it)",
+    )  # fmt: skip
+    sub.add_parser("prometheus-url", help="print where the cluster's Prometheus answers")
     helm_args = sub.add_parser(
         "helm-args", help="print the helm flags that install the chart on the real node"
     )
@@ -68,11 +73,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             cluster_binaries.ensure_built()
         elif args.command == "up":
-            seconds = cluster.up(args.fleet, args.extender_url, args.for_chart)
+            seconds = cluster.up(args.fleet, args.extender_url, args.for_chart, args.prometheus)
             print(f"local cluster up in {seconds:.1f}s; export KUBECONFIG={cluster.kubeconfig}")
+            if url := cluster.prometheus_url():
+                print(f"Prometheus: {url} (infergrid report --prometheus {url})")
             if args.for_chart:
                 print("the real node waits for the chart: helm install ... $(python -m"
                       " e2e.cluster helm-args)")  # fmt: skip
+        elif args.command == "prometheus-url":
+            url = cluster.prometheus_url()
+            if url is None:
+                print("the local cluster runs no Prometheus: make cluster-up PROMETHEUS=1",
+                      file=sys.stderr)  # fmt: skip
+                return 1
+            print(url)
         elif args.command == "helm-args":
             print(" ".join(shlex.quote(a) for a in chart_args(LOCAL_VALUES, args.fleet)))
         elif args.command == "down":

@@ -160,11 +160,13 @@ def infergrid_scheduler_config(layout: Layout, profile: dict | None = None) -> s
     )
 
 
-def device_plugin_command(fleet_file: Path, node: FleetNode, state: Path) -> list[str]:
+def device_plugin_command(
+    fleet_file: Path, node: FleetNode, state: Path, metrics_port: int = 0
+) -> list[str]:
     """InferGrid's device plugin for one node on fake NVML: on a real node it serves in the
     kubelet's own device-plugin folder and reads that kubelet's PodResources; on a KWOK
     node, in a folder no kubelet reads, and with no PodResources (the real node's kubelet
-    socket on this machine is not its kubelet's)."""
+    socket on this machine is not its kubelet's). Its /metrics on `metrics_port` (0: none)."""
     plugin_dir = DEVICE_PLUGIN_DIR if node.real else state / "kubelet" / node.name
     pod_resources = [] if node.real else ["--pod-resources-socket="]
     return [
@@ -176,7 +178,7 @@ def device_plugin_command(fleet_file: Path, node: FleetNode, state: Path) -> lis
         f"--plugin-dir={plugin_dir}",
         f"--vgpu-slots-per-gpu={node.vgpu_slots_per_gpu}",
         f"--gpu-replicas={node.time_slices}",
-        "--metrics-port=0",
+        f"--metrics-port={metrics_port}",
         "--usage-interval=2",
         *pod_resources,
     ]

@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import ssl
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -25,10 +26,10 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from images import cluster_binaries
+from images import cluster_binaries, tools
 from infergrid.fleet import Fleet, FleetNode, load_fleet
 
-from . import certs, components, fake_nodes, model_store
+from . import certs, components, fake_nodes, model_store, prometheus
 from .node_images import node_images
 from .processes import ClusterError, ProcessTable, wait_until
 from .real_node import RealNodes, capacity_advertised, capacity_withdrawn
@@ -94,7 +95,7 @@ class LocalCluster:
 
     def up(
         self, fleet_file: Path = DEFAULT_FLEET, extender_url: str | None = None,
-        for_chart: bool = False,
+        for_chart: bool = False, prometheus: bool = False,
     ) -> float:  # fmt: skip
         """Starts the whole cluster and returns the seconds it took.
 
@@ -102,7 +103,8 @@ class LocalCluster:
         by default a free port on 127.0.0.1, recorded in the layout. `for_chart` leaves
         out what the Helm chart installs itself: the cluster's own infergrid-scheduler and
         the real node's device plugin process (the chart's DaemonSet serves that node). The
-        KWOK nodes' plugins still run as processes: KWOK starts no containers.
+        KWOK nodes' plugins still run as processes: KWOK starts no containers. `prometheus`
+        starts a Prometheus that scrapes the cluster (e2e/cluster/prometheus.py).
         """
         fleet = load_fleet(fleet_file)
         started = time.monotonic()
@@ -110,7 +112,7 @@ class LocalCluster:
             raise ClusterError(f"a cluster is already running from {self.state}; run down first")
         self.down()
         bins = cluster_binaries.ensure_built()
-        for stale in ("etcd", "serving", "certs"):
+        for stale in ("etcd", "serving", "certs", "prometheus"):
             shutil.rmtree(self.state / stale, ignore_errors=True)
         self.state.mkdir(parents=True, exist_ok=True)
         layout = components.Layout(
@@ -133,22 +135,31 @@ class LocalCluster:
             if real := [node for node in fleet.nodes if node.real]:
                 self.real_nodes.up(layout, self.api(), real, *node_images())
                 model_store.provide(self.api(), "default", real[0].name)
-            self._start_device_plugins(fleet, fleet_file, for_chart)
+            ports = self._start_device_plugins(fleet, fleet_file, for_chart, prometheus)
+            if prometheus:
+                self._start_prometheus(ports)
         except BaseException:
             self.down()
             raise
         return time.monotonic() - started
 
-    def _start_device_plugins(self, fleet: Fleet, fleet_file: Path, for_chart: bool) -> None:
+    def _start_device_plugins(
+        self, fleet: Fleet, fleet_file: Path, for_chart: bool, metrics: bool
+    ) -> dict[str, int]:
         """One device plugin per node on fake NVML. A KWOK node's only publishes (no kubelet
         dials it); a real node's registers with the kubelet, which then advertises its GPUs.
-        With `for_chart`, real nodes get none: the chart's DaemonSet runs there."""
+        With `for_chart`, real nodes get none: the chart's DaemonSet runs there. With
+        `metrics`, each serves /metrics on a free port; returns node -> port."""
         if for_chart:
             fleet = replace(fleet, nodes=tuple(n for n in fleet.nodes if not n.real))
+        names = [node.name for node in fleet.nodes]
+        ports = dict(zip(names, _free_ports(len(names)), strict=True)) if metrics else {}
         for node in fleet.nodes:
             self.processes.start(
                 f"device-plugin-{node.name}",
-                components.device_plugin_command(fleet_file, node, self.state),
+                components.device_plugin_command(
+                    fleet_file, node, self.state, ports.get(node.name, 0)
+                ),
                 env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
             )
         fake_nodes.wait_published(self.api(), fleet, self.processes)
@@ -161,6 +172,29 @@ class LocalCluster:
                     f"the kubelet of {node.name} to advertise its GPUs",
                     lambda n=node: self.processes.check_alive(f"device-plugin-{n.name}"),
                 )
+        return ports
+
+    def _start_prometheus(self, plugin_ports: dict[str, int]) -> None:
+        """Debian's prometheus (installed when missing), scraping this cluster."""
+        tools.require(["prometheus"], lambda line: print(f"[cluster] {line}", flush=True))
+        folder = self.state / "prometheus"
+        config_file = prometheus.write_config(folder, plugin_ports)
+        self.processes.start(
+            "prometheus-targets",
+            [sys.executable, "-m", "e2e.cluster.prometheus", str(self.kubeconfig), str(folder)],
+        )
+        port = _free_ports(1)[0]
+        argv = prometheus.command(shutil.which("prometheus") or "prometheus", config_file, folder,
+                                  port)  # fmt: skip
+        self._start_ready("prometheus", argv, lambda: url_ok(f"http://127.0.0.1:{port}/-/ready"))
+        (folder / "url").write_text(f"http://127.0.0.1:{port}")
+
+    def prometheus_url(self) -> str | None:
+        """Where this cluster's Prometheus answers; None when it runs none."""
+        path = self.state / "prometheus" / "url"
+        if not path.exists() or not self.processes.alive("prometheus"):
+            return None
+        return path.read_text().strip()
 
     @contextmanager
     def host_device_plugin_stopped(self, node: FleetNode) -> Iterator[None]:
