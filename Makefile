@@ -25,7 +25,9 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# The report's test opens its page in Debian's headless Chromium (installed when missing).
 unit: install
+	$(PY) -c 'from images.tools import require; require(["chromium"], print)'
 	$(PY) -m pytest -q tests
 
 # The demo's test starts a cluster with a real node of its own, so it runs once the rest of
