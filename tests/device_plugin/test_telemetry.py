@@ -455,9 +455,10 @@ def test_the_publisher_exports_the_telemetry_every_round():
 
 
 def documented_telemetry() -> dict[str, tuple[set[str], str]]:
-    """docs/operations.md's telemetry table: metric -> (its labels, the DCGM exporter column)."""
-    text = (ROOT / "docs" / "operations.md").read_text()
-    section = text.split("## GPU telemetry", 1)[1].split("\n## ", 1)[0]
+    """The README's telemetry table (the docs site includes it): metric -> (its labels, the
+    DCGM exporter column)."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("[start:telemetry]", 1)[1].split("[end:telemetry]", 1)[0]
     rows = {}
     for line in section.splitlines():
         if line.startswith("| `infergrid_"):
