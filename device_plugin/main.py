@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from kubernetes import client, config
@@ -44,6 +45,13 @@ def make_backend(cfg: PluginConfig) -> NvmlBackend:
     return FakeNvml(nodes[cfg.node_name])
 
 
+def _fake_work(backend: NvmlBackend) -> Callable[[dict[str, float]], None] | None:
+    """On fake NVML, the pods holding each GPU run on it (the fleet's heldBusyPercent)."""
+    from device_plugin.nvml.fake import FakeNvml
+
+    return backend.run if isinstance(backend, FakeNvml) else None
+
+
 def build(cfg: PluginConfig) -> DevicePluginRuntime:
     backend = make_backend(cfg)
     core = client.CoreV1Api(kube_api())
@@ -58,6 +66,7 @@ def build(cfg: PluginConfig) -> DevicePluginRuntime:
         on_grants=pods.mark_allocated,
         held=held,
         pod_conditions=pods if cfg.publish else None,
+        on_holders=_fake_work(backend),
         node_condition=(
             (lambda c: set_node_condition(core, cfg.node_name, c, datetime.now(UTC)))
             if cfg.publish

@@ -42,8 +42,10 @@ class NodePublisher:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         held: HeldSource | None = None,
         pods: PodSource | None = None,
+        on_holders: Callable[[dict[str, float]], None] | None = None,
     ):
-        """`held` and `pods` tell the telemetry who holds each GPU (see TelemetrySampler)."""
+        """`held` and `pods` tell the telemetry who holds each GPU, and it tells `on_holders`
+        (see TelemetrySampler)."""
         self.backend = backend
         self.tracker = tracker
         self.manager = manager
@@ -52,7 +54,7 @@ class NodePublisher:
         self.stop = stop
         self.clock = clock
         self._published_inventory: str | None = None
-        self.telemetry = TelemetrySampler(backend, held, pods)
+        self.telemetry = TelemetrySampler(backend, held, pods, on_holders)
 
     def publish_once(self) -> None:
         config = self.manager.config

@@ -46,8 +46,12 @@ class DevicePluginRuntime:
         held: HeldSource | None = None,
         pod_conditions: PodConditions | None = None,
         node_condition: Callable[[NodeCondition], object] | None = None,
+        on_holders: Callable[[dict[str, float]], None] | None = None,
     ):
         """`held` is the kubelet's PodResources API; without it, grants are marked at once.
+
+        `on_holders` hears each round what fraction of each GPU its pods hold (a fake NVML
+        runs their work: `FakeNvml.run`).
 
         `pod_conditions` writes the GPUHealthy condition of pods; without it, none is written.
         `node_condition` writes a condition of this node; without it, the toolkit's is logged.
@@ -87,6 +91,7 @@ class DevicePluginRuntime:
             self.stop_event,
             held=held,
             pods=pods,
+            on_holders=on_holders,
         )
         self.plugins = NodePlugins(self._endpoints, config.plugin_dir, self.stop_event)
         self.reporter = (

@@ -23,7 +23,7 @@ series until it reads again; the health monitor, not telemetry, judges it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Final
 
@@ -224,6 +224,14 @@ def holders_of(
     return found
 
 
+def held_per_gpu(holders: Iterable[Holder]) -> dict[str, float]:
+    """The fraction of each GPU its holders hold together, by UUID."""
+    held: dict[str, float] = {}
+    for holder in holders:
+        held[holder.gpu.uuid] = held.get(holder.gpu.uuid, 0.0) + holder.ratio
+    return held
+
+
 def holders_assigned(pods: Iterable[PodRecord], inventory: GpuInventory) -> list[Holder]:
     """Who holds what by the assignments the extender wrote, for a node with no kubelet to
     ask (a KWOK node): a whole GPU whole, a share and a MIG instance by their memory's part
@@ -300,11 +308,18 @@ class TelemetrySampler:
     """
 
     def __init__(
-        self, backend: NvmlBackend, held: HeldSource | None = None, pods: PodSource | None = None
+        self,
+        backend: NvmlBackend,
+        held: HeldSource | None = None,
+        pods: PodSource | None = None,
+        on_holders: Callable[[dict[str, float]], None] | None = None,
     ) -> None:
+        """``on_holders`` hears, each round, the fraction of each GPU (by UUID) its pods
+        hold: how a fake NVML runs their work (``FakeNvml.run``)."""
         self._backend = backend
         self._held = held
         self._pods = pods
+        self._on_holders = on_holders
         self._holders: list[Holder] = []
         self._assignments: dict[PodKey, PodAssignment | None] = {}
         self._told_unsupported: set[tuple[str, str]] = set()
@@ -318,6 +333,8 @@ class TelemetrySampler:
         for reading in readings:
             self._tell_unsupported(reading)
         holders = self._read_holders(inventory, devices)
+        if self._on_holders is not None:
+            self._on_holders(held_per_gpu(holders))
         self._export(telemetry_samples(inventory.node, readings, holders))
 
     def _read(self, gpu: Gpu) -> Reading | None:

@@ -8,6 +8,7 @@ Bad input prints ``error: <field>: <reason>`` and exits 2, never a traceback.
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -41,6 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ContractError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # `| head` stopped reading: what it took is all that was wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -55,6 +55,7 @@ _NODE_KEYS: Final = (
     "memory",
     "vgpuSlotsPerGpu",
     "timeSlices",
+    "heldBusyPercent",
     "gpus",
     "topology",
     "mig",
@@ -118,6 +119,9 @@ class FleetNode:
     real: bool = False
     xid_events: tuple[ScheduledXid, ...] = ()
     ecc_events: tuple[ScheduledEcc, ...] = ()
+    # How busy the pods holding its GPUs keep them, in percent of what each holds: its fake
+    # NVML's utilisation then follows who holds what (0: the GPUs stay idle, as tests set).
+    held_busy_percent: int = 0
 
     @property
     def vgpu_slots_per_gpu(self) -> int:
@@ -206,6 +210,7 @@ def _nodes(obj: dict[str, Any], path: str) -> list[FleetNode]:
         obj, "vgpuSlotsPerGpu", path, 1, MAX_VGPU_SLOTS_PER_GPU, default=DEFAULT_VGPU_SLOTS_PER_GPU
     )
     time_slices = integer(obj, "timeSlices", path, 1, MAX_TIME_SLICES_PER_GPU, default=1)
+    busy = integer(obj, "heldBusyPercent", path, 0, 100, default=0)
     gpus = _gpu_model(field(obj, "gpus", dict, path), join(path, "gpus"))
     topology = _topology(field(obj, "topology", dict, path, default={}), join(path, "topology"))
     mig = _mig(field(obj, "mig", dict, path, default={}), join(path, "mig"), gpus)
@@ -224,6 +229,7 @@ def _nodes(obj: dict[str, Any], path: str) -> list[FleetNode]:
             real,
             xids,
             eccs,
+            busy,
         )
         for n in names
     ]

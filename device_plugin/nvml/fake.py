@@ -15,7 +15,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Final, TypeVar
@@ -85,6 +85,7 @@ class FakeNvml:
 
     def __init__(self, node: FleetNode, clock: Callable[[], float] = time.monotonic) -> None:
         self._node = node.name
+        self._busy_percent = node.held_busy_percent
         self._gpus = {gpu.index: gpu for gpu in node.inventory.gpus}
         self._clock = clock
         self._lock = threading.Lock()
@@ -205,6 +206,16 @@ class FakeNvml:
             self._gpu(index)
             self._count_nvlink(index)  # the bytes moved at the old rate, up to now
             self._utilization[index] = percent
+
+    def run(self, held: Mapping[str, float]) -> None:
+        """The pods holding each GPU (by UUID, the fraction of it they hold) run on it: its
+        utilisation becomes that fraction of the fleet's ``heldBusyPercent``, capped at 100,
+        and a GPU no pod holds idles. Nothing happens when the fleet leaves it at 0."""
+        if not self._busy_percent:
+            return
+        for index, gpu in self._gpus.items():
+            ratio = held.get(gpu.uuid, 0.0)
+            self.set_utilization(index, min(100, round(ratio * self._busy_percent)))
 
     def inject_xid(self, index: int, xid: int) -> None:
         """Queue an XID event for GPU ``index`` and wake a waiting ``wait_for_events``."""

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from device_plugin.nvml.backend import GpuProcess, NvmlBackend, NvmlError, XidEvent
 from device_plugin.nvml.fake import FakeNvml, interpolate
 from device_plugin.nvml.fake_telemetry import GENERIC, NVLINK_SHARE, board_of
+from infergrid.errors import ContractError
 from infergrid.fleet import FAKE_ECC, FleetNode, load_fleet, parse_fleet
 from infergrid.inventory import EccState
 
@@ -396,3 +397,25 @@ def test_a_lost_gpu_has_no_telemetry_and_a_test_can_make_one_fail():
     with pytest.raises(NvmlError, match="injected failure"):
         fake.telemetry(1)
     assert fake.telemetry(0).power_watts == 55.0
+
+
+def test_the_pods_holding_a_gpu_keep_it_as_busy_as_the_fleet_says():
+    """heldBusyPercent: each GPU's utilisation follows what its pods hold (a whole GPU at
+    60%, a quarter of one at 15%, more than one GPU's worth capped at 100), an unheld GPU
+    idles; a fleet that leaves it out keeps its GPUs as the test sets them."""
+    fake = FakeNvml(four_gpu_node(heldBusyPercent=60))
+    uuids = [fake.device_info(i).uuid for i in range(4)]
+    fake.set_utilization(3, 90)
+    fake.run({uuids[0]: 1.0, uuids[1]: 0.25, uuids[2]: 2.5})
+    assert [fake.utilization_percent(i) for i in range(4)] == [60, 15, 100, 0]
+    assert fake.telemetry(0).power_watts > fake.telemetry(3).power_watts  # the load shows
+    idle = FakeNvml(NODES["h100"])
+    idle.set_utilization(0, 30)
+    idle.run({idle.device_info(0).uuid: 1.0})
+    assert idle.utilization_percent(0) == 30
+
+
+def test_held_busy_percent_out_of_range_is_named():
+    with pytest.raises(ContractError) as caught:
+        four_gpu_node(heldBusyPercent=101)
+    assert caught.value.field == "nodes[0].heldBusyPercent"

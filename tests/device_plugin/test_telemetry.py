@@ -399,8 +399,14 @@ def test_a_node_with_no_kubelet_reads_its_holders_from_the_assignments():
         pod("chat", "t-kwok", ContainerAssignment("engine", gpus=share, shared=True)),
         pod("away", "other-node", ContainerAssignment("engine", gpus=share, shared=True)),
     )
-    sampler = TelemetrySampler(fake, None, pods)
+    heard: list[dict[str, float]] = []  # what a fake NVML would run (FakeNvml.run)
+    sampler = TelemetrySampler(fake, None, pods, heard.append)
     sampler.sample(inventory, devices_of(inventory))
+    assert heard == [{
+        whole.uuid: 1.0,
+        mig_gpu.uuid: instance.memory_mib / mig_gpu.memory_mib,
+        shared.uuid: 8192 / shared.memory_mib,
+    }]  # fmt: skip
     found = {
         (s["pod"], s["container"], s["mig_uuid"])
         for s in series("infergrid_device_plugin_gpu_held_ratio", "t-kwok")
