@@ -1,6 +1,9 @@
 """The infergrid command: exit 0 with output, or exit 2 with one error line."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,17 @@ def test_usage_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as raised:
         main([])
     assert raised.value.code == 2
+
+
+def test_output_into_a_pipe_the_reader_closed_ends_quietly():
+    """`infergrid fleet ... | head -0`: the reader went away before the table came; that is
+    no error, and no traceback."""
+    read, write = os.pipe()
+    os.close(read)
+    done = subprocess.run(
+        [sys.executable, "-c", "from infergrid.cli import main; raise SystemExit(main())",
+         "fleet", SAMPLE],
+        stdout=write, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    os.close(write)
+    assert (done.returncode, done.stderr) == (0, "")
