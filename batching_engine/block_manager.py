@@ -9,6 +9,14 @@ hashes mean equal prefixes; a hit is still confirmed against the stored tokens. 
 registered only once its KV is computed (`cache_computed_blocks`), never at admission, so a
 sequence can never read KV that a chunked prefill has yet to write. Freed blocks keep their
 hash and stay reusable until a fresh block is needed, then the least recently freed goes.
+
+Which block a fresh one is depends on what an unused block costs. On a GPU the whole cache is
+committed at start, so blocks never used before are taken first and cached prefixes live as
+long as possible. On the CPU (`touched_first`) the cache's pages are committed only as blocks
+are first written (`model/kv_cache.py`), so a block used before is taken first, even a cached
+one, and a never-used block only when none is free: the engine's resident cache then follows
+its peak working set, not the whole budget, at the price of cached prefixes that do not
+outlive it.
 """
 
 from __future__ import annotations
@@ -36,15 +44,23 @@ def chain_hash(prev_hash: int, token_ids: tuple[int, ...]) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        touched_first: bool = False,
+    ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks: the KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.touched_first = touched_first  # see the module's note
         self._blocks = [_Block(i) for i in range(num_blocks)]
-        # ref-count-0 blocks, the next to be reused first: uncached ones, then LRU cached ones
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # ref-count-0 blocks used before, the next to be reused first: uncached, then LRU cached
+        self._free: OrderedDict[int, None] = OrderedDict()
+        self._untouched = list(range(num_blocks - 1, -1, -1))  # never used; popped lowest first
         self._cached: dict[int, int] = {}  # chain hash -> block id
         self._chains: dict[int, list[int]] = {}  # seq id -> chain hashes of its computed blocks
         self.num_queried_tokens = 0  # prompt tokens looked up in the prefix cache, ever
@@ -52,12 +68,17 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._untouched)
+
+    @property
+    def num_touched_blocks(self) -> int:
+        """Blocks ever used: on the CPU, the cache's resident share."""
+        return self.num_blocks - len(self._untouched)
 
     @property
     def usage(self) -> float:
         """Share of blocks held by sequences; cached blocks nobody holds count as free."""
-        return 1.0 - len(self._free) / self.num_blocks
+        return 1.0 - self.num_free_blocks / self.num_blocks
 
     def ref_count(self, block_id: int) -> int:
         return self._blocks[block_id].ref_count
@@ -69,7 +90,7 @@ class BlockManager:
         hits = self._lookup(seq)
         fresh = self.blocks_for(seq.num_tokens) - len(hits)
         idle_hits = sum(1 for b in hits if self._blocks[b].ref_count == 0)
-        return fresh + idle_hits <= len(self._free)
+        return fresh + idle_hits <= self.num_free_blocks
 
     def allocate(self, seq: Sequence) -> None:
         """Blocks for every current token; the cached prefix counts as computed."""
@@ -86,7 +107,7 @@ class BlockManager:
             self.num_hit_tokens += seq.num_cached_tokens
 
     def can_append(self, seq: Sequence) -> bool:
-        return self._missing_blocks(seq) <= len(self._free)
+        return self._missing_blocks(seq) <= self.num_free_blocks
 
     def may_append(self, seq: Sequence) -> None:
         """A fresh block when the newest token starts one; nothing otherwise."""
@@ -157,8 +178,9 @@ class BlockManager:
         block.ref_count += 1
 
     def _take_fresh(self) -> int:
-        """The next free block, evicting its cached prefix if it had one."""
-        block_id, _ = self._free.popitem(last=False)
+        """The next free block (see the module's note), evicting its cached prefix if it had
+        one."""
+        block_id = self._next_fresh()
         block = self._blocks[block_id]
         assert block.ref_count == 0, f"free block {block_id} has ref count {block.ref_count}"
         if block.hash is not None:
@@ -166,6 +188,16 @@ class BlockManager:
             block.hash, block.prev_hash, block.token_ids = None, _ROOT_HASH, ()
         block.ref_count = 1
         return block_id
+
+    def _next_fresh(self) -> int:
+        """Freed blocks holding nothing reusable first; then, on a GPU, never-used blocks
+        before cached ones, and on the CPU after them."""
+        if self._free:
+            first = next(iter(self._free))
+            if self.touched_first or self._blocks[first].hash is None or not self._untouched:
+                del self._free[first]
+                return first
+        return self._untouched.pop()
 
     def _release(self, block_id: int) -> None:
         block = self._blocks[block_id]

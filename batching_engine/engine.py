@@ -30,6 +30,9 @@ class Runner(Protocol):
     """
 
     num_kv_blocks: int
+    # Whether the cache's memory is committed only as blocks are first written (the CPU's):
+    # then the block manager reuses blocks used before first (`BlockManager.touched_first`).
+    kv_cache_commits_lazily: bool
 
     def execute(self, batch: list[tuple[Sequence, int]]) -> list[int | None]: ...
 
@@ -70,7 +73,10 @@ class LLMEngine:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.detokenizer = detokenizer  # a new output text stream, for stop strings
         self.block_manager = BlockManager(
-            runner.num_kv_blocks, config.block_size, config.enable_prefix_caching
+            runner.num_kv_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            touched_first=runner.kv_cache_commits_lazily,
         )
         self.scheduler = Scheduler(config, self.block_manager)
         self.stats = EngineStats()

@@ -8,6 +8,8 @@ setting.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
 import time
@@ -72,7 +74,19 @@ def load(
         runner.num_kv_blocks,
         engine_config.block_size,
     )
+    _return_freed_heap()
     return served, AsyncEngine(engine, metrics, device=runner.device)
+
+
+def _return_freed_heap() -> None:
+    """Give back to the system the heap that loading freed. Converting and quantizing the
+    weights goes through large temporaries, and glibc keeps freed heap mapped, so the process
+    would hold its peak for good: SmolLM2's Q4_1 on the CPU held 100 MiB more resident
+    without this. A C library without `malloc_trim` (musl) has nothing to trim."""
+    library = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(library), "malloc_trim", None) if library else None
+    if trim is not None:
+        trim(0)
 
 
 def _set_cpu_threads(asked: int | None) -> None:

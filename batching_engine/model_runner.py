@@ -110,6 +110,7 @@ class ModelRunner:
         self.kv_layout = KVCacheLayout.for_model(self.config, block_size, self.dtype, tp)
         self.kv_caches: KVCaches = []
         self.num_kv_blocks = 0
+        self.kv_cache_commits_lazily = self.device.type == "cpu"  # see `KVCacheLayout.allocate`
         self.decode_graphs: DecodeGraphs | None = None
         if self.config.head == "lm_head":
             graphs = DecodeGraphs.available(self.device) and tp.size == 1

@@ -25,6 +25,7 @@ TOKEN = 7
 
 class ScriptedRunner:
     num_kv_blocks = 64
+    kv_cache_commits_lazily = False
 
     def __init__(self) -> None:
         self.fail_next = False

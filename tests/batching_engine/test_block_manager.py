@@ -38,10 +38,11 @@ def compute(bm: BlockManager, kv: dict[int, tuple[int, ...]], seq: Sequence, n: 
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
-    @initialize(num_blocks=st.integers(4, 24), caching=st.booleans())
-    def start(self, num_blocks: int, caching: bool) -> None:
-        self.bm = BlockManager(num_blocks, BS, caching)
+    @initialize(num_blocks=st.integers(4, 24), caching=st.booleans(), touched_first=st.booleans())
+    def start(self, num_blocks: int, caching: bool, touched_first: bool) -> None:
+        self.bm = BlockManager(num_blocks, BS, caching, touched_first)
         self.kv: dict[int, tuple[int, ...]] = {}
+        self.peak_in_use = 0
         self.idle: list[Sequence] = []  # hold no blocks
         self.live: list[Sequence] = []  # hold blocks for all their tokens
 
@@ -69,6 +70,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert seq.num_cached_tokens % BS == 0
         hits = seq.num_cached_tokens // BS
         assert in_use.isdisjoint(seq.block_table[hits:]), "took a block someone holds"
+        self.peak_in_use = max(self.peak_in_use, len(self._in_use()))
 
     @precondition(lambda self: any(s.num_uncomputed_tokens for s in self.live))
     @rule(data=st.data(), n=st.integers(1, 20))
@@ -91,6 +93,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert seq.block_table[: len(before)] == before
         assert len(seq.block_table) == self.bm.blocks_for(seq.num_tokens)
         assert in_use.isdisjoint(seq.block_table[len(before) :]), "took a block someone holds"
+        self.peak_in_use = max(self.peak_in_use, len(self._in_use()))
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -117,6 +120,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
         used = len(self._in_use())
         assert self.bm.num_free_blocks + used == self.bm.num_blocks
         assert abs(self.bm.usage - used / self.bm.num_blocks) < 1e-9
+
+    @invariant()
+    def on_the_cpu_only_the_peak_working_set_was_ever_touched(self) -> None:
+        """A never-used block is taken only when every block used before is held."""
+        if self.bm.touched_first:
+            assert self.bm.num_touched_blocks == self.peak_in_use
 
     @invariant()
     def no_block_twice_in_a_table(self) -> None:
@@ -228,6 +237,26 @@ def test_blocks_holding_nothing_reusable_go_before_cached_ones():
     filler = seq_of([7] * 17)  # three of the four blocks
     bm.allocate(filler)
     bm.deallocate(filler)
+    again = seq_of([1] * 8 + [5])
+    bm.allocate(again)
+    assert again.num_cached_tokens == 8
+
+
+def test_on_the_cpu_a_cached_block_is_reused_before_a_never_used_one():
+    bm, kv = BlockManager(8, BS, True, touched_first=True), {}
+    bm.deallocate(computed(bm, kv, [1] * 8 + [0]))  # two blocks used, one of them cached
+    bm.deallocate(computed(bm, kv, [2] * 20))  # three: the two again, and one more
+    assert bm.num_touched_blocks == 3
+    again = seq_of([1] * 8 + [5])
+    bm.allocate(again)
+    assert again.num_cached_tokens == 0  # its block went to the second sequence
+
+
+def test_on_a_gpu_never_used_blocks_go_before_cached_ones():
+    bm, kv = BlockManager(8, BS, True), {}
+    bm.deallocate(computed(bm, kv, [1] * 8 + [0]))
+    bm.deallocate(computed(bm, kv, [2] * 20))
+    assert bm.num_touched_blocks == 4
     again = seq_of([1] * 8 + [5])
     bm.allocate(again)
     assert again.num_cached_tokens == 8

@@ -31,6 +31,8 @@ class KVRunner:
     a sequence may only read positions some earlier step computed.
     """
 
+    kv_cache_commits_lazily = False
+
     def __init__(self, num_kv_blocks: int, block_size: int) -> None:
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
