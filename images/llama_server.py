@@ -46,8 +46,20 @@ IMAGE_FLAGS: Final = (
     "-DLLAMA_OPENSSL=OFF",
     "-DCMAKE_EXE_LINKER_FLAGS=-static",
 )
-# The bench's: this machine's own instructions, as a user building it here would.
-NATIVE_FLAGS: Final = (*_COMMON, "-DGGML_NATIVE=ON")
+# The bench's: the instructions this machine runs, named one by one. Not `GGML_NATIVE`: a VM
+# may advertise AMX and fault on its first AMX instruction, and this one does.
+BENCH_FLAGS: Final = (
+    *_COMMON,
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX512=ON",
+    "-DGGML_AVX512_VBMI=ON",
+    "-DGGML_AVX512_VNNI=ON",
+    "-DGGML_AVX512_BF16=ON",
+    "-DGGML_AVX_VNNI=ON",
+    "-DGGML_AMX_TILE=OFF",
+    "-DGGML_AMX_INT8=OFF",
+    "-DGGML_AMX_BF16=OFF",
+)
 
 
 def _say(line: str) -> None:
@@ -62,26 +74,32 @@ def build_root(flags: tuple[str, ...]) -> Path:
 
 def llama_server(flags: tuple[str, ...], say: Callable[[str], None] = _say) -> Path:
     """The llama-server these flags build: found in the cache, else built (minutes)."""
+    return program("llama-server", flags, say)
+
+
+def program(target: str, flags: tuple[str, ...], say: Callable[[str], None] = _say) -> Path:
+    """One of llama.cpp's programs (`llama-server`, `llama-quantize`) built with these flags:
+    found in the cache, else built, in the same build folder as the others."""
     root = build_root(flags)
-    binary = root / "build" / "bin" / "llama-server"
+    binary = root / "build" / "bin" / target
     if not binary.exists():
-        _build(root, flags, say)
+        _build(root, flags, target, say)
     return binary
 
 
-def _build(root: Path, flags: tuple[str, ...], say: Callable[[str], None]) -> None:
+def _build(root: Path, flags: tuple[str, ...], target: str, say: Callable[[str], None]) -> None:
     """Download and check the sdist, unpack its vendored llama.cpp, configure and build."""
     tools.require(["cmake", "ninja", "c++"], say)
     root.mkdir(parents=True, exist_ok=True)
     source = root / "src"
     if not (source / "CMakeLists.txt").exists():
         _unpack(_sdist(root, say), source)
-    _step(say, "configuring", ["cmake", "-S", str(source), "-B", str(root / "build"),
-                               "-G", "Ninja", *flags])  # fmt: skip
+    if not (root / "build" / "build.ninja").exists():
+        _step(say, "configuring", ["cmake", "-S", str(source), "-B", str(root / "build"),
+                                   "-G", "Ninja", *flags])  # fmt: skip
     jobs = str(os.cpu_count() or 1)
-    _step(say, f"building llama-server with {jobs} jobs (several minutes)",
-          ["cmake", "--build", str(root / "build"), "--target", "llama-server",
-           "-j", jobs])  # fmt: skip
+    _step(say, f"building {target} with {jobs} jobs (several minutes)",
+          ["cmake", "--build", str(root / "build"), "--target", target, "-j", jobs])  # fmt: skip
 
 
 def _sdist(root: Path, say: Callable[[str], None]) -> Path:
