@@ -15,7 +15,13 @@ and prints each step's milliseconds and its ratio to float32, all measured in on
 shape's weight is one tensor timed again and again, so the small ones stay in cache: float32
 is favoured against what a whole model streaming from memory sees.
 
+With ``--vnni`` it prints instead, for each SmolLM2 shape, int8 and int4, the kernel's float
+build (x as given: ``INFERGRID_CPU_KERNEL=avx512``) beside its VNNI build (x quantized to
+int8 per block of 32, integer dot products: ``auto`` on a CPU with VNNI), in microseconds per
+matmul, and the float time over the VNNI time.
+
     .venv/bin/python bench/quantized_matmul.py [--threads N] [--rows 1,64]
+    .venv/bin/python bench/quantized_matmul.py --vnni [--threads N] [--rows 1,4,16,64]
 """
 
 from __future__ import annotations
@@ -39,9 +45,16 @@ from batching_engine.model.quantization import (
 )
 
 # SmolLM2-135M: hidden 576, 9 query and 3 KV heads of 64, MLP 1536, 30 layers, vocab 49152.
-LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down
 LAYERS = 30
 VOCAB, HIDDEN = 49152, 576
+NAMED_SHAPES = {  # [out, in]
+    "qkv": (960, 576),
+    "o": (576, 576),
+    "gate_up": (3072, 576),
+    "down": (576, 1536),
+    "head": (VOCAB, HIDDEN),
+}
+LAYER_SHAPES = [NAMED_SHAPES[name] for name in ("qkv", "o", "gate_up", "down")]
 
 
 def seconds(run: Callable[[], object], budget: float = 1.0) -> float:
@@ -117,10 +130,55 @@ def step_ms(rows: int) -> dict[str, float]:
     return total
 
 
+def build_us(build: str, row_counts: list[int]) -> dict[tuple[str, str, int], float]:
+    """Microseconds per matmul of the kernel built as `build` (an INFERGRID_CPU_KERNEL value),
+    per (shape name, mode, rows): each weight packed for that build."""
+    os.environ[cpu_build.ENV_VAR] = build
+    cpu_build.clear_cache()
+    times = {}
+    with torch.inference_mode():
+        for name, (out_features, in_features) in NAMED_SHAPES.items():
+            weight = torch.randn(out_features, in_features)
+            packed = {
+                "int8": cpu_quantized_matmul.pack_int8(*quantize_int8_rows(weight)),
+                "int4": cpu_quantized_matmul.pack_int4(*quantize_int4_rows(weight)),
+            }
+            for mode, weights in packed.items():
+                for rows in row_counts:
+                    x = torch.randn(rows, in_features)
+                    run = lambda x=x, w=weights: cpu_quantized_matmul.matmul(x, w)  # noqa: E731
+                    times[name, mode, rows] = seconds(run, budget=0.3) * 1e6
+    return times
+
+
+def vnni_table(row_counts: list[int]) -> None:
+    """The float build beside the VNNI build, per shape, mode and row count."""
+    vnni = cpu_build.target()
+    if vnni not in cpu_build.FLOAT_TWIN:
+        raise SystemExit(f"no VNNI build on this CPU (auto builds {vnni}): nothing to compare")
+    plain = cpu_build.FLOAT_TWIN[vnni].lower()
+    saved = os.environ.get(cpu_build.ENV_VAR)
+    try:
+        floats, integers = build_us(plain, row_counts), build_us(vnni.lower(), row_counts)
+    finally:
+        os.environ.pop(cpu_build.ENV_VAR)
+        if saved is not None:
+            os.environ[cpu_build.ENV_VAR] = saved
+        cpu_build.clear_cache()
+    print(f"us per matmul: {plain} (float x) vs {vnni.lower()} (int8 x), ratio = float / vnni")
+    print("   shape       n x k mode rows     float      vnni  ratio")
+    for (name, mode, rows), spent in floats.items():
+        n, k = NAMED_SHAPES[name]
+        fast = integers[name, mode, rows]
+        print(f"{name:>8} {f'{n}x{k}':>11} {mode:>4} {rows:>4} {spent:9.1f} {fast:9.1f}"
+              f" {spent / fast:5.2f}x")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--rows", default="1,64", help="decode batch sizes to time")
+    parser.add_argument("--rows", help="batch sizes to time (default 1,64; --vnni: 1,4,16,64)")
+    parser.add_argument("--vnni", action="store_true", help="the kernel's float vs VNNI build")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -129,8 +187,13 @@ def main() -> None:
         raise SystemExit(f"the engine's CPU quantized kernel is unavailable here: {missing}")
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()},"
-          f" {torch.get_num_threads()} threads; SmolLM2-135M decode-step matmuls, ms")  # fmt: skip
-    for rows in (int(r) for r in args.rows.split(",")):
+          f" kernel {cpu_build.target()}, {torch.get_num_threads()} threads")  # fmt: skip
+    row_counts = [int(r) for r in (args.rows or ("1,4,16,64" if args.vnni else "1,64")).split(",")]
+    if args.vnni:
+        vnni_table(row_counts)
+        return
+    print("SmolLM2-135M decode-step matmuls, ms")
+    for rows in row_counts:
         total = step_ms(rows)
         base = total["float32"]
         cells = "  ".join(f"{name} {ms:8.1f} ({ms / base:5.2f}x)" for name, ms in total.items())

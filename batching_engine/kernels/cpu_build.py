@@ -8,10 +8,15 @@ each library is linked against libgomp, which resolves to the copy torch has alr
 so they share torch's thread pool (and `torch.set_num_threads`) instead of competing with it.
 
 Each source is built at first use, in about a second, into the cache (`$INFERGRID_CACHE_DIR`,
-else ~/.cache/infergrid) under a name holding the hash of its text and flags, for the
-instruction set torch reports: AVX-512 or AVX2. `INFERGRID_CPU_KERNEL=auto|avx2|off` forces
-the AVX2 build, or none (tests and benchmarks compare them). Where a library cannot be built
-(no AVX2, no C compiler, an ARM CPU) `load` says why, and its callers keep their torch path.
+else ~/.cache/infergrid) under a name holding the hash of its text and flags, for one of
+`TARGETS`: AVX-512 or AVX2, each with VNNI (integer dot products: the quantized matmul then
+quantizes its activations to int8) or without. `auto` takes the first the CPU runs, in
+`TARGETS`' order: torch's capability (AVX512 or AVX2) says which vector width, and the CPU's
+flags (/proc/cpuinfo) whether it has VNNI, which torch's capability does not tell.
+`INFERGRID_CPU_KERNEL=auto|avx512_vnni|avx512|avx2_vnni|avx2|off` forces one build, or none
+(tests and benchmarks compare them). Where a library cannot be built (no AVX2, no C compiler,
+an ARM CPU, a forced build the CPU cannot run) `load` says why, and its callers keep their
+torch path.
 """
 
 from __future__ import annotations
@@ -24,19 +29,37 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 import torch
 
 ENV_VAR: Final = "INFERGRID_CPU_KERNEL"
-CHOICES: Final = ("auto", "avx2", "off")
 _FLAGS: Final = ("-O3", "-fopenmp", "-shared", "-fPIC", "-mavx2", "-mfma")
-# Per torch's CPU capability: the instruction set to build for, and its vector width in floats.
+_AVX512: Final = ("-DWIDTH=16", "-mavx512f", "-mavx512bw", "-mavx512vl")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A build: its compiler flags (WIDTH: floats a vector holds), and what the CPU needs to
+    run it: torch's capability and, for VNNI, a /proc/cpuinfo flag."""
+
+    flags: tuple[str, ...]
+    capabilities: tuple[str, ...]
+    cpu_flag: str | None = None
+
+
+# `auto` takes the first the CPU runs; INFERGRID_CPU_KERNEL names one by its lower-cased key.
 TARGETS: Final = {
-    "AVX2": ("-DWIDTH=8",),
-    "AVX512": ("-DWIDTH=16", "-mavx512f", "-mavx512bw", "-mavx512vl"),
+    "AVX512_VNNI": Target((*_AVX512, "-mavx512vnni", "-DVNNI=1"), ("AVX512",), "avx512_vnni"),
+    "AVX512": Target(_AVX512, ("AVX512",)),
+    "AVX2_VNNI": Target(("-DWIDTH=8", "-mavxvnni", "-DVNNI=1"), ("AVX2", "AVX512"), "avx_vnni"),
+    "AVX2": Target(("-DWIDTH=8",), ("AVX2", "AVX512")),
 }
+CHOICES: Final = ("auto", *(name.lower() for name in TARGETS), "off")
+# Each VNNI build's float twin: same width, x multiplied as given (tests and bench compare).
+FLOAT_TWIN: Final = {"AVX512_VNNI": "AVX512", "AVX2_VNNI": "AVX2"}
 
 
 def cache_dir() -> Path:
@@ -45,14 +68,40 @@ def cache_dir() -> Path:
 
 
 def target() -> str | None:
-    """The build to use (a `TARGETS` key), or None with the switch off or no AVX2."""
+    """The build to use (a `TARGETS` key), or None: switched off, or not one the CPU runs."""
+    choice = _choice()
+    if choice == "off":
+        return None
+    if choice != "auto":
+        return choice.upper() if runs(choice.upper()) else None
+    return next((name for name in TARGETS if runs(name)), None)
+
+
+def runs(name: str) -> bool:
+    """Whether this CPU runs build `name` (a `TARGETS` key)."""
+    build = TARGETS[name]
+    capability = torch.backends.cpu.get_cpu_capability()
+    return capability in build.capabilities and (
+        build.cpu_flag is None or build.cpu_flag in cpu_flags()
+    )
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (none elsewhere: no VNNI build then)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def _choice() -> str:
     choice = os.environ.get(ENV_VAR, "auto").strip().lower()
     if choice not in CHOICES:
         raise ValueError(f"{ENV_VAR}: {choice!r} is not one of {', '.join(CHOICES)}")
-    capability = torch.backends.cpu.get_cpu_capability()
-    if choice == "off" or capability not in TARGETS:
-        return None
-    return "AVX2" if choice == "avx2" else capability
+    return choice
 
 
 Declare = Callable[[ctypes.CDLL], None]
@@ -64,13 +113,22 @@ def load(source: Path, declare: Declare, extra_flags: tuple[str, ...] = ()) -> c
     it cannot be. Decided once per process: a dictionary lookup on every later call."""
     chosen = target()
     if chosen is None:
-        if os.environ.get(ENV_VAR, "").strip().lower() == "off":
-            return f"{ENV_VAR}=off"
-        return f"the CPU has no AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
-    library = _load(source, (*_FLAGS, *TARGETS[chosen], *extra_flags))
+        return _why_none()
+    library = _load(source, (*_FLAGS, *TARGETS[chosen].flags, *extra_flags))
     if not isinstance(library, str):
         declare(library)
     return library
+
+
+def _why_none() -> str:
+    choice, capability = _choice(), torch.backends.cpu.get_cpu_capability()
+    if choice == "off":
+        return f"{ENV_VAR}=off"
+    if choice == "auto":
+        return f"the CPU has no AVX2 (torch reports {capability})"
+    build = TARGETS[choice.upper()]
+    needs = " and ".join(filter(None, (build.capabilities[0], build.cpu_flag)))
+    return f"{ENV_VAR}={choice} needs {needs}; torch reports {capability}"
 
 
 def _load(source: Path, flags: tuple[str, ...]) -> ctypes.CDLL | str:

@@ -2,7 +2,8 @@
 
 Decoding one token reads every weight once, so a step takes about as long as its weights take
 to stream from memory. Keeping them as int8 halves that against bfloat16 (quarters it against
-float32); int4 halves it again. Activations stay in the model's dtype.
+float32); int4 halves it again. Activations stay in the model's dtype, except in the CPU
+kernel's VNNI builds, which round them to int8 per block of 32 as llama.cpp does (below).
 
 - int8: symmetric, one scale per output row (`w = q * scale`, q in -127..127);
 - int4: asymmetric in groups of 32 along the input (`w = q * scale + min`, q in 0..15): exactly
@@ -13,9 +14,13 @@ On CUDA the products are torch's kernels, which dequantize inside the matmul:
 torch's fused kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) took 6-8x (int8)
 and 16-19x (int4) float32's time for one SmolLM2 decode step's matmuls at one row, and 86-99x
 and 175-190x at 64 rows, on a 2-core AVX-512 EPYC (bench/quantized_matmul.py). So the CPU
-path is this project's own kernel (`batching_engine.kernels.cpu_quantized_matmul`, AVX2 or
-AVX-512), which reads the codes directly for few rows and converts each strip once for many:
-0.3x float32's time at one row, 1.0x at 64. Where that kernel cannot be built, a layer
+path is this project's own kernel (`batching_engine.kernels.cpu_quantized_matmul`). Its float
+builds (AVX2, AVX-512) read the codes directly for few rows and convert each strip once for
+many: 0.3x float32's time at one row, 1.0x at 64. Its VNNI builds (AVX-512 VNNI, AVX-VNNI),
+which `auto` picks where the CPU has them, multiply int8 codes of x by the weight's codes with
+integer dot products: 1.2-3x faster again at one row and 2.4-3.4x at 64 (int8 x costs SmolLM2
+under 1% perplexity against float x, `tests/batching_engine/test_quantization.py`). Where no
+build can run, a layer
 dequantizes its rows into a scratch buffer, a few MiB reused by every layer, and multiplies
 through the same oneDNN linear as float32 (2.5-4x float32's time at one row, 1.5x at 64).
 
