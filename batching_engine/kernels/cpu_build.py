@@ -108,13 +108,19 @@ Declare = Callable[[ctypes.CDLL], None]
 
 
 @functools.cache
-def load(source: Path, declare: Declare, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
+def load(
+    source: Path,
+    declare: Declare,
+    extra_flags: tuple[str, ...] = (),
+    includes: tuple[Path, ...] = (),
+) -> ctypes.CDLL | str:
     """`source` built for `target()`, loaded, and its functions' types set by `declare`; or why
-    it cannot be. Decided once per process: a dictionary lookup on every later call."""
+    it cannot be. `includes`: the sources it `#include`s, whose text names the build too, so
+    that editing one rebuilds it. Decided once per process: a dictionary lookup later."""
     chosen = target()
     if chosen is None:
         return _why_none()
-    library = _load(source, (*_FLAGS, *TARGETS[chosen].flags, *extra_flags))
+    library = _load(source, (*_FLAGS, *TARGETS[chosen].flags, *extra_flags), includes)
     if not isinstance(library, str):
         declare(library)
     return library
@@ -131,11 +137,12 @@ def _why_none() -> str:
     return f"{ENV_VAR}={choice} needs {needs}; torch reports {capability}"
 
 
-def _load(source: Path, flags: tuple[str, ...]) -> ctypes.CDLL | str:
+def _load(source: Path, flags: tuple[str, ...], includes: tuple[Path, ...]) -> ctypes.CDLL | str:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return "no C compiler (cc or gcc) to build it with"
-    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    text = b"".join(path.read_bytes() for path in (source, *includes))
+    digest = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
     built = cache_dir() / f"{source.stem}-{digest}.so"
     if not built.exists():
         error = _build(compiler, source, flags, built)

@@ -6,7 +6,9 @@
    They compute what the torch references in rmsnorm.py, rotary.py, kv_cache_write.py and
    decode_attention.py compute. Built with -ffp-contract=off, the rotary and the KV write are
    bitwise the references'; the norm and attention sum in their own order, within float32
-   rounding of torch's. (The MLP's gate stays torch's: its vectorised exp beats a scalar one.)
+   rounding of torch's. (The modules' MLP gate stays torch's: its vectorised exp beats a
+   scalar one.) cpu_decode_step.c includes this file: it runs these, the projections and a
+   vectorised gate of its own for every layer of a decode step in one call.
 
    Every function checks the indices it is given against the sizes it is told and returns
    nonzero, writing nothing out of bounds, when one is outside them. */
@@ -55,27 +57,32 @@ int write_kv(const float *key, int64_t key_stride, const float *value, int64_t v
     return 0;
 }
 
+/* One row of `add_rmsnorm`: out = rmsnorm(x + residual) * weight, sum = x + residual
+   (residual may be NULL). Any of out, sum and x may be the same row: each element is read
+   before it is written, so a row can be normed in place. */
+static void norm_row(const float *x, const float *residual, const float *weight, int64_t hidden,
+                     float eps, float *out, float *sum) {
+    float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t i = 0; i < hidden; i++) {
+        float v = residual ? x[i] + residual[i] : x[i];
+        sum[i] = v;
+        squares += v * v;
+    }
+    float inverse = 1.0f / sqrtf(squares / (float)hidden + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < hidden; i++) out[i] = weight[i] * (sum[i] * inverse);
+}
+
 /* out = rmsnorm(x + residual) * weight and residual_out = x + residual, per row of `hidden`
    (x and residual rows `x_stride` and `residual_stride` apart; residual may be NULL). */
 void add_rmsnorm(const float *x, int64_t x_stride, const float *residual,
                  int64_t residual_stride, const float *weight, int64_t rows, int64_t hidden,
                  float eps, float *out, float *residual_out) {
 #pragma omp parallel for if (rows >= 16) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * x_stride;
-        const float *rr = residual ? residual + r * residual_stride : NULL;
-        float *o = out + r * hidden, *sum = residual_out + r * hidden;
-        float squares = 0.0f;
-#pragma omp simd reduction(+ : squares)
-        for (int64_t i = 0; i < hidden; i++) {
-            float v = rr ? xr[i] + rr[i] : xr[i];
-            sum[i] = v;
-            squares += v * v;
-        }
-        float inverse = 1.0f / sqrtf(squares / (float)hidden + eps);
-#pragma omp simd
-        for (int64_t i = 0; i < hidden; i++) o[i] = weight[i] * (sum[i] * inverse);
-    }
+    for (int64_t r = 0; r < rows; r++)
+        norm_row(x + r * x_stride, residual ? residual + r * residual_stride : NULL, weight,
+                 hidden, eps, out + r * hidden, residual_out + r * hidden);
 }
 
 static float dot(const float *a, const float *b, int64_t n) {

@@ -167,10 +167,15 @@ def unpack_int8_rows(weight: PackedWeight, rows: torch.Tensor) -> torch.Tensor:
     return (codes.reshape(len(rows), -1)[:, : weight.k] ^ 0x80).view(torch.int8)
 
 
+def layout(weight: PackedWeight) -> tuple[int, bool]:
+    """(strip, vnni): the layout a weight was packed in, which the loaded build must read."""
+    return weight.codes.shape[-1 - weight.vnni], weight.vnni
+
+
 def matmul(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
     """x [..., k] float32 @ the packed weight's [n, k] transposed: [..., n]."""
     library = _ready()
-    packed_for = (weight.codes.shape[-1 - weight.vnni], weight.vnni)
+    packed_for = layout(weight)
     reads = (library.quantized_matmul_strip(), bool(library.quantized_matmul_vnni()))
     if packed_for != reads:
         raise RuntimeError(

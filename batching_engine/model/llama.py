@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from batching_engine.kernels import dispatch
+from batching_engine.kernels import cpu_decode_step, dispatch
 from batching_engine.model.attention import (
     DenseAttentionMetadata,
     PagedAttentionMetadata,
@@ -200,8 +200,24 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
         kv_caches: list[KVCache] | None = None,
     ) -> torch.Tensor:
-        """input_ids: [num_tokens]; returns the normed hidden states, [num_tokens, hidden]."""
-        hidden, residual = self.embed_tokens(input_ids), None
+        """input_ids: [num_tokens]; returns the normed hidden states, [num_tokens, hidden]. A
+        decode-only step on the CPU runs its layers in one native call where it can
+        (`cpu_decode_step`), else through `run_layers`."""
+        hidden = self.embed_tokens(input_ids)
+        native = cpu_decode_step.native_step(self, hidden, meta, kv_caches)
+        if native is not None:
+            return native(hidden, meta)
+        return self.run_layers(hidden, meta, kv_caches)
+
+    def run_layers(
+        self,
+        hidden: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache] | None = None,
+    ) -> torch.Tensor:
+        """The embedded tokens through every layer and the final norm, module by module: the
+        path of every step but a native one, and its reference."""
+        residual = None
         for index, layer in enumerate(self.layers):
             cache = kv_caches[index] if kv_caches else None
             hidden, residual = layer(hidden, residual, self.rope_of(index), meta, cache)
