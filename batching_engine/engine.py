@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from batching_engine.block_manager import BlockManager
 from batching_engine.config import EngineConfig
@@ -19,6 +19,9 @@ from batching_engine.errors import InvalidRequestError
 from batching_engine.scheduler import ScheduledBatch, Scheduler
 from batching_engine.sequence import FinishReason, SamplingParams, Sequence
 from batching_engine.stop import StopWatch, TextStream
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Runner(Protocol):
@@ -30,6 +33,7 @@ class Runner(Protocol):
     """
 
     num_kv_blocks: int
+    device: torch.device  # picks the step budget where the config leaves it to the device
     # Whether the cache's memory is committed only as blocks are first written (the CPU's):
     # then the block manager reuses blocks used before first (`BlockManager.touched_first`).
     kv_cache_commits_lazily: bool
@@ -68,17 +72,17 @@ class LLMEngine:
         eos_token_ids: Iterable[int],
         detokenizer: Callable[[], TextStream] | None = None,
     ) -> None:
-        self.config = config
+        self.config = config.for_device(runner.device.type)
         self.runner = runner
         self.eos_token_ids = frozenset(eos_token_ids)
         self.detokenizer = detokenizer  # a new output text stream, for stop strings
         self.block_manager = BlockManager(
             runner.num_kv_blocks,
-            config.block_size,
-            config.enable_prefix_caching,
+            self.config.block_size,
+            self.config.enable_prefix_caching,
             touched_first=runner.kv_cache_commits_lazily,
         )
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.scheduler = Scheduler(self.config, self.block_manager)
         self.stats = EngineStats()
         self._stop_watches: dict[int, StopWatch] = {}  # by seq id
 

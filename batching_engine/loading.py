@@ -132,6 +132,7 @@ def _runner(
     if choice.is_cuda:
         total = torch.cuda.get_device_properties(torch.device(device)).total_memory
     log.info("device %s (%s): %s", device, settings.dtype or choice.dtype, choice.reason)
+    engine_config = engine_config.for_device(torch.device(device).type)
     budget = resolve_memory_budget(
         device=device,
         environ=os.environ,

@@ -86,7 +86,7 @@ def test_defaults_are_filled_in(cluster, namespace, infsvc_crd):
     # No image default: the operator's engineImage setting applies to a spec that names none.
     assert spec["engine"] == {
         "maxNumSeqs": 64,
-        "maxNumBatchedTokens": 4096,
+        "maxNumBatchedTokens": 0,
         "maxModelLen": 2048,
         "blockSize": 16,
         "maxBatchSize": 32,

@@ -45,13 +45,19 @@ class Runtime:
     command: tuple[str, ...] = ()
 
 
+def _step_tokens(flag: str, engine: Mapping[str, Any]) -> list[str]:
+    """The runtime's flag for a step's tokens; none for 0, which leaves it to the runtime."""
+    tokens = engine["maxNumBatchedTokens"]
+    return [flag, str(tokens)] if tokens else []
+
+
 def _llama_cpp_args(path: str, name: str, engine: Mapping[str, Any]) -> list[str]:
     """llama-server: one context holds every parallel slot, so its size is slots x length."""
     slots, length = engine["maxNumSeqs"], engine["maxModelLen"]
     return [
         "--model", path, "--alias", name, "--host", "0.0.0.0", "--port", str(LLAMA_CPP_PORT),
         "--metrics", "--parallel", str(slots), "--ctx-size", str(slots * length),
-        "--batch-size", str(engine["maxNumBatchedTokens"]),
+        *_step_tokens("--batch-size", engine),
     ]  # fmt: skip
 
 
@@ -61,7 +67,7 @@ def _vllm_args(path: str, name: str, engine: Mapping[str, Any]) -> list[str]:
         "--port", str(VLLM_PORT),
         "--max-num-seqs", str(engine["maxNumSeqs"]),
         "--max-model-len", str(engine["maxModelLen"]),
-        "--max-num-batched-tokens", str(engine["maxNumBatchedTokens"]),
+        *_step_tokens("--max-num-batched-tokens", engine),
         "--block-size", str(engine["blockSize"]),
         "--gpu-memory-utilization", str(engine["gpuMemoryUtilization"]),
     ]  # fmt: skip
@@ -73,7 +79,7 @@ def _sglang_args(path: str, name: str, engine: Mapping[str, Any]) -> list[str]:
         "--port", str(SGLANG_PORT), "--enable-metrics",
         "--max-running-requests", str(engine["maxNumSeqs"]),
         "--context-length", str(engine["maxModelLen"]),
-        "--chunked-prefill-size", str(engine["maxNumBatchedTokens"]),
+        *_step_tokens("--chunked-prefill-size", engine),
         "--mem-fraction-static", str(engine["gpuMemoryUtilization"]),
     ]  # fmt: skip
 

@@ -128,8 +128,10 @@ def check_integer(value: object, where: str, low: int, high: int) -> None:
 ENGINE_SETTINGS: Final = (
     EngineSetting("maxNumSeqs", "max_num_seqs", int, 64, "--max-num-seqs",
                   "sequences generated together", True, 1, 4096),
-    EngineSetting("maxNumBatchedTokens", "max_num_batched_tokens", int, 4096,
-                  "--max-num-batched-tokens", "tokens per step", True, 16, 1048576),
+    EngineSetting("maxNumBatchedTokens", "max_num_batched_tokens", int, 0,
+                  "--max-num-batched-tokens",
+                  "tokens per step (0: the device's default, 4096 on a GPU and 512 on the CPU)",
+                  True, 0, 1048576),
     EngineSetting("maxModelLen", "max_model_len", int, 2048, "--max-model-len",
                   "longest prompt + output, in tokens", True, 16, 1048576),
     EngineSetting("blockSize", "block_size", int, 16, "--block-size",

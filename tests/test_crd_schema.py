@@ -144,7 +144,7 @@ CONTRACT_DEFAULTS = {
     "spec.model.format": "huggingface",
     "spec.model.task": "text-generation",
     "spec.engine.maxNumSeqs": 64,
-    "spec.engine.maxNumBatchedTokens": 4096,
+    "spec.engine.maxNumBatchedTokens": 0,
     "spec.engine.maxModelLen": 2048,
     "spec.engine.blockSize": 16,
     "spec.engine.maxBatchSize": 32,

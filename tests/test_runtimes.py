@@ -41,6 +41,19 @@ def test_each_setting_a_runtime_honours_reaches_its_flag(runtime, flags):
     assert flag(args, "--port") == str(RUNTIMES[runtime].port)
 
 
+STEP_FLAGS = {"llama.cpp": "--batch-size", "vllm": "--max-num-batched-tokens",
+              "sglang": "--chunked-prefill-size"}  # fmt: skip
+
+
+@pytest.mark.parametrize("runtime", sorted(STEP_FLAGS))
+def test_a_step_budget_reaches_the_runtime_and_0_leaves_it_to_the_runtime(runtime):
+    """maxNumBatchedTokens 0 (the CRD's default) is the bundled engine's device default;
+    another runtime then keeps its own default rather than get ours."""
+    asked = read_crd_engine({"maxNumSeqs": 8, "maxNumBatchedTokens": 1024}, "spec.engine")
+    assert flag(RUNTIMES[runtime].args("/models/m", "m", asked), STEP_FLAGS[runtime]) == "1024"
+    assert STEP_FLAGS[runtime] not in RUNTIMES[runtime].args("/models/m", "m", ENGINE)
+
+
 @pytest.mark.parametrize(
     ("runtime", "key"),
     [("llama.cpp", "quantization"), ("llama.cpp", "blockSize"), ("sglang", "blockSize"),

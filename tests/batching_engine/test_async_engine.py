@@ -11,6 +11,7 @@ import asyncio
 import threading
 
 import pytest
+import torch
 
 from batching_engine.async_engine import AsyncEngine
 from batching_engine.config import EngineConfig
@@ -26,6 +27,7 @@ TOKEN = 7
 class ScriptedRunner:
     num_kv_blocks = 64
     kv_cache_commits_lazily = False
+    device = torch.device("cpu")  # a CPU step budget where the config leaves it
 
     def __init__(self) -> None:
         self.fail_next = False

@@ -31,10 +31,29 @@ def load(tmp_path: Path, doc: object) -> tuple[ServingFile, EngineConfig]:
     return served, engine_config(served.engine, {})
 
 
+@pytest.mark.parametrize(
+    ("asked", "device", "budget"),
+    [({}, "cpu", 512), ({}, "cuda", 4096), ({"max_num_seqs": 1024}, "cpu", 1024),
+     ({"max_num_batched_tokens": 128}, "cuda", 128),
+     ({"max_num_batched_tokens": 8192}, "cpu", 8192)],
+)  # fmt: skip
+def test_a_step_budget_left_at_0_is_the_devices_and_fits_every_decode(asked, device, budget):
+    config = EngineConfig(**asked).for_device(device)
+    assert config.max_num_batched_tokens == budget
+    assert config.for_device(device) == config
+
+
+def test_a_step_budget_given_is_held_to_the_decodes_it_must_fit():
+    with pytest.raises(ConfigError) as caught:
+        EngineConfig(max_num_seqs=256, max_num_batched_tokens=128)
+    assert "max_num_batched_tokens" in str(caught.value)
+    EngineConfig(max_num_seqs=256)  # 0: the device's, raised to fit (above)
+
+
 def test_defaults_match_the_crd():
     config = EngineConfig()
     assert (config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len) == (
-        64, 4096, 2048,
+        64, 0, 2048,
     )  # fmt: skip
     assert (config.block_size, config.max_queue_size, config.queue_timeout_s) == (16, 256, 60.0)
     assert config.enable_prefix_caching and config.priority_levels == 2

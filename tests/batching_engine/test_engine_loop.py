@@ -10,6 +10,7 @@ what `reference` computes from the token ids alone.
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +33,7 @@ class KVRunner:
     """
 
     kv_cache_commits_lazily = False
+    device = torch.device("cpu")  # a CPU step budget where the config leaves it
 
     def __init__(self, num_kv_blocks: int, block_size: int) -> None:
         self.num_kv_blocks = num_kv_blocks
