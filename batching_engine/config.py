@@ -149,6 +149,7 @@ class Settings:
     device: str = AUTO
     dtype: str | None = None
     kv_cache_memory: str | None = None
+    kv_cache_dtype: str = "auto"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     cpu_threads: int | None = None  # None: every usable CPU
@@ -177,6 +178,9 @@ PROCESS_SETTINGS: Final = (
     Setting("dtype", "dtype", choice(DTYPES), f"one of {', '.join(DTYPES)}"),
     Setting("kvCacheMemory", "kv_cache_memory", text,
             "KV-cache size on CPU (or a cap on GPU), e.g. 1GiB"),
+    Setting("kvCacheDtype", "kv_cache_dtype", choice(("auto", *DTYPES)),
+            "auto (float16 for a float32 model on the CPU, else the model's dtype) or one of "
+            f"{', '.join(DTYPES)}"),
     Setting("maxBodyBytes", "max_body_bytes", whole(1), "largest request body"),
     Setting("readTimeoutS", "read_timeout_s", number(0.01, 3600),
             "seconds a client may take to send a request, headers and body (a 408 after "

@@ -23,9 +23,11 @@ from batching_engine.async_engine import AsyncEngine
 from batching_engine.config import EngineConfig, Settings
 from batching_engine.device import DeviceChoice, choose_device
 from batching_engine.engine import LLMEngine
+from batching_engine.kernels import dispatch
 from batching_engine.memory_budget import resolve_memory_budget
 from batching_engine.metrics import EngineMetrics
 from batching_engine.model.config import ModelConfig, model_config_from_dir
+from batching_engine.model.kv_cache import kv_cache_dtype
 from batching_engine.model.quantization import resolve_quantization
 from batching_engine.model_runner import ModelRunner
 from batching_engine.model_source import resolve_model_dir
@@ -145,10 +147,14 @@ def _runner(
         engine_config.quantization, model_dir, torch.device(device)
     )
     log.info("weights: %s (%s)", quantization, why)
+    dtype = settings.dtype or choice.dtype
+    kv_dtype = served_kv_cache_dtype(settings.kv_cache_dtype, device, dtype)
+    log.info("KV cache in %s (--kv-cache-dtype %s)", kv_dtype, settings.kv_cache_dtype)
     kwargs = {
         "model_dir": model_dir,
         "device": device,
-        "dtype": settings.dtype or choice.dtype,
+        "dtype": dtype,
+        "kv_cache_dtype": kv_dtype,
         "block_size": engine_config.block_size,
         "kv_cache_memory_bytes": budget.kv_cache_bytes,
         "memory_budget_bytes": budget.total_bytes,
@@ -166,6 +172,16 @@ def _runner(
     except BaseException:
         workers.close()
         raise
+
+
+def served_kv_cache_dtype(asked: str, device: str, dtype: str) -> str:
+    """The KV cache's dtype: as asked, or for `auto` `kv_cache_dtype`'s choice for the device
+    (float16 for a float32 model on the CPU, unless Triton's kernels are forced there)."""
+    if asked != "auto":
+        return asked
+    triton = dispatch.kernel_backend() == "triton"
+    chosen = kv_cache_dtype(torch.device(device), getattr(torch, dtype), triton)
+    return str(chosen).removeprefix("torch.")
 
 
 def tensor_parallel_size(asked: int, choice: DeviceChoice, cuda_devices: int) -> int:

@@ -82,6 +82,7 @@ class ModelRunner:
         *,
         device: str = "cpu",
         dtype: torch.dtype | str = torch.float32,
+        kv_cache_dtype: torch.dtype | str | None = None,  # None: the model's dtype
         block_size: int = 16,
         kv_cache_memory_bytes: int | None = None,
         memory_budget_bytes: int | None = None,
@@ -107,7 +108,8 @@ class ModelRunner:
         pack_linears(self.model, max_num_seqs)  # CPU float32 only: the decode batch's rows
         self.max_model_len = _max_model_len(self.config, max_model_len)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.kv_layout = KVCacheLayout.for_model(self.config, block_size, self.dtype, tp)
+        kv_dtype = _dtype(kv_cache_dtype) if kv_cache_dtype is not None else self.dtype
+        self.kv_layout = KVCacheLayout.for_model(self.config, block_size, kv_dtype, tp)
         self.kv_caches: KVCaches = []
         self.num_kv_blocks = 0
         self.kv_cache_commits_lazily = self.device.type == "cpu"  # see `KVCacheLayout.allocate`

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from batching_engine.kernels import cpu_decode_step
+from batching_engine.model.kv_cache import kv_cache_dtype
 from batching_engine.model.step_metadata import paged_metadata
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams, Sequence
@@ -79,6 +80,7 @@ def measure(mode: str, batch: int, steps: int) -> dict[str, float]:
     runner = ModelRunner(
         smollm2_model(), kv_cache_memory_bytes=512 << 20, max_model_len=2048,
         max_num_seqs=max(batch, 1), quantization=mode,
+        kv_cache_dtype=kv_cache_dtype(torch.device("cpu"), torch.float32),  # the served choice
     )  # fmt: skip
     seqs = prefilled(runner, batch)
     paths = step_paths(runner, seqs)

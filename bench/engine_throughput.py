@@ -59,6 +59,7 @@ import transformers
 from batching_engine.config import EngineConfig
 from batching_engine.engine import LLMEngine
 from batching_engine.model.gguf_import import import_gguf
+from batching_engine.model.kv_cache import kv_cache_dtype
 from batching_engine.model.layers import Linear, linear
 from batching_engine.model_runner import ModelRunner
 from batching_engine.sequence import SamplingParams, Sequence
@@ -348,7 +349,9 @@ def running_engine(path: Path, config: EngineConfig, quantization: str, tp: int)
               "kv_cache_memory_bytes": KV_CACHE_BYTES, "max_model_len": config.max_model_len,
               "max_num_seqs": config.max_num_seqs,
               "max_num_batched_tokens": config.max_num_batched_tokens,
-              "quantization": quantization}  # fmt: skip
+              "quantization": quantization,
+              # the served engine's choice (`--kv-cache-dtype auto`)
+              "kv_cache_dtype": kv_cache_dtype(torch.device("cpu"), DTYPE)}  # fmt: skip
     threads = torch.get_num_threads()
     workers = None
     if tp > 1:

@@ -173,12 +173,14 @@ def context_slots(
     return blocks * block_size + positions % block_size, visible
 
 
-def gather_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """The cache rows at `slots` (`[num_seqs, length]`): `[num_seqs, length, num_kv_heads,
-    head_dim]`. One row copy per token from a 2-D view, several times faster than indexing
-    the 4-D cache."""
+def gather_slots(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The cache rows at `slots` (`[num_seqs, length]`) in `dtype` (the query's: a float16
+    cache under a float32 model, the engine's on the CPU, is widened after the gather, which
+    reads half the bytes): `[num_seqs, length, num_kv_heads, head_dim]`. One row copy per
+    token from a 2-D view, several times faster than indexing the 4-D cache."""
     rows = cache.reshape(-1, cache.shape[2] * cache.shape[3])
-    return F.embedding(slots, rows).view(*slots.shape, cache.shape[2], cache.shape[3])
+    gathered = F.embedding(slots, rows).view(*slots.shape, cache.shape[2], cache.shape[3])
+    return gathered.to(dtype)
 
 
 def attention(

@@ -5,14 +5,21 @@
 
    They compute what the torch references in rmsnorm.py, rotary.py, kv_cache_write.py and
    decode_attention.py compute. Built with -ffp-contract=off, the rotary and the KV write are
-   bitwise the references'; the norm and attention sum in their own order, within float32
-   rounding of torch's. (The modules' MLP gate stays torch's: its vectorised exp beats a
+   bitwise the references'; the norm and attention sum in their own order, and the softmax
+   takes a vectorised exp (`exp_poly`), within float32 rounding of torch's. (The modules' MLP gate stays torch's: its vectorised exp beats a
    scalar one.) cpu_decode_step.c includes this file: it runs these, the projections and a
    vectorised gate of its own for every layer of a decode step in one call.
 
    Every function checks the indices it is given against the sizes it is told and returns
-   nonzero, writing nothing out of bounds, when one is outside them. */
+   nonzero, writing nothing out of bounds, when one is outside them.
 
+   The KV caches hold float32 or, with `half`, float16 (IEEE binary16, torch's float16): the
+   engine keeps float16 on the CPU (model/kv_cache.py), half the bytes to hold and to read; the
+   float32 caches of tests and of a model computing in float16 elsewhere still work. The
+   conversions are F16C's: storing rounds to nearest even, as torch's `.half()` does, and
+   reading widens exactly, so the attention is the reference's over the same float16 cache. */
+
+#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,17 +49,50 @@ int rotary(const int64_t *positions, int64_t tokens, const float *x, int64_t x_s
     return 0;
 }
 
-/* Copy each token's key and value row (`row` floats; rows `key_stride` and `value_stride`
-   apart) into cache slot `slots[t]` of caches with `num_slots` rows; slot -1 skips. */
+static void to_half(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+static void from_half(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
+}
+
+/* Store `n` floats as row `index` of a cache of float32 or (`half`) float16 rows. */
+static void store_row(const float *src, void *cache, int half, int64_t index, int64_t n) {
+    if (half)
+        to_half(src, (uint16_t *)cache + index * n, n);
+    else
+        memcpy((float *)cache + index * n, src, sizeof(float) * n);
+}
+
+/* Row `index` of `n` floats of a cache: a pointer into a float32 one, or a float16 one's row
+   widened into `buffer`. */
+static const float *cache_row(const void *cache, int half, int64_t index, int64_t n,
+                              float *buffer) {
+    if (!half) return (const float *)cache + index * n;
+    from_half((const uint16_t *)cache + index * n, buffer, n);
+    return buffer;
+}
+
+/* Store each token's key and value row (`row` floats; rows `key_stride` and `value_stride`
+   apart) into cache slot `slots[t]` of caches with `num_slots` rows, float32 or (`half`)
+   float16; slot -1 skips. */
 int write_kv(const float *key, int64_t key_stride, const float *value, int64_t value_stride,
-             int64_t tokens, int64_t row, const int64_t *slots, float *k_cache, float *v_cache,
-             int64_t num_slots) {
+             int64_t tokens, int64_t row, const int64_t *slots, void *k_cache, void *v_cache,
+             int64_t num_slots, int half) {
     for (int64_t t = 0; t < tokens; t++)
         if (slots[t] < -1 || slots[t] >= num_slots) return 1;
     for (int64_t t = 0; t < tokens; t++) {
         if (slots[t] < 0) continue;
-        memcpy(k_cache + slots[t] * row, key + t * key_stride, sizeof(float) * row);
-        memcpy(v_cache + slots[t] * row, value + t * value_stride, sizeof(float) * row);
+        store_row(key + t * key_stride, k_cache, half, slots[t], row);
+        store_row(value + t * value_stride, v_cache, half, slots[t], row);
     }
     return 0;
 }
@@ -85,6 +125,31 @@ void add_rmsnorm(const float *x, int64_t x_stride, const float *residual,
                  hidden, eps, out + r * hidden, residual_out + r * hidden);
 }
 
+/* e^x within about an ulp for x in [-87.3, 88.3] (clamped there: silu's input and the
+   softmax's, at most 0, need no more), as Cephes' expf computes it: x = n ln 2 + r, e^r by a degree-7 polynomial, 2^n
+   put into the exponent bits. n is rounded by adding and taking away 1.5 * 2^23 (exact in
+   float32 for |n| < 2^22): floorf or a rounding branch keeps GCC from vectorising the loop,
+   and a call to libm's expf would run one value at a time. */
+static inline float exp_poly(float x) {
+    x = x < -87.3f ? -87.3f : x;
+    x = x > 88.3f ? 88.3f : x;
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* x / ln 2, rounded */
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union {
+        int32_t bits;
+        float value;
+    } two_to_n = {.bits = ((int32_t)n + 127) << 23};
+    return p * two_to_n.value;
+}
+
 static float dot(const float *a, const float *b, int64_t n) {
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -97,15 +162,16 @@ static float capped(float s, float softcap) {
     return softcap > 0.0f ? tanhf(s / softcap) * softcap : s;
 }
 
-/* One sequence's query heads of one KV head over its cached tokens `first`..`context` - 1. */
-static void attend(const float *q, int64_t group, int64_t head_dim, const float *k_cache,
-                   const float *v_cache, int64_t kv_heads, int64_t kv_head, int64_t block_size,
-                   const int32_t *table, int64_t first, int64_t context, float scale,
-                   float softcap, float *scores, float *out) {
+/* One sequence's query heads of one KV head over its cached tokens `first`..`context` - 1.
+   `row`: head_dim floats, where a float16 cache's K or V row is widened (once for the group). */
+static void attend(const float *q, int64_t group, int64_t head_dim, const void *k_cache,
+                   const void *v_cache, int half, int64_t kv_heads, int64_t kv_head,
+                   int64_t block_size, const int32_t *table, int64_t first, int64_t context,
+                   float scale, float softcap, float *scores, float *row, float *out) {
     int64_t n = context - first;
     for (int64_t t = first; t < context; t++) {
         int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
-        const float *k = k_cache + (slot * kv_heads + kv_head) * head_dim;
+        const float *k = cache_row(k_cache, half, slot * kv_heads + kv_head, head_dim, row);
         for (int64_t g = 0; g < group; g++) {
             float score = dot(q + g * head_dim, k, head_dim) * scale;
             scores[g * n + t - first] = capped(score, softcap);
@@ -113,14 +179,17 @@ static void attend(const float *q, int64_t group, int64_t head_dim, const float 
     }
     for (int64_t g = 0; g < group; g++) {
         float *p = scores + g * n, top = -INFINITY, total = 0.0f;
+#pragma omp simd reduction(max : top)
         for (int64_t t = 0; t < n; t++) top = p[t] > top ? p[t] : top;
-        for (int64_t t = 0; t < n; t++) total += p[t] = expf(p[t] - top);
+#pragma omp simd reduction(+ : total)
+        for (int64_t t = 0; t < n; t++) total += p[t] = exp_poly(p[t] - top);
+#pragma omp simd
         for (int64_t t = 0; t < n; t++) p[t] /= total;
         memset(out + g * head_dim, 0, sizeof(float) * head_dim);
     }
     for (int64_t t = first; t < context; t++) {
         int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
-        const float *v = v_cache + (slot * kv_heads + kv_head) * head_dim;
+        const float *v = cache_row(v_cache, half, slot * kv_heads + kv_head, head_dim, row);
         for (int64_t g = 0; g < group; g++) {
             float p = scores[g * n + t - first], *o = out + g * head_dim;
 #pragma omp simd
@@ -133,9 +202,9 @@ static void attend(const float *q, int64_t group, int64_t head_dim, const float 
    cached tokens, found through its row of block_tables [seqs][max_blocks] in caches of
    `num_blocks` blocks [block_size][kv_heads][head_dim]; with `window` > 0, over the last
    `window` of them only (a sliding-window layer); with `softcap` > 0, each score capped by it
-   (Gemma 2). A context of 0 gives zeros. */
+   (Gemma 2). The caches hold float32 or (`half`) float16. A context of 0 gives zeros. */
 int decode_attention(const float *q, int64_t seqs, int64_t heads, int64_t kv_heads,
-                     int64_t head_dim, const float *k_cache, const float *v_cache,
+                     int64_t head_dim, const void *k_cache, const void *v_cache, int half,
                      int64_t num_blocks, int64_t block_size, const int32_t *block_tables,
                      int64_t max_blocks, const int32_t *context_lens, float scale,
                      int64_t window, float softcap, float *out) {
@@ -154,7 +223,9 @@ int decode_attention(const float *q, int64_t seqs, int64_t heads, int64_t kv_hea
     /* A few short contexts are less work than waking a second thread. */
 #pragma omp parallel if (seqs * kv_heads * longest >= 4096)
     {
-        float *scores = malloc(sizeof(float) * (size_t)(group * (longest ? longest : 1)));
+        /* The group's scores, then one widened K or V row. */
+        int64_t scored = group * (longest ? longest : 1);
+        float *scores = malloc(sizeof(float) * (size_t)(scored + head_dim));
         if (!scores) {
 #pragma omp atomic write
             failed = 1;
@@ -170,8 +241,8 @@ int decode_attention(const float *q, int64_t seqs, int64_t heads, int64_t kv_hea
                 int64_t context = context_lens[s];
                 int64_t first = window > 0 && context > window ? context - window : 0;
                 attend(q + (s * heads + h * group) * head_dim, group, head_dim, k_cache, v_cache,
-                       kv_heads, h, block_size, block_tables + s * max_blocks, first, context,
-                       scale, softcap, scores, o);
+                       half, kv_heads, h, block_size, block_tables + s * max_blocks, first,
+                       context, scale, softcap, scores, scores + scored, o);
             }
         free(scores);
     }

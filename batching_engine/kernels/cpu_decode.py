@@ -1,8 +1,9 @@
 """A decode step's per-layer work besides the matmuls, on the CPU in float32 (residual add and
 RMSNorm, rotary, the KV-cache write, decode attention): `cpu_decode.c`, built and loaded by
 `cpu_build`, one call each where torch takes 30-odd ops a layer. `dispatch` calls these for
-float32 CPU tensors when the library is built, and the torch references otherwise (or when
-`INFERGRID_KERNELS=torch` asks for them).
+float32 CPU tensors, over KV caches of float16 (the engine's on the CPU) or float32, when the
+library is built, and the torch references otherwise (or when `INFERGRID_KERNELS=torch` asks
+for them).
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ from batching_engine.kernels import cpu_build
 SOURCE: Final = Path(__file__).with_suffix(".c")
 # Rotary rounds as torch does only without fused multiply-adds (see the source's note).
 _FLAGS: Final = ("-ffp-contract=off",)
-_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+# The KV-cache dtypes the kernels read and write (a float16 cache is converted in C).
+CACHE_DTYPES: Final = (torch.float32, torch.float16)
 
 
 def _declare(library: ctypes.CDLL) -> None:
     library.rotary.argtypes = [_P, _I64, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _P]
-    library.write_kv.argtypes = [_P, _I64, _P, _I64, _I64, _I64, _P, _P, _P, _I64]
+    library.write_kv.argtypes = [_P, _I64, _P, _I64, _I64, _I64, _P, _P, _P, _I64, _INT]
     library.decode_attention.argtypes = [
-        _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _P, _I64, _P, ctypes.c_float, _I64,
-        ctypes.c_float, _P,
+        _P, _I64, _I64, _I64, _I64, _P, _P, _INT, _I64, _I64, _P, _I64, _P, ctypes.c_float,
+        _I64, ctypes.c_float, _P,
     ]  # fmt: skip
     for name in ("rotary", "write_kv", "decode_attention"):
         getattr(library, name).restype = ctypes.c_int
@@ -48,6 +51,15 @@ def applies(*tensors: torch.Tensor) -> bool:
     """Whether these tensors take this path: float32 on the CPU, with the library built."""
     return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and (
         available() is None
+    )
+
+
+def holds(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether the kernels read and write these KV caches: CPU tensors of one `CACHE_DTYPES`."""
+    return (
+        k_cache.dtype == v_cache.dtype
+        and k_cache.dtype in CACHE_DTYPES
+        and k_cache.device.type == v_cache.device.type == "cpu"
     )
 
 
@@ -108,8 +120,9 @@ def write_kv_cache(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """What `kv_cache_write.write_kv_cache_reference` does: rows into their slots, -1 skips."""
-    _require_contiguous(k_cache, v_cache)
+    """What `kv_cache_write.write_kv_cache_reference` does, bitwise: rows into their slots
+    (rounded as `.half()` rounds, into a float16 cache), -1 skips."""
+    half = _cache_is_half(k_cache, v_cache)
     key, value = _rows_of_heads(key), _rows_of_heads(value)
     slots = _contiguous(slot_mapping, torch.int64)
     row = key.shape[1] * key.shape[2]
@@ -117,6 +130,7 @@ def write_kv_cache(
         _call().write_kv(
             key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0), key.shape[0], row,
             slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.numel() // row,
+            half,
         ),
         "write_kv_cache: a slot is outside the cache",
     )  # fmt: skip
@@ -135,7 +149,7 @@ def decode_attention(
     """What `decode_attention.decode_attention_reference` returns, within float32 rounding;
     `window`: attend to the last `window` cached tokens only; `softcap`: cap each score s at
     softcap * tanh(s / softcap)."""
-    _require_contiguous(k_cache, v_cache)
+    half = _cache_is_half(k_cache, v_cache)
     q = q.contiguous()
     seqs, heads, head_dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
@@ -145,7 +159,7 @@ def decode_attention(
     _check(
         _call().decode_attention(
             q.data_ptr(), seqs, heads, kv_heads, head_dim, k_cache.data_ptr(),
-            v_cache.data_ptr(), num_blocks, block_size, tables.data_ptr(), tables.shape[1],
+            v_cache.data_ptr(), half, num_blocks, block_size, tables.data_ptr(), tables.shape[1],
             lens.data_ptr(), scale, window or 0, softcap or 0.0, out.data_ptr(),
         ),
         "decode_attention: a context length or block id is outside the cache, the heads"
@@ -166,9 +180,16 @@ def _check(status: int, message: str) -> None:
         raise ValueError(message)
 
 
-def _require_contiguous(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+def _cache_is_half(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether the caches hold float16 (else float32); refused unless the kernels take them."""
+    if not holds(k_cache, v_cache):
+        raise ValueError(
+            f"the CPU decode kernels need K and V caches of one of {CACHE_DTYPES} on the CPU,"
+            f" got {k_cache.dtype} and {v_cache.dtype}"
+        )
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the CPU decode kernels need contiguous K and V caches")
+    return k_cache.dtype == torch.float16
 
 
 def _rows_of_heads(x: torch.Tensor) -> torch.Tensor:

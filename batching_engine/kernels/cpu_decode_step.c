@@ -1,5 +1,5 @@
 /* A decode step's decoder layers and final norm, all of them in one call, on the CPU in
-   float32: the same work as the model's modules (llama.py) with the same kernels, without
+   float32 (its KV caches float16 or float32, as cpu_decode.c's note says): the same work as the model's modules (llama.py) with the same kernels, without
    the Python around 30 layers of them, which cost more than the kernels themselves.
 
    Per layer: add + RMSNorm, the fused qkv projection (+ bias), per-head q/k norms (Qwen3),
@@ -8,8 +8,9 @@
    rotary, write and attention are cpu_decode.c's (included here, built with the same
    -ffp-contract=off); the projections are the quantized matmul of cpu_quantized_matmul.c,
    called through the pointer its loaded library gives (its source is not part of this one).
-   So only the gate rounds differently from the module path: a vectorisable exp (`exp_poly`)
-   instead of torch's, within float32 rounding of it.
+   So only the gate rounds differently from the module path: a vectorisable exp (cpu_decode.c's
+   `exp_poly`, the one attention's softmax takes) instead of torch's, within float32 rounding
+   of it.
 
    The model is described once (`Model`, built by cpu_decode_step.py); a step brings only its
    own tensors. Every index a step brings is checked against the model's tables and caches
@@ -34,13 +35,14 @@ typedef struct {
     const float *input_norm, *post_norm;
     const float *q_norm, *k_norm; /* Qwen3's per-head norms: both, or both NULL */
     const float *cos, *sin;       /* [max_positions][rotary_dim] */
-    float *k_cache, *v_cache;     /* [num_blocks][block_size][kv_heads][head_dim] */
+    void *k_cache, *v_cache;      /* [num_blocks][block_size][kv_heads][head_dim] */
     int64_t max_positions, rotary_dim, window, num_blocks;
     float input_eps, post_eps, qk_eps, scale, softcap;
 } Layer;
 
 typedef struct {
     int64_t num_layers, hidden, heads, kv_heads, head_dim, intermediate, block_size;
+    int64_t kv_half; /* every layer's caches hold float16 (1) or float32 (0) */
     const Layer *layers;
     const float *final_norm;
     float final_eps;
@@ -90,7 +92,9 @@ static int fits(const Projection *p, int64_t n, int64_t k) {
 /* Whether every layer's projections have the sizes the buffers are carved for. */
 static int model_fits(const Model *m) {
     int64_t q = m->heads * m->head_dim, kv = m->kv_heads * m->head_dim;
-    if (m->kv_heads <= 0 || m->heads % m->kv_heads || m->block_size <= 0) return 0;
+    if (m->kv_heads <= 0 || m->heads % m->kv_heads || m->block_size <= 0 ||
+        (m->kv_half != 0 && m->kv_half != 1))
+        return 0;
     for (int64_t l = 0; l < m->num_layers; l++) {
         const Layer *layer = m->layers + l;
         if (!fits(&layer->qkv, q + 2 * kv, m->hidden) || !fits(&layer->o, m->hidden, q) ||
@@ -164,40 +168,16 @@ static StepStatus attention(const Model *m, const Layer *layer, int64_t tokens,
         rotary(positions, tokens, b->qkv + q, width, m->kv_heads, d, layer->cos, layer->sin,
                layer->max_positions, layer->rotary_dim, b->k))
         return STEP_BAD_POSITION;
+    int half = (int)m->kv_half;
     if (write_kv(b->k, kv, b->qkv + q + kv, width, tokens, kv, slots, layer->k_cache,
-                 layer->v_cache, layer->num_blocks * m->block_size))
+                 layer->v_cache, layer->num_blocks * m->block_size, half))
         return STEP_BAD_SLOT;
     if (decode_attention(b->q, tokens, m->heads, m->kv_heads, d, layer->k_cache, layer->v_cache,
-                         layer->num_blocks, m->block_size, block_tables, max_blocks,
+                         half, layer->num_blocks, m->block_size, block_tables, max_blocks,
                          context_lens, layer->scale, layer->window, layer->softcap,
                          b->attention))
         return STEP_BAD_BLOCK;
     return project(m, &layer->o, b->attention, tokens, b->out);
-}
-
-/* e^x within about an ulp for x in [-87.3, 88.3] (clamped there: silu's input needs no
-   more), as Cephes' expf computes it: x = n ln 2 + r, e^r by a degree-7 polynomial, 2^n
-   put into the exponent bits. n is rounded by adding and taking away 1.5 * 2^23 (exact in
-   float32 for |n| < 2^22): floorf or a rounding branch keeps GCC from vectorising the loop,
-   and a call to libm's expf would run one value at a time. */
-static inline float exp_poly(float x) {
-    x = x < -87.3f ? -87.3f : x;
-    x = x > 88.3f ? 88.3f : x;
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* x / ln 2, rounded */
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union {
-        int32_t bits;
-        float value;
-    } two_to_n = {.bits = ((int32_t)n + 127) << 23};
-    return p * two_to_n.value;
 }
 
 /* out [tokens][width] = silu(gate) * up of rows [tokens][gate | up], as torch computes

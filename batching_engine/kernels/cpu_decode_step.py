@@ -7,7 +7,8 @@ at batch 16, on a 2-core AVX-512 EPYC (bench/decode_step.py).
 It applies to a step whose every sequence has one query token, on a model whose layers are
 all plain pre-norm Llama blocks (no Gemma sandwich) with a SiLU-gated MLP (no experts), whose
 every projection is packed for the CPU quantized matmul, on one rank, with float32 CPU
-tensors and the kernel switch not forcing torch (`INFERGRID_KERNELS=torch` keeps the modules:
+tensors (the KV caches float16, the engine's there, or float32) and the kernel switch not
+forcing torch (`INFERGRID_KERNELS=torch` keeps the modules:
 they are the reference). Anything else runs the modules, unchanged.
 
 The model is described to C once, at its first such step (`describe`): an array of per-layer
@@ -26,6 +27,7 @@ import torch
 
 from batching_engine.kernels import cpu_build, dispatch
 from batching_engine.kernels import cpu_quantized_matmul as quantized
+from batching_engine.kernels.cpu_decode import CACHE_DTYPES
 from batching_engine.model.attention import PagedAttentionMetadata
 from batching_engine.model.layers import RMSNorm, SwiGLUMLP
 from batching_engine.model.quantization import QuantizedLinear
@@ -66,7 +68,7 @@ class _Layer(ctypes.Structure):
 class _Model(ctypes.Structure):
     _fields_ = [
         *((name, _I64) for name in ("num_layers", "hidden", "heads", "kv_heads", "head_dim",
-                                    "intermediate", "block_size")),
+                                    "intermediate", "block_size", "kv_half")),
         ("layers", ctypes.POINTER(_Layer)), ("final_norm", _P), ("final_eps", _F),
         ("matmul", _P),
     ]  # fmt: skip
@@ -117,8 +119,8 @@ class DecodeStep:
 
     def attach(self, kv_caches: list[KVCache]) -> bool:
         """Point the layers at these caches (once per set of caches); False, pointing at
-        nothing new, when they are not one contiguous float32 [blocks, block_size, kv_heads,
-        head_dim] pair a layer, all alike."""
+        nothing new, when they are not one contiguous float16 or float32 [blocks, block_size,
+        kv_heads, head_dim] pair a layer, all alike."""
         if len(kv_caches) == len(self.caches) and all(
             new is old for new, old in zip(kv_caches, self.caches, strict=True)
         ):
@@ -127,12 +129,12 @@ class DecodeStep:
         first = kv_caches[0][0] if kv_caches else None
         if first is None or len(kv_caches) != len(self.layers) or first.shape[2:] != shape:
             return False
-        if not all(_plain(c) and c.shape == first.shape for pair in kv_caches for c in pair):
+        if not all(_plain_cache(c) and _alike(c, first) for pair in kv_caches for c in pair):
             return False
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
             layer.num_blocks = first.shape[0]
-        self.model.block_size = first.shape[1]
+        self.model.block_size, self.model.kv_half = first.shape[1], first.dtype == torch.float16
         self.caches = list(kv_caches)
         return True
 
@@ -302,6 +304,15 @@ def _plain_norm(norm: RMSNorm) -> bool:
 
 def _plain(tensor: torch.Tensor) -> bool:
     return tensor.dtype == torch.float32 and tensor.device.type == "cpu" and tensor.is_contiguous()
+
+
+def _plain_cache(cache: torch.Tensor) -> bool:
+    """A KV cache the C kernels read: a contiguous CPU tensor of one of their dtypes."""
+    return cache.dtype in CACHE_DTYPES and cache.device.type == "cpu" and cache.is_contiguous()
+
+
+def _alike(cache: torch.Tensor, first: torch.Tensor) -> bool:
+    return cache.shape == first.shape and cache.dtype == first.dtype
 
 
 def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -255,7 +255,9 @@ def decode_attention_reference(
     """The torch path, batched by `decode_plan` (built here unless the caller kept one for
     the step). Sequences with no context (padded rows of a CUDA-graph batch) get zeros.
     `window`: attend to the last `window` cached tokens only (a sliding-window layer).
-    `softcap`: each score s becomes softcap * tanh(s / softcap) (Gemma 2; None or 0: off)."""
+    `softcap`: each score s becomes softcap * tanh(s / softcap) (Gemma 2; None or 0: off).
+    The cache may hold another dtype than q's (float16 under float32, the engine's on the
+    CPU): what it holds is attended in q's dtype."""
     scale = default_scale(q) if scale is None else scale
     plan = plan or decode_plan(block_tables, context_lens, k_cache.shape[1])
     groups = plan.groups
@@ -279,7 +281,7 @@ def _attend(
 ) -> torch.Tensor:
     """One call: every context of the group gathered to its longest and masked (to its
     last `window` positions too, for a sliding-window layer)."""
-    k, v = gather_slots(k_cache, group.slots), gather_slots(v_cache, group.slots)
+    k, v = gather_slots(k_cache, group.slots, q.dtype), gather_slots(v_cache, group.slots, q.dtype)
     visible = group.visible
     if window is not None:
         positions = torch.arange(visible.shape[1], device=visible.device)

@@ -1,6 +1,7 @@
 """The functions the model calls: each runs the Triton kernel on CUDA tensors, and the torch
 reference elsewhere, except where `cpu_decode`'s C kernels take float32 CPU tensors (norm,
-rotary, KV-cache write, decode attention: one call each instead of many torch ops).
+rotary, KV-cache write, decode attention: one call each instead of many torch ops), whose KV
+caches may be float16 (the engine's on the CPU: `model/kv_cache.py`) or float32.
 
 One switch forces a path for the whole process: the environment variable
 `INFERGRID_KERNELS=auto|triton|torch` (read at import; an unknown value fails then, not at the
@@ -89,7 +90,7 @@ def decode_attention(
             q, k_cache, v_cache, block_tables, context_lens, scale, window=window,
             softcap=softcap,
         )  # fmt: skip
-    if uses_cpu_kernels(q, k_cache, v_cache):
+    if uses_cpu_kernels(q) and _cpu.holds(k_cache, v_cache):
         scale = _decode.default_scale(q) if scale is None else scale
         return _cpu.decode_attention(
             q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap
@@ -131,10 +132,11 @@ def write_kv_cache(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Store key/value `[num_tokens, num_kv_heads, head_dim]` into their slots; -1 skips."""
+    """Store key/value `[num_tokens, num_kv_heads, head_dim]` into their slots, in the cache's
+    dtype; -1 skips."""
     if uses_triton(key):
         _kv_write.write_kv_cache_triton(key, value, k_cache, v_cache, slot_mapping)
-    elif uses_cpu_kernels(key, value, k_cache, v_cache):
+    elif uses_cpu_kernels(key, value) and _cpu.holds(k_cache, v_cache):
         _cpu.write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
     else:
         _kv_write.write_kv_cache_reference(key, value, k_cache, v_cache, slot_mapping)

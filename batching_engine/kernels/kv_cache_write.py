@@ -75,15 +75,17 @@ def write_kv_cache_reference(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """The torch path: index-copy the rows whose slot is not -1. The rows are selected (a copy)
-    only when some slot is -1; a decode step's tokens all have one."""
+    """The torch path: index-copy the rows whose slot is not -1, in the cache's dtype (a
+    float16 cache under float32 rows: the engine's on the CPU, rounded as `.half()` rounds).
+    The rows are selected (a copy) only when some slot is -1; a decode step's tokens all
+    have one."""
     slots = slot_mapping.long()
     keep = slots >= 0
     if not bool(keep.all()):
         slots, key, value = slots[keep], key[keep], value[keep]
     blocks, offsets = slots // k_cache.shape[1], slots % k_cache.shape[1]
-    k_cache[blocks, offsets] = key
-    v_cache[blocks, offsets] = value
+    k_cache[blocks, offsets] = key.to(k_cache.dtype)
+    v_cache[blocks, offsets] = value.to(v_cache.dtype)
 
 
 def _check(

@@ -153,7 +153,8 @@ def prefill_attention_reference(
 ) -> torch.Tensor:
     """The torch path, sequence by sequence: gather the context, attend causally (within the
     last `window` positions of each query, for a sliding-window layer). `softcap`: each score
-    s becomes softcap * tanh(s / softcap) (Gemma 2; None or 0: off)."""
+    s becomes softcap * tanh(s / softcap) (Gemma 2; None or 0: off). The cache may hold
+    another dtype than q's, as the decode reference's may."""
     scale = default_scale(q) if scale is None else scale
     out = torch.empty_like(q)
     bounds = cu_seqlens_q.tolist()
@@ -165,7 +166,7 @@ def prefill_attention_reference(
             block_tables[seq : seq + 1], context_lens[seq : seq + 1], lengths[seq],
             k_cache.shape[1],
         )  # fmt: skip
-        k, v = gather_slots(k_cache, slots), gather_slots(v_cache, slots)
+        k, v = gather_slots(k_cache, slots, q.dtype), gather_slots(v_cache, slots, q.dtype)
         out[start:end] = _chunk_attention(q[None, start:end], k, v, scale, window, softcap)[0]
     return out
 

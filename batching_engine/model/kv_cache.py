@@ -6,6 +6,12 @@ one tensor so the cache is a single allocation and each layer's K and V are cont
 On the CPU that allocation is an anonymous memory map: zeroed pages that the kernel commits only
 as tokens are written into them, so an engine holds (resident) the cache it has used, not the
 whole budget. `torch.zeros` would write, and so commit, every page at start (1 GiB by default).
+
+On the CPU a model computing in float32 keeps its cache in float16 (`kv_cache_dtype`), as
+llama.cpp does: the cache is the engine's largest memory under load after torch itself, and
+reading it the largest cost of a batched decode step, so half the bytes hold twice the tokens
+and are read in about half the time. The kernels widen what they read back to float32 exactly;
+only the rounding of each stored K/V value to float16 differs from a float32 cache.
 """
 
 from __future__ import annotations
@@ -24,6 +30,18 @@ MIB = 1 << 20
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
+def kv_cache_dtype(
+    device: torch.device | str, dtype: torch.dtype, triton: bool = False
+) -> torch.dtype:
+    """The cache's dtype for a model computing in `dtype` on `device`: float16 for float32 on
+    the CPU (see the module's note), read there by the C kernels or the torch references;
+    the model's own where Triton's kernels read it, which take it in the model's dtype: on a
+    GPU, or on the CPU with `triton` forced (its interpreter: bench/kernels_gpu.py's dry run)."""
+    if torch.device(device).type == "cpu" and dtype == torch.float32 and not triton:
+        return torch.float16
+    return dtype
+
+
 @dataclass(frozen=True, slots=True)
 class KVCacheLayout:
     num_layers: int
@@ -40,7 +58,8 @@ class KVCacheLayout:
         dtype: torch.dtype,
         tp: TensorParallel = SINGLE,
     ) -> KVCacheLayout:
-        """The cache of this rank's KV heads (all of them without tensor parallelism)."""
+        """The cache of this rank's KV heads (all of them without tensor parallelism), held in
+        `dtype` (`kv_cache_dtype`'s choice for the model)."""
         heads = len(kv_heads(config.num_key_value_heads, tp))
         return cls(config.num_hidden_layers, block_size, heads, config.head_dim, dtype)
 

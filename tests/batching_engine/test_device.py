@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from batching_engine import loading, model_runner
+from batching_engine.config import EngineConfig
 from batching_engine.device import choose_device, use_device
 from batching_engine.model_runner import ModelRunner
 from batching_engine.own_memory import NvmlReading
@@ -63,17 +64,22 @@ def test_the_loader_hands_the_runner_the_chosen_gpu_and_its_budget(monkeypatch):
     )
 
     def runner(model_dir, *, device, memory_budget_bytes, **kwargs):
-        built.append((device, memory_budget_bytes))
+        built.append((device, memory_budget_bytes, kwargs["kv_cache_dtype"]))
         return SimpleNamespace(device=torch.device(device))
 
     monkeypatch.setattr(loading, "ModelRunner", runner)
-    settings = SimpleNamespace(device="cuda:1", dtype=None, kv_cache_memory=None)
-    engine_config = SimpleNamespace(
-        block_size=16, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64,
-        quantization="none", tensor_parallel_size=0, gpu_memory_utilization=0.9,
-    )  # fmt: skip
+    settings = SimpleNamespace(
+        device="cuda:1", dtype=None, kv_cache_memory=None, kv_cache_dtype="auto"
+    )
+    engine_config = EngineConfig(
+        block_size=16,
+        max_model_len=64,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        quantization="none",
+    )
     loading._runner(settings, "model", engine_config, print)
-    assert built == [("cuda:1", int(GIB * 0.9))]
+    assert built == [("cuda:1", int(GIB * 0.9), "bfloat16")]
 
 
 class Built(Exception):

@@ -1,7 +1,8 @@
 """The CPU decode kernels (add + RMSNorm, rotary, KV-cache write, decode attention in C)
-against the torch references they replace on float32 CPU tensors: rotary and the write
-bitwise, the norm and attention within float32 rounding, and every out-of-range index refused
-before anything is written."""
+against the torch references they replace on float32 CPU tensors, over float16 KV caches (the
+engine's on the CPU) and float32 ones: rotary and the write bitwise (a float16 cache's values
+rounded as `.half()` rounds them), the norm and attention within float32 rounding, and every
+out-of-range index refused before anything is written."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from tests.batching_engine.kernels.tensors import (
     randn,
 )
 
-F32 = torch.float32
+F32, F16 = torch.float32, torch.float16
+CACHE_DTYPES = pytest.mark.parametrize("cache_dtype", [F16, F32], ids=["fp16-cache", "fp32-cache"])
 pytestmark = pytest.mark.skipif(
     cpu_decode.available() is not None, reason=f"no CPU decode kernels: {cpu_decode.available()}"
 )
@@ -58,14 +60,45 @@ def test_rotary_refuses_a_position_past_the_table():
         )
 
 
-def test_the_kv_write_is_the_reference_and_skips_minus_one():
+@CACHE_DTYPES
+def test_the_kv_write_is_the_reference_and_skips_minus_one(cache_dtype):
     gen = generator(0)
-    caches = [torch.zeros(4, 8, 2, 16) for _ in range(4)]
+    caches = [torch.zeros(4, 8, 2, 16, dtype=cache_dtype) for _ in range(4)]
     key, value = randn(5, 2, 16, dtype=F32, gen=gen), randn(5, 2, 16, dtype=F32, gen=gen)
     slots = torch.tensor([3, -1, 31, 0, 17])
     cpu_decode.write_kv_cache(key, value, caches[0], caches[1], slots)
     write_kv_cache_reference(key, value, caches[2], caches[3], slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def test_the_float16_write_rounds_each_value_as_half_does():
+    """Bitwise `.half()`: ties to even, subnormals, overflow to infinity, and a row of 13
+    (past the 8-wide vector, so the scalar tail too)."""
+    tie = 1 + 2**-11  # halfway between 1 and the next float16: rounds to 1
+    specials = [tie, 1 + 3 * 2**-11, 65504.0, 65520.0, -1e6, 2**-24, 2**-25 * 1.5, 1e-8, -0.0,
+                float("inf"), 1 / 3]  # fmt: skip
+    rows = torch.cat([torch.tensor(specials), randn(13 * 4 - len(specials), dtype=F32,
+                                                    gen=generator(1)) * 100])  # fmt: skip
+    key, value = rows.view(4, 1, 13), -rows.view(4, 1, 13)
+    k_cache, v_cache = torch.zeros(8, 1, 1, 13, dtype=F16), torch.zeros(8, 1, 1, 13, dtype=F16)
+    cpu_decode.write_kv_cache(key, value, k_cache, v_cache, torch.tensor([5, 0, 7, 2]))
+    expected_k = key.half().view(torch.int16)
+    assert torch.equal(k_cache[[5, 0, 7, 2], 0].view(torch.int16), expected_k)
+    assert torch.equal(v_cache[[5, 0, 7, 2], 0].view(torch.int16), value.half().view(torch.int16))
+
+
+def test_caches_the_kernels_do_not_hold_are_refused_and_left_to_the_reference():
+    """K and V of two dtypes, or a dtype the C kernels do not read (bfloat16): the dispatch
+    writes through the torch reference, which rounds to the cache's dtype."""
+    key = torch.full((1, 1, 8), 1 / 3)
+    k_cache, v_cache = torch.zeros(2, 4, 1, 8, dtype=F16), torch.zeros(2, 4, 1, 8)
+    assert not cpu_decode.holds(k_cache, v_cache)
+    with pytest.raises(ValueError, match="caches of one of"):
+        cpu_decode.write_kv_cache(key, key, k_cache, v_cache, torch.tensor([0]))
+    bf16 = torch.zeros(2, 4, 1, 8, dtype=torch.bfloat16)
+    assert not cpu_decode.holds(bf16, bf16)
+    dispatch.write_kv_cache(key, key, bf16, bf16, torch.tensor([5]))
+    assert torch.equal(bf16[1, 1], key[0].bfloat16())
 
 
 def test_a_slot_outside_the_cache_is_refused_and_nothing_is_written():
@@ -85,17 +118,20 @@ def test_a_slot_outside_the_cache_is_refused_and_nothing_is_written():
     seed=st.integers(0, 2**31),
     window=st.one_of(st.none(), st.integers(1, 80)),
     softcap=st.sampled_from([None, 0.5, 3.0]),
+    cache_dtype=st.sampled_from([F16, F32]),
+    head_dim=st.sampled_from([32, 36]),
 )
 def test_decode_attention_matches_the_reference(
-    lens, kv_heads, group, block_size, seed, window, softcap
+    lens, kv_heads, group, block_size, seed, window, softcap, cache_dtype, head_dim
 ):
     """Ragged contexts in scattered blocks whose unused slots are NaN, whole or through a
-    sliding window, with scores soft-capped or not; a context of 0 (a padded row) gives
-    zeros."""
+    sliding window, with scores soft-capped or not, over a float16 or float32 cache (the
+    reference reads the same float16 values widened: float32 rounding apart), rows a multiple
+    of the vector or not; a context of 0 (a padded row) gives zeros."""
     gen = generator(seed)
-    cache = paged_cache(lens, block_size=block_size, num_kv_heads=kv_heads, head_dim=32,
-                        dtype=F32, gen=gen)  # fmt: skip
-    q = randn(len(lens), kv_heads * group, 32, dtype=F32, gen=gen)
+    cache = paged_cache(lens, block_size=block_size, num_kv_heads=kv_heads, head_dim=head_dim,
+                        dtype=cache_dtype, gen=gen)  # fmt: skip
+    q = randn(len(lens), kv_heads * group, head_dim, dtype=F32, gen=gen)
     args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens, 0.17)
     got = cpu_decode.decode_attention(*args, window, softcap)
     expected = decode_attention_reference(*args, window=window, softcap=softcap)
@@ -165,6 +201,7 @@ def test_dispatch_takes_the_c_kernels_for_float32_on_the_cpu_unless_torch_is_for
     q = torch.zeros(1, 2, 8)
     assert dispatch.uses_cpu_kernels(q) and not dispatch.uses_reference(q)
     assert not dispatch.uses_cpu_kernels(q.to(torch.bfloat16))
+    assert cpu_decode.holds(q.half(), q.half()) and cpu_decode.holds(q, q)
     dispatch.set_kernel_backend("torch")
     try:
         assert not dispatch.uses_cpu_kernels(q) and dispatch.uses_reference(q)

@@ -6,12 +6,14 @@ not take, and every bad index refused before anything is written."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 import torch
 
 from batching_engine.kernels import cpu_build, cpu_decode_step, dispatch
+from batching_engine.model.kv_cache import kv_cache_dtype
 from batching_engine.model.step_metadata import paged_metadata
 from batching_engine.model.tensor_parallel import TensorParallel
 from batching_engine.model_runner import ModelRunner
@@ -61,9 +63,11 @@ def runner(request, model_dir, build) -> ModelRunner:
 
 
 def quantized_runner(path, mode: str) -> ModelRunner:
+    """A runner whose cache has the dtype the engine serves with (`--kv-cache-dtype auto`)."""
     return ModelRunner(
-        path, block_size=4, kv_cache_memory_bytes=1 << 20, max_model_len=96, quantization=mode
-    )
+        path, block_size=4, kv_cache_memory_bytes=1 << 20, max_model_len=96, quantization=mode,
+        kv_cache_dtype=kv_cache_dtype("cpu", torch.float32),
+    )  # fmt: skip
 
 
 def counting(calls: list[int]):
@@ -141,8 +145,12 @@ def assert_close(got: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4 * scale)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @torch.inference_mode()
-def test_each_step_is_the_modules_hidden_states_logits_and_cache(runner, native_calls):
+def test_each_step_is_the_modules_hidden_states_logits_and_cache(runner, cache_dtype, native_calls):
+    """Over the engine's float16 cache and a float32 one: the modules call the same C
+    kernels for the norms, rotary, write and attention, so only the gate's exp parts them."""
+    with_cache(runner, cache_dtype)
     batch = Batch(runner, (3, 9, 23, 14), room=12)
     prefill(runner, batch)
     model, trunk = runner.model, runner.model.model
@@ -168,23 +176,51 @@ def llama_dir(tmp_path_factory):
     return path
 
 
+def with_cache(runner: ModelRunner, dtype: torch.dtype) -> ModelRunner:
+    """The runner with a fresh cache of `dtype` in place of its own."""
+    runner.kv_layout = dataclasses.replace(runner.kv_layout, dtype=dtype)
+    runner.kv_caches = runner.kv_layout.allocate(runner.num_kv_blocks, runner.device)
+    return runner
+
+
+def test_the_served_cache_is_float16_and_the_native_step_writes_it(llama_dir, native_calls):
+    runner = quantized_runner(llama_dir, "int8")
+    assert {c.dtype for pair in runner.kv_caches for c in pair} == {torch.float16}
+    runner_greedy(runner, prompts(5, 12), 4)
+    assert native_calls == [2] * 3
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("mode", MODES)
 def test_greedy_tokens_are_the_modules_and_the_torch_references(
-    llama_dir, mode, native_calls, monkeypatch
+    llama_dir, mode, cache_dtype, native_calls, monkeypatch
 ):
+    """The same tokens as the modules over either cache, and as the torch reference over a
+    float32 one. Over float16 the reference may part at a near-tie: its K/V differ from the
+    kernels' by float32 rounding, a value then and again rounds to the other float16 (an
+    ulp, 2^-11), and the int8 activations of the next layer's projections can round that
+    up to a few per cent of one token's row (seen: a top-two gap of 0.024 in logits of 10
+    after 17 tokens of int8); the step's closeness per value is
+    `test_each_step_is_the_modules_hidden_states_logits_and_cache`'s."""
     batch = prompts(1, 9, 40, 23)
-    native = runner_greedy(quantized_runner(llama_dir, mode), batch, 20)
+
+    def greedy() -> list[list[int]]:
+        runner = with_cache(quantized_runner(llama_dir, mode), cache_dtype)
+        return runner_greedy(runner, batch, 20)
+
+    native = greedy()
     assert native_calls == [4] * 19  # every step after the prefill
     with monkeypatch.context() as patch:  # the modules, with the C kernels they call
         patch.setattr(cpu_decode_step, "native_step", lambda *_: None)
-        modules = runner_greedy(quantized_runner(llama_dir, mode), batch, 20)
-    dispatch.set_kernel_backend("torch")
-    try:
-        reference = runner_greedy(quantized_runner(llama_dir, mode), batch, 20)
-    finally:
-        dispatch.set_kernel_backend("auto")
+        modules = greedy()
+    assert native == modules
+    if cache_dtype == torch.float32:
+        dispatch.set_kernel_backend("torch")
+        try:
+            assert greedy() == native
+        finally:
+            dispatch.set_kernel_backend("auto")
     assert native_calls == [4] * 19  # neither of the others took the native step
-    assert native == modules == reference
 
 
 @torch.inference_mode()
