@@ -8,7 +8,8 @@ requantized by llama.cpp's own `llama-quantize` (`--allow-requantize`, from the 
 `llama-server`), made once into the llama.cpp cache. At each concurrency (`--concurrency 1,64`:
 requests in flight) both get the same `--requests` requests, prompts of `--prompt-tokens`
 token ids and `--max-tokens` greedy output tokens (`ignore_eos`), streamed through
-`/v1/completions`; the two servers take turns, `--rounds` times, and each keeps its best round.
+`/v1/completions`; the two servers take turns, `--rounds` times, each round with prompts neither
+has seen (a prefix cache would otherwise serve them), and each keeps its best round.
 Per file it prints one table: per server and concurrency, output tok/s, TTFT p50 and p99 and
 TPOT p50; both servers' resident memory after the run (now and peak, from /proc); and the
 engine's ratios against the goals: at least llama.cpp's tok/s one request at a time, at least
@@ -92,12 +93,13 @@ def gguf_file(entry: str) -> Path:
 class LlamaServer:
     """llama-server on a free port with `slots` parallel sequences of `context` tokens each."""
 
-    def __init__(self, binary: Path, gguf: Path, threads: int, slots: int, context: int, log):
+    def __init__(self, binary: Path, gguf: Path, threads: int, slots: int, context: int, log,
+                 extra: list[str]):  # fmt: skip
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
                    "-t", str(threads), "-tb", str(threads), "-np", str(slots),
-                   "-c", str(slots * context), "--no-webui"]  # fmt: skip
+                   "-c", str(slots * context), "--no-webui", *extra]  # fmt: skip
         self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, limit_s: float = 120.0) -> None:
@@ -239,6 +241,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="llama-server's threads (the engine keeps its default)")  # fmt: skip
     parser.add_argument("--engine-args", default="", help="extra infergrid-engine flags")
+    parser.add_argument("--llama-args", default="",
+                        help="extra llama-server flags (e.g. --cache-ram 0: no prompt cache"
+                             " in RAM, which its RSS otherwise holds)")  # fmt: skip
     parser.add_argument("--engine-env", action="append", default=[], metavar="KEY=VALUE",
                         help="set in the engine's environment only (repeatable)")  # fmt: skip
     parser.add_argument("--requests", type=int, default=128)
@@ -276,7 +281,8 @@ def serve_both(args, binary: Path, gguf: Path) -> tuple[list[dict], dict[str, tu
     engine = EngineProcess(["--model", str(gguf), "--model-name", "smollm2", "--device", "cpu",
                             *shlex.split(args.engine_args)], logs / "engine.log", env)  # fmt: skip
     with open(logs / "llama-server.log", "wb") as log:
-        llama = LlamaServer(binary, gguf, args.threads, max(levels), context, log)
+        llama = LlamaServer(binary, gguf, args.threads, max(levels), context, log,
+                            shlex.split(args.llama_args))  # fmt: skip
     servers = {"infergrid-engine": engine, "llama.cpp": llama}
     try:
         engine.wait_ready()
@@ -284,8 +290,10 @@ def serve_both(args, binary: Path, gguf: Path) -> tuple[list[dict], dict[str, tu
         best: dict[tuple[str, int], dict] = {}
         for level in levels:
             count = args.one_at_a_time_requests if level == 1 else args.requests
-            prompts = prompts_for(count, args.prompt_tokens, 49152, seed=level)
             for attempt in range(args.rounds):
+                # Fresh prompts each round, the same for both: a prompt seen before would be
+                # served from a prefix cache (the engine's blocks, llama-server's slots).
+                prompts = prompts_for(count, args.prompt_tokens, 49152, seed=level * 100 + attempt)
                 for name, server in servers.items():  # turns: the same machine each
                     warm = prompts_for(2, args.prompt_tokens, 49152, seed=99)
                     asyncio.run(run_round(name, server.url, "smollm2", warm, 4, 2))
