@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import torch
 
@@ -32,8 +32,10 @@ from batching_engine.model.attention import PagedAttentionMetadata
 from batching_engine.model.layers import RMSNorm, SwiGLUMLP
 from batching_engine.model.quantization import QuantizedLinear
 
-if TYPE_CHECKING:
-    from batching_engine.model.llama import KVCache, LlamaModel
+# A layer's (K, V) cache, as `model.llama.KVCache`. The model is a `model.llama.LlamaModel`,
+# known here as a plain module (and its layers by their `plain_pre_norm` flag): llama.py
+# imports this module, which therefore imports nothing of llama's.
+KVCache = tuple[torch.Tensor, torch.Tensor]
 
 SOURCE: Final = Path(__file__).with_suffix(".c")
 _INCLUDED: Final = Path(__file__).with_name("cpu_decode.c")
@@ -98,7 +100,7 @@ def available() -> str | None:
 class DecodeStep:
     """One model described to C, and the KV caches its layers point into (`attach`)."""
 
-    def __init__(self, model: LlamaModel, library: ctypes.CDLL, matmul: ctypes.CDLL) -> None:
+    def __init__(self, model: torch.nn.Module, library: ctypes.CDLL, matmul: ctypes.CDLL) -> None:
         attention, mlp = model.layers[0].self_attn, model.layers[0].mlp
         self.tensors: list[torch.Tensor] = []  # what the description points into, kept alive
         self.layers = (_Layer * len(model.layers))(
@@ -176,7 +178,7 @@ class DecodeStep:
             self.scratch = torch.empty(needed)
         return self.scratch
 
-    def _layer(self, model: LlamaModel, index: int) -> _Layer:
+    def _layer(self, model: torch.nn.Module, index: int) -> _Layer:
         layer = model.layers[index]
         attention = layer.self_attn
         cos, sin = model.rope_of(index)
@@ -212,11 +214,13 @@ class DecodeStep:
 
 
 # Each model's description (or why it has none), made at its first decode-only step.
-_described: weakref.WeakKeyDictionary[LlamaModel, DecodeStep | str] = weakref.WeakKeyDictionary()
+_described: weakref.WeakKeyDictionary[torch.nn.Module, DecodeStep | str] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def native_step(
-    model: LlamaModel,
+    model: torch.nn.Module,
     hidden: torch.Tensor,
     meta: object,
     kv_caches: list[KVCache] | None,
@@ -238,7 +242,7 @@ def native_step(
     return step if isinstance(step, DecodeStep) and step.attach(kv_caches) else None
 
 
-def describe(model: LlamaModel) -> DecodeStep | str:
+def describe(model: torch.nn.Module) -> DecodeStep | str:
     """The model described to C, or why it cannot be."""
     library, matmul = _library(), quantized._library()
     for loaded in (library, matmul):
@@ -249,14 +253,12 @@ def describe(model: LlamaModel) -> DecodeStep | str:
     return why if why is not None else DecodeStep(model, library, matmul)
 
 
-def _why_not(model: LlamaModel, layout: tuple[int, bool]) -> str | None:
-    from batching_engine.model.llama import LlamaDecoderLayer  # (llama imports this module)
-
+def _why_not(model: torch.nn.Module, layout: tuple[int, bool]) -> str | None:
     if not model.layers:
         return "the model has no decoder layers"
     first = model.layers[0]
     for index, layer in enumerate(model.layers):
-        if type(layer) is not LlamaDecoderLayer:
+        if not getattr(layer, "plain_pre_norm", False):
             return f"layer {index} is a {type(layer).__name__}, not a plain Llama block"
         attention, mlp = layer.self_attn, layer.mlp
         if type(mlp) is not SwiGLUMLP or mlp.activation != "silu":

@@ -18,6 +18,8 @@ Gemma 3 gives its sliding layers a rope base of their own.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -110,6 +112,9 @@ def mlp(config: LlamaConfig, tp: TensorParallel) -> SwiGLUMLP | SparseMoE:
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention then pre-norm MLP, each added to the residual stream."""
 
+    # The block `kernels/cpu_decode_step.c` computes; a subclass that adds to it says False.
+    plain_pre_norm: ClassVar[bool] = True
+
     def __init__(
         self, config: LlamaConfig, tp: TensorParallel = SINGLE, window: int | None = None
     ) -> None:
@@ -139,6 +144,8 @@ class SandwichDecoderLayer(LlamaDecoderLayer):
     """Gemma's block: the attention's and the MLP's outputs are normed too before each is
     added to the residual stream (four norms, named as transformers names them: Llama's
     `post_attention_layernorm` norms the attention's output here)."""
+
+    plain_pre_norm: ClassVar[bool] = False
 
     def __init__(
         self, config: LlamaConfig, tp: TensorParallel = SINGLE, window: int | None = None
