@@ -21,6 +21,7 @@ torch path.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -28,7 +29,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -163,6 +164,24 @@ def _build(compiler: str, source: Path, flags: tuple[str, ...], target: Path) ->
             return f"{' '.join(command)} failed: {done.stderr.strip()[-500:]}"
         partial.replace(target)
     return None
+
+
+@contextlib.contextmanager
+def forced(choice: str) -> Iterator[None]:
+    """Within the block, the libraries load afresh as `INFERGRID_CPU_KERNEL=choice` says, and
+    as before after it: how tests and benchmarks compare builds in one process (weights packed
+    inside the block are packed for its build)."""
+    before = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = choice
+    clear_cache()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = before
+        clear_cache()
 
 
 def clear_cache() -> None:

@@ -25,9 +25,8 @@ from typing import Final
 
 import torch
 
-from batching_engine.kernels import cpu_build, dispatch
+from batching_engine.kernels import cpu_build, cpu_decode, dispatch
 from batching_engine.kernels import cpu_quantized_matmul as quantized
-from batching_engine.kernels.cpu_decode import CACHE_DTYPES
 from batching_engine.model.attention import PagedAttentionMetadata
 from batching_engine.model.layers import RMSNorm, SwiGLUMLP
 from batching_engine.model.quantization import QuantizedLinear
@@ -131,7 +130,9 @@ class DecodeStep:
         first = kv_caches[0][0] if kv_caches else None
         if first is None or len(kv_caches) != len(self.layers) or first.shape[2:] != shape:
             return False
-        if not all(_plain_cache(c) and _alike(c, first) for pair in kv_caches for c in pair):
+        if not all(
+            cpu_decode.holds(k, v) and all(_alike(c, first) for c in (k, v)) for k, v in kv_caches
+        ):
             return False
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
@@ -244,13 +245,8 @@ def native_step(
 
 def describe(model: torch.nn.Module) -> DecodeStep | str:
     """The model described to C, or why it cannot be."""
-    library, matmul = _library(), quantized._library()
-    for loaded in (library, matmul):
-        if isinstance(loaded, str):
-            return loaded
-    layout = (matmul.quantized_matmul_strip(), bool(matmul.quantized_matmul_vnni()))
-    why = _why_not(model, layout)
-    return why if why is not None else DecodeStep(model, library, matmul)
+    why = available() or _why_not(model, quantized.reads())
+    return why if why is not None else DecodeStep(model, _library(), quantized._library())
 
 
 def _why_not(model: torch.nn.Module, layout: tuple[int, bool]) -> str | None:
@@ -308,13 +304,9 @@ def _plain(tensor: torch.Tensor) -> bool:
     return tensor.dtype == torch.float32 and tensor.device.type == "cpu" and tensor.is_contiguous()
 
 
-def _plain_cache(cache: torch.Tensor) -> bool:
-    """A KV cache the C kernels read: a contiguous CPU tensor of one of their dtypes."""
-    return cache.dtype in CACHE_DTYPES and cache.device.type == "cpu" and cache.is_contiguous()
-
-
 def _alike(cache: torch.Tensor, first: torch.Tensor) -> bool:
-    return cache.shape == first.shape and cache.dtype == first.dtype
+    """Shaped and typed as the first layer's cache, and contiguous (the C side's layout)."""
+    return cache.shape == first.shape and cache.dtype == first.dtype and cache.is_contiguous()
 
 
 def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -172,14 +172,18 @@ def layout(weight: PackedWeight) -> tuple[int, bool]:
     return weight.codes.shape[-1 - weight.vnni], weight.vnni
 
 
+def reads() -> tuple[int, bool]:
+    """(strip, vnni): the layout the loaded build reads, as `layout` names a weight's."""
+    return strip(), vnni()
+
+
 def matmul(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
     """x [..., k] float32 @ the packed weight's [n, k] transposed: [..., n]."""
     library = _ready()
-    packed_for = layout(weight)
-    reads = (library.quantized_matmul_strip(), bool(library.quantized_matmul_vnni()))
-    if packed_for != reads:
+    packed_for, read = layout(weight), reads()
+    if packed_for != read:
         raise RuntimeError(
-            f"weights packed for (strip, vnni) {packed_for}, a kernel that reads {reads}:"
+            f"weights packed for (strip, vnni) {packed_for}, a kernel that reads {read}:"
             f" pack them after choosing {cpu_build.ENV_VAR}"
         )
     k, n = weight.k, weight.n

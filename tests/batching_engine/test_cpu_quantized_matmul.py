@@ -31,14 +31,12 @@ BLOCK = 32  # a VNNI build quantizes x per block of this many inputs
 
 
 @pytest.fixture(params=BUILDS)
-def build(request, monkeypatch):
+def build(request):
     """Each build the CPU can run (AVX-512 and AVX2, each with VNNI and without)."""
-    monkeypatch.setenv(cpu_build.ENV_VAR, request.param)
-    cpu_build.clear_cache()
-    if kernel.available() is not None:
-        pytest.skip(f"this CPU cannot run it: {kernel.available()}")
-    yield request.param
-    cpu_build.clear_cache()
+    with cpu_build.forced(request.param):
+        if kernel.available() is not None:
+            pytest.skip(f"this CPU cannot run it: {kernel.available()}")
+        yield request.param
 
 
 def half_steps(x: torch.Tensor) -> torch.Tensor:

@@ -83,17 +83,14 @@ def test_q4_1_blocks_requantize_to_their_own_codes():
 
 
 @pytest.fixture
-def float_activations(monkeypatch):
+def float_activations():
     """The kernel's float build: products exact to float rounding, so what is checked is the
     weights the codes stand for. The default VNNI build also rounds x to int8 per block;
     its bound is tests/batching_engine/test_cpu_quantized_matmul.py's, and the perplexity
     test below holds what that costs the model."""
     build = cpu_build.target()
-    monkeypatch.setenv(cpu_build.ENV_VAR, cpu_build.FLOAT_TWIN.get(build, build or "off").lower())
-    cpu_build.clear_cache()
-    yield
-    monkeypatch.undo()
-    cpu_build.clear_cache()
+    with cpu_build.forced(cpu_build.FLOAT_TWIN.get(build, build or "off").lower()):
+        yield
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])

@@ -48,13 +48,11 @@ def model_dir(request, tmp_path_factory):
 
 
 @pytest.fixture(params=BUILDS)
-def build(request, monkeypatch):
-    monkeypatch.setenv(cpu_build.ENV_VAR, request.param)
-    cpu_build.clear_cache()
-    if cpu_decode_step.available() is not None:
-        pytest.skip(f"no {request.param} build here: {cpu_decode_step.available()}")
-    yield request.param
-    cpu_build.clear_cache()
+def build(request):
+    with cpu_build.forced(request.param):
+        if cpu_decode_step.available() is not None:
+            pytest.skip(f"no {request.param} build here: {cpu_decode_step.available()}")
+        yield request.param
 
 
 @pytest.fixture(params=MODES)
