@@ -25,11 +25,11 @@ from device_plugin.config import PluginConfig
 from device_plugin.fake_kubelet import FakeKubelet
 from device_plugin.kubelet import UNHEALTHY, api_pb2
 from device_plugin.ledger import Ledger
-from device_plugin.nvml.fake import FakeNvml
 from device_plugin.runtime import DevicePluginRuntime
 from infergrid.assignment_annotation import AssignedGpu, ContainerAssignment, PodAssignment
 from infergrid.constants import RESOURCE_GPU, RESOURCE_VGPU, SCHEDULER_NAME
 from infergrid.fleet import parse_fleet
+from infergrid.nvml.fake import FakeNvml
 from infergrid.records import PodRecord
 
 

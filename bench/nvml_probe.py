@@ -75,11 +75,11 @@ def print_versions(*, driver: bool = True, file=None) -> None:
 def open_backend(fake: str | None, node: str | None):
     """(backend, node name): the real NVML, or the fake one over a fleet file's node."""
     if fake is None:
-        from device_plugin.nvml.real import RealNvml
+        from infergrid.nvml.real import RealNvml
 
         return RealNvml(), node or socket.gethostname()
-    from device_plugin.nvml.fake import FakeNvml
     from infergrid.fleet import load_fleet
+    from infergrid.nvml.fake import FakeNvml
 
     nodes = load_fleet(fake).nodes
     chosen = next((n for n in nodes if n.name == node), None) if node else nodes[0]
@@ -101,8 +101,8 @@ def main() -> int:
 
     from device_plugin.discovery import discover, sample_usage
     from device_plugin.health import HealthTracker
-    from device_plugin.nvml.backend import NvmlError
     from infergrid.inventory import encode_inventory
+    from infergrid.nvml.backend import NvmlError
     from infergrid.usage import encode_usage
 
     try:

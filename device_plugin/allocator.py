@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from device_plugin.config import PluginConfig
 from device_plugin.devices import Device, resource_of
 from device_plugin.ledger import Ledger, Pending, explains, pending_on, unassigned_on, widest
-from device_plugin.mps import default_cores, mps_client
-from device_plugin.visibility import Mount, visibility
+from device_plugin.mps import default_cores
+from device_plugin.visibility import visibility
 from infergrid.placement import recheck
 from infergrid.records import PodRecord
+from infergrid.share_edits import Mount, share_edits
 
 
 class AllocationError(Exception):
@@ -220,11 +221,9 @@ def _limits(
 ) -> tuple[dict[str, str], tuple[Mount, ...]]:
     """The container's memory budget, and on an MPS GPU its daemon and the limits that hold it."""
     memory = _memory(devices, candidates, config)
-    envs = {"INFERGRID_GPU_MEMORY_MIB": str(memory)}
-    if not (config.mps and devices[0].kind == "share"):
-        return envs, ()
-    client = mps_client(config.mps_root, devices[0].gpu.uuid, memory, _cores(candidates, config))
-    return {**envs, **client.envs}, client.mounts
+    mps = config.mps_root if config.mps and devices[0].kind == "share" else None
+    cores = _cores(candidates, config) if mps else 0
+    return share_edits(memory, mps, devices[0].gpu.uuid, cores)
 
 
 def grant(

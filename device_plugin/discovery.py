@@ -16,9 +16,9 @@ from datetime import datetime
 from typing import TypeVar
 
 from device_plugin.health import HealthTracker
-from device_plugin.nvml.backend import DeviceInfo, NvmlBackend, NvmlError
 from infergrid.constants import DEFAULT_VGPU_SLOTS_PER_GPU
 from infergrid.inventory import EccState, Gpu, GpuInventory, GpuLink, MigInstance
+from infergrid.nvml.backend import DeviceInfo, NvmlBackend, NvmlError
 from infergrid.usage import GpuUsage, GpuUsageSample
 
 log = logging.getLogger(__name__)

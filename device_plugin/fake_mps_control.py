@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
-from device_plugin.mps import CONTROL_SOCKET, PID_FILE
+from infergrid.share_edits import CONTROL_SOCKET, PID_FILE
 
 DEFAULT_PIPE: Final = "/tmp/nvidia-mps"
 DEFAULT_LOG: Final = "/var/log/nvidia-mps"

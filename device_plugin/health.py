@@ -25,9 +25,9 @@ from typing import Final
 
 from device_plugin import metrics
 from device_plugin.ecc import ecc_fault
-from device_plugin.nvml.backend import NvmlBackend, NvmlError
 from device_plugin.xid import XidKind, classify_xid, describe_xid
 from infergrid.inventory import EccState
+from infergrid.nvml.backend import NvmlBackend, NvmlError
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ from kubernetes import client, config
 
 from device_plugin.config import PluginConfig, add_flags, load_config
 from device_plugin.kube import KubePods, patch_node, set_node_condition
-from device_plugin.nvml.backend import NvmlBackend, NvmlError
 from device_plugin.ops_server import serve_ops
 from device_plugin.pod_resources import PodResourcesClient
 from device_plugin.runtime import DevicePluginRuntime
 from infergrid.errors import ContractError
 from infergrid.fleet import load_fleet
+from infergrid.nvml.backend import NvmlBackend, NvmlError
 from infergrid.process import configure_logging, kube_api
 
 log = logging.getLogger("infergrid.device_plugin")
@@ -32,10 +32,10 @@ log = logging.getLogger("infergrid.device_plugin")
 
 def make_backend(cfg: PluginConfig) -> NvmlBackend:
     if cfg.fake_fleet is None:
-        from device_plugin.nvml.real import RealNvml
+        from infergrid.nvml.real import RealNvml
 
         return RealNvml()
-    from device_plugin.nvml.fake import FakeNvml
+    from infergrid.nvml.fake import FakeNvml
 
     nodes = {n.name: n for n in load_fleet(cfg.fake_fleet).nodes}
     if cfg.node_name not in nodes:
@@ -47,7 +47,7 @@ def make_backend(cfg: PluginConfig) -> NvmlBackend:
 
 def _fake_work(backend: NvmlBackend) -> Callable[[dict[str, float]], None] | None:
     """On fake NVML, the pods holding each GPU run on it (the fleet's heldBusyPercent)."""
-    from device_plugin.nvml.fake import FakeNvml
+    from infergrid.nvml.fake import FakeNvml
 
     return backend.run if isinstance(backend, FakeNvml) else None
 

@@ -22,50 +22,12 @@ NVIDIA's).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
 
 from device_plugin.config import PluginConfig
 from device_plugin.devices import offered_as_mig
-from device_plugin.visibility import Mount
 from infergrid.inventory import Gpu, GpuInventory
-
-PID_FILE: Final = "nvidia-cuda-mps-control.pid"
-"""What a control daemon writes into its pipe folder, its pid inside, and removes on ``quit``."""
-CONTROL_SOCKET: Final = "control"
-"""The control daemon's socket in its pipe folder; left behind when the daemon is killed."""
-SHM_MOUNT: Final = "/dev/shm"
-ALL_CORES: Final = 100
-
-
-@dataclass(frozen=True, slots=True)
-class MpsPaths:
-    """One GPU's control daemon folders: ``pipe`` (CUDA_MPS_PIPE_DIRECTORY) and ``log``.
-
-    The same paths on the host, in the daemons' container and in a holder's
-    container: the chart mounts the root at its own path, and Allocate does the same.
-    """
-
-    pipe: Path
-    log: Path
-
-    @property
-    def pid_file(self) -> Path:
-        return self.pipe / PID_FILE
-
-    @property
-    def control_socket(self) -> Path:
-        return self.pipe / CONTROL_SOCKET
-
-
-def gpu_paths(root: Path, uuid: str) -> MpsPaths:
-    return MpsPaths(root / uuid / "pipe", root / uuid / "log")
-
-
-def shm_dir(root: Path) -> Path:
-    """The host folder every MPS process on the node uses as ``/dev/shm``."""
-    return root / "shm"
+from infergrid.share_edits import ALL_CORES, gpu_paths
 
 
 def mps_gpus(inventory: GpuInventory, config: PluginConfig) -> tuple[Gpu, ...]:
@@ -100,28 +62,3 @@ def default_cores(config: PluginConfig) -> int:
     if config.mps_default_cores is not None:
         return config.mps_default_cores
     return max(1, ALL_CORES // config.vgpu_slots_per_gpu)
-
-
-@dataclass(frozen=True, slots=True)
-class MpsClient:
-    """What a share holder on an MPS GPU is given beside its GPU: the daemon and its limits."""
-
-    envs: dict[str, str]
-    mounts: tuple[Mount, ...]
-
-
-def mps_client(root: Path, uuid: str, memory_mib: int, cores: int) -> MpsClient:
-    """GPU ``uuid``'s daemon (pipe folder and shared memory) and limits of ``memory_mib`` and
-    ``cores`` percent; the holder sees one GPU, device 0, so the memory limit names 0."""
-    pipe = gpu_paths(root, uuid).pipe
-    return MpsClient(
-        envs={
-            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory_mib}M",
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(cores),
-        },
-        mounts=(
-            Mount(str(pipe), str(pipe), read_only=False),
-            Mount(SHM_MOUNT, str(shm_dir(root)), read_only=False),
-        ),
-    )

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final, TextIO
 
-from device_plugin.mps import MpsPaths
+from infergrid.share_edits import MpsPaths
 
 PROBE: Final = "get_server_list"
 """A command every control daemon answers at once, without starting a server: the health probe."""

@@ -29,12 +29,13 @@ from typing import Final
 from device_plugin.config import PluginConfig, add_flags, load_config
 from device_plugin.discovery import discover
 from device_plugin.main import make_backend
-from device_plugin.mps import MpsPaths, daemon_env, gpu_paths, mps_gpus, shm_dir
+from device_plugin.mps import daemon_env, mps_gpus
 from device_plugin.mps_control import MpsControlError, probe_daemon, read_pid, send, start_daemon
-from device_plugin.nvml.backend import NvmlError
 from infergrid.errors import ContractError
 from infergrid.inventory import Gpu
+from infergrid.nvml.backend import NvmlError
 from infergrid.process import configure_logging
+from infergrid.share_edits import MpsPaths, gpu_paths, shm_dir
 
 log = logging.getLogger("infergrid.mps_daemon")
 

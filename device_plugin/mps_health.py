@@ -32,9 +32,9 @@ from typing import Final
 
 from device_plugin import metrics
 from device_plugin.health import HealthTracker
-from device_plugin.mps import gpu_paths
 from device_plugin.mps_control import TIMEOUT_S, probe_daemon, read_pid
 from infergrid.inventory import Gpu
+from infergrid.share_edits import gpu_paths
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from device_plugin import metrics
 from device_plugin.discovery import discover, sample_usage
 from device_plugin.health import HealthTracker
 from device_plugin.manager import DeviceManager, HeldSource, PodSource
-from device_plugin.nvml.backend import NvmlBackend, NvmlError
 from device_plugin.telemetry import TelemetrySampler
 from infergrid.constants import ANNOTATION_GPU_INVENTORY, ANNOTATION_GPU_USAGE
 from infergrid.inventory import encode_inventory, node_labels
+from infergrid.nvml.backend import NvmlBackend, NvmlError
 from infergrid.usage import encode_usage
 
 log = logging.getLogger(__name__)

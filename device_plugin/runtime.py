@@ -24,12 +24,12 @@ from device_plugin.health import HealthMonitor, HealthTracker
 from device_plugin.manager import DeviceManager, HeldSource, PodSource
 from device_plugin.mps import mps_gpus
 from device_plugin.mps_health import MpsWatch
-from device_plugin.nvml.backend import NvmlBackend
 from device_plugin.plugin import NodePlugins
 from device_plugin.pod_health import PodConditions, PodHealthReporter
 from device_plugin.publisher import NodePublisher, PatchNode
 from device_plugin.server import DevicePluginServicer
 from device_plugin.toolkit import NodeCondition, read_toolkit_condition
+from infergrid.nvml.backend import NvmlBackend
 
 log = logging.getLogger(__name__)
 

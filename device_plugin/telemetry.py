@@ -35,9 +35,9 @@ from device_plugin.allocator import AllocationError
 from device_plugin.devices import Device, by_id
 from device_plugin.holdings import Held, ours
 from device_plugin.manager import HeldSource, PodSource
-from device_plugin.nvml.backend import GpuProcess, NvmlBackend, NvmlError, Telemetry
 from infergrid.assignment_annotation import PodAssignment
 from infergrid.inventory import Gpu, GpuInventory
+from infergrid.nvml.backend import GpuProcess, NvmlBackend, NvmlError, Telemetry
 from infergrid.records import PodRecord
 
 log = logging.getLogger(__name__)

@@ -18,18 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
+from infergrid.share_edits import Mount
+
 MOUNT_DIR: Final = "/var/run/nvidia-container-devices"
 """Where the NVIDIA runtime looks for device-list mounts; also the env value that says so."""
 CDI_KIND: Final = "nvidia.com/gpu"
-
-
-@dataclass(frozen=True, slots=True)
-class Mount:
-    """A mount the kubelet makes in the container."""
-
-    container_path: str
-    host_path: str
-    read_only: bool = True
 
 
 @dataclass(frozen=True, slots=True)

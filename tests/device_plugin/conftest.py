@@ -34,10 +34,10 @@ if TYPE_CHECKING:
     from device_plugin.allocator import Grant
     from device_plugin.fake_kubelet import FakeKubelet
     from device_plugin.manager import HeldSource, PodSource
-    from device_plugin.nvml.fake import FakeNvml
     from device_plugin.pod_health import PodConditions
     from device_plugin.runtime import DevicePluginRuntime
     from device_plugin.toolkit import NodeCondition
+    from infergrid.nvml.fake import FakeNvml
 
 SAMPLE = Path(__file__).resolve().parents[2] / "e2e" / "fleets" / "sample.yaml"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -127,7 +127,7 @@ class FakeDaemons:
             self.started.append(self.pid(uuid))
 
     def pid(self, uuid: str) -> int:
-        from device_plugin.mps import gpu_paths
+        from infergrid.share_edits import gpu_paths
 
         return int(gpu_paths(self.root, uuid).pid_file.read_text())
 
@@ -138,7 +138,7 @@ class FakeDaemons:
     def records(self, uuid: str) -> list[dict]:
         """What GPU ``uuid``'s daemons were told, in order, each with the daemon's pid."""
         from device_plugin.fake_mps_control import RECORD
-        from device_plugin.mps import gpu_paths
+        from infergrid.share_edits import gpu_paths
 
         lines = (gpu_paths(self.root, uuid).log / RECORD).read_text().splitlines()
         return [json.loads(line) for line in lines]
@@ -163,9 +163,9 @@ def start_plugin(short_dir):
     from device_plugin.config import PluginConfig
     from device_plugin.fake_kubelet import FakeKubelet
     from device_plugin.health import HealthTracker
-    from device_plugin.nvml.fake import FakeNvml
     from device_plugin.runtime import DevicePluginRuntime
     from infergrid.fleet import load_fleet
+    from infergrid.nvml.fake import FakeNvml
 
     def start(
         node: str = "l4-0",

@@ -8,10 +8,10 @@ import pytest
 
 from device_plugin.discovery import discover, sample_usage
 from device_plugin.health import HealthTracker
-from device_plugin.nvml.backend import NvmlError
-from device_plugin.nvml.fake import FakeNvml
 from infergrid.fleet import load_fleet, parse_fleet
 from infergrid.inventory import decode_inventory, encode_inventory
+from infergrid.nvml.backend import NvmlError
+from infergrid.nvml.fake import FakeNvml
 from infergrid.usage import GpuUsageSample, decode_usage, encode_usage
 
 SAMPLE = Path(__file__).parents[2] / "e2e" / "fleets" / "sample.yaml"

@@ -8,11 +8,11 @@ from prometheus_client import REGISTRY
 
 from device_plugin.discovery import discover
 from device_plugin.health import HealthMonitor, HealthTracker
-from device_plugin.nvml.backend import XidEvent
-from device_plugin.nvml.fake import FakeNvml
 from device_plugin.xid import APPLICATION_XIDS, RESET_XIDS
 from infergrid.fleet import FAKE_ECC, load_fleet
 from infergrid.inventory import EccState
+from infergrid.nvml.backend import XidEvent
+from infergrid.nvml.fake import FakeNvml
 
 SAMPLE = Path(__file__).parents[2] / "e2e" / "fleets" / "sample.yaml"
 NODES = {node.name: node for node in load_fleet(SAMPLE).nodes}

@@ -14,17 +14,10 @@ from device_plugin.allocator import grant
 from device_plugin.config import MAX_MPS_ROOT_CHARS, PluginConfig, parse_config
 from device_plugin.devices import by_id, resource_devices
 from device_plugin.ledger import Ledger
-from device_plugin.mps import (
-    SHM_MOUNT,
-    daemon_env,
-    default_cores,
-    gpu_paths,
-    mps_client,
-    mps_gpus,
-    shm_dir,
-)
-from device_plugin.visibility import MOUNT_DIR, Mount
+from device_plugin.mps import daemon_env, default_cores, mps_gpus
+from device_plugin.visibility import MOUNT_DIR
 from infergrid.errors import ContractError
+from infergrid.share_edits import SHM_MOUNT, Mount, gpu_paths, mps_client, shm_dir
 from tests.device_plugin.conftest import pod, share, whole
 from tests.device_plugin.test_allocator import INVENTORY, UUIDS
 from tests.placement.builders import gpu, inventory

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from device_plugin.mps import daemon_env, gpu_paths
+from device_plugin.mps import daemon_env
 from device_plugin.mps_control import PROBE, MpsControlError, read_pid, send, start_daemon
+from infergrid.share_edits import gpu_paths
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 

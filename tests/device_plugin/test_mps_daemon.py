@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.mps import gpu_paths
 from device_plugin.mps_control import PROBE, MpsControlError, read_pid, send
 from device_plugin.mps_daemon import Supervisor
 from infergrid.fleet import load_fleet
+from infergrid.share_edits import gpu_paths
 from tests.device_plugin.conftest import FakeDaemons
 from tests.device_plugin.test_pod_health import FakeClock
 from tests.placement.builders import gpu

@@ -11,10 +11,10 @@ from prometheus_client import REGISTRY
 
 from device_plugin.health import HealthTracker
 from device_plugin.kubelet import HEALTHY, UNHEALTHY, api_pb2
-from device_plugin.mps import gpu_paths
 from device_plugin.mps_health import MpsWatch
 from device_plugin.visibility import MOUNT_DIR
 from infergrid.constants import RESOURCE_GPU, RESOURCE_VGPU
+from infergrid.share_edits import gpu_paths
 from tests.device_plugin.conftest import pod, share, whole
 from tests.device_plugin.test_kubelet_protocol import L4_0, allocate
 from tests.device_plugin.test_pod_health import FakeClock, FakeConditions

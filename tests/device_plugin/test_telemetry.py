@@ -18,8 +18,6 @@ from device_plugin.discovery import discover
 from device_plugin.health import HealthTracker
 from device_plugin.holdings import Held
 from device_plugin.manager import DeviceManager
-from device_plugin.nvml.backend import GpuProcess, MigTelemetry, Telemetry
-from device_plugin.nvml.fake import FakeNvml
 from device_plugin.publisher import NodePublisher
 from device_plugin.telemetry import (
     TELEMETRY_METRICS,
@@ -39,6 +37,8 @@ from infergrid.assignment_annotation import (
 )
 from infergrid.fleet import load_fleet
 from infergrid.inventory import GpuInventory
+from infergrid.nvml.backend import GpuProcess, MigTelemetry, Telemetry
+from infergrid.nvml.fake import FakeNvml
 from infergrid.records import PodRecord
 
 ROOT = Path(__file__).parents[2]

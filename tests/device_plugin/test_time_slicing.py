@@ -17,12 +17,12 @@ from device_plugin.discovery import discover
 from device_plugin.kubelet import api_pb2
 from device_plugin.ledger import Ledger, pending_on
 from device_plugin.manager import DeviceManager
-from device_plugin.nvml.fake import FakeNvml
 from device_plugin.preferred import preferred_devices
 from device_plugin.visibility import MOUNT_DIR
 from infergrid.constants import RESOURCE_GPU
 from infergrid.fleet import load_fleet
 from infergrid.inventory import node_capacity
+from infergrid.nvml.fake import FakeNvml
 from tests.device_plugin.conftest import SAMPLE, pod, share, whole
 from tests.device_plugin.test_allocator import INVENTORY, UUIDS
 from tests.device_plugin.test_kubelet_protocol import allocate, first_list, mounted

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from device_plugin.nvml.backend import GpuProcess, MigTelemetry, Telemetry
 from infergrid.constants import LINK_NVLINK
 from infergrid.gpu_models import short_name
 from infergrid.inventory import Gpu, MigInstance
+from infergrid.nvml.backend import GpuProcess, MigTelemetry, Telemetry
 
 _GB: Final = 10**9
 

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from device_plugin.nvml.backend import GpuProcess, NvmlBackend, NvmlError, XidEvent
-from device_plugin.nvml.fake import FakeNvml, interpolate
-from device_plugin.nvml.fake_telemetry import GENERIC, NVLINK_SHARE, board_of
 from infergrid.errors import ContractError
 from infergrid.fleet import FAKE_ECC, FleetNode, load_fleet, parse_fleet
 from infergrid.inventory import EccState
+from infergrid.nvml.backend import GpuProcess, NvmlBackend, NvmlError, XidEvent
+from infergrid.nvml.fake import FakeNvml, interpolate
+from infergrid.nvml.fake_telemetry import GENERIC, NVLINK_SHARE, board_of
 
-SAMPLE = Path(__file__).parents[2] / "e2e" / "fleets" / "sample.yaml"
+SAMPLE = Path(__file__).parents[1] / "e2e" / "fleets" / "sample.yaml"
 NODES = {node.name: node for node in load_fleet(SAMPLE).nodes}
 
 

@@ -37,14 +37,6 @@ from typing import Any, Final, TypeVar
 
 import pynvml
 
-from device_plugin.nvml.backend import (
-    DeviceInfo,
-    GpuProcess,
-    MigTelemetry,
-    NvmlError,
-    Telemetry,
-    XidEvent,
-)
 from infergrid.constants import (
     LINK_HOST_BRIDGE,
     LINK_NUMA,
@@ -54,6 +46,14 @@ from infergrid.constants import (
 )
 from infergrid.inventory import EccState, GpuLink, MigInstance
 from infergrid.mig import MIG_FAMILIES
+from infergrid.nvml.backend import (
+    DeviceInfo,
+    GpuProcess,
+    MigTelemetry,
+    NvmlError,
+    Telemetry,
+    XidEvent,
+)
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Final, TypeVar
 
-from device_plugin.nvml.backend import DeviceInfo, NvmlError, Telemetry, XidEvent
-from device_plugin.nvml.fake_telemetry import nvlink_bytes_per_second, reading
 from infergrid.fleet import FAKE_ECC, FleetNode, ScheduledEcc, ScheduledXid
 from infergrid.inventory import ECC_FIELDS, EccState, Gpu, GpuLink, MigInstance
+from infergrid.nvml.backend import DeviceInfo, NvmlError, Telemetry, XidEvent
+from infergrid.nvml.fake_telemetry import nvlink_bytes_per_second, reading
 
 CALLS: Final = frozenset(
     {

@@ -10,7 +10,15 @@ import pytest
 
 from device_plugin.discovery import discover, sample_usage
 from device_plugin.health import HealthTracker
-from device_plugin.nvml.backend import (
+from infergrid.inventory import (
+    EccState,
+    GpuLink,
+    MigInstance,
+    decode_inventory,
+    encode_inventory,
+)
+from infergrid.mig import MIG_FAMILIES, MigProfile
+from infergrid.nvml.backend import (
     GpuProcess,
     MigTelemetry,
     NvmlBackend,
@@ -18,7 +26,7 @@ from device_plugin.nvml.backend import (
     Telemetry,
     XidEvent,
 )
-from device_plugin.nvml.real import (
+from infergrid.nvml.real import (
     NvLinkEnds,
     RealNvml,
     link_type,
@@ -29,14 +37,6 @@ from device_plugin.nvml.real import (
     sm_count_from_cores,
     sysfs_numa_node,
 )
-from infergrid.inventory import (
-    EccState,
-    GpuLink,
-    MigInstance,
-    decode_inventory,
-    encode_inventory,
-)
-from infergrid.mig import MIG_FAMILIES, MigProfile
 
 
 def nvml_works() -> bool:
