@@ -1,5 +1,5 @@
-"""Where the local cluster's binaries live (etcd, Kubernetes, kwok, helm, built from pinned Go
-modules), and building them on first use. Here, below both the image builder (whose
+"""Where the local cluster's binaries live (etcd, Kubernetes, containerd, kwok, helm, built from
+pinned Go modules), and building them on first use. Here, below both the image builder (whose
 kube-scheduler image is the cluster's binary) and the local cluster, which uses both."""
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def paths() -> dict[str, Path]:
     v, bin_dir = versions(), cache_dir() / "bin"
     k8s = bin_dir / f"kubernetes-{v['K8S_VERSION']}"
     kwok = bin_dir / f"kwok-{v['KWOK_VERSION']}"
+    containerd = bin_dir / f"containerd-{v['CONTAINERD_VERSION']}"
     return {
         "etcd": bin_dir / f"etcd-{v['ETCD_VERSION']}" / "etcd",
         "kube-apiserver": k8s / "kube-apiserver",
@@ -40,6 +41,9 @@ def paths() -> dict[str, Path]:
         "kubelet": k8s / "kubelet",
         "kwok": kwok / "kwok",
         "kwok-stages": kwok / "stages-lease.yaml",
+        "containerd": containerd / "containerd",
+        "containerd-shim-runc-v2": containerd / "containerd-shim-runc-v2",
+        "ctr": containerd / "ctr",
         "helm": bin_dir / f"helm-{v['HELM_VERSION']}" / "helm",
     }
 

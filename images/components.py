@@ -156,8 +156,13 @@ def images(pyproject: dict) -> dict[str, Image]:
             # devices (utility capability only). The chart runs it as uid 0, no capabilities.
             env=(("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "utility")),
             port=9400,
-            # The chart's MPS container, and the control program's stand-in on fake NVML.
-            more_scripts=("infergrid-mps-daemon", "infergrid-fake-mps-control"),
+            # The chart's DRA driver and MPS container, and the control program's stand-in on
+            # fake NVML.
+            more_scripts=(
+                "infergrid-dra-driver",
+                "infergrid-mps-daemon",
+                "infergrid-fake-mps-control",
+            ),
         ),
         _python_image(
             "scheduler-extender",

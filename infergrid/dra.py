@@ -49,6 +49,24 @@ CAP_MEMORY: Final = "memory"  # a quantity in bytes ("81920Mi")
 CAP_CORES: Final = "cores"  # the share of the GPU's SMs, percent (consumable, default 0)
 CAP_MIG_SLICES: Final = "migSlices"  # counter: compute slices of the 7 a MIG GPU has
 
+# Counter names in a MIG GPU's shared counter set: the API wants DNS labels (lower case), so
+# the counter of CAP_MIG_SLICES is spelled with a dash.
+COUNTER_MIG_SLICES: Final = "mig-slices"
+COUNTER_MEMORY: Final = "memory"
+
+FEATURE_GATES: Final = {"DRAConsumableCapacity": True, "DRAPartitionableDevices": True}
+"""The alpha gates DRA mode uses beyond DRA itself (GA, and locked on from 1.35): consumable
+capacity (1.34) for shares, partitionable devices (1.33) for MIG with shared counters. The API
+server, kube-scheduler, the controller manager and the kubelet each need them; without them the
+driver publishes whole GPUs and static MIG devices only."""
+
+
+def feature_gates_flag() -> str:
+    """``--feature-gates=...`` for a Kubernetes component, the gates in a stable order."""
+    gates = ",".join(f"{name}={str(on).lower()}" for name, on in sorted(FEATURE_GATES.items()))
+    return f"--feature-gates={gates}"
+
+
 RESOURCE_GPU_CLAIM: Final = "infergrid.io/gpu-claim"
 """The extended resource a pod whose GPUs come by ResourceClaim asks for (1), so kube-scheduler
 sends it to the extender (its managedResources, ignored by the scheduler's own fit). No node

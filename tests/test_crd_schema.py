@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from inference_operator.claims import device_request, read_claims
 from infergrid.constants import DEFAULT_POLICY, PLACEMENT_POLICIES
 from infergrid.serving_config import (
     CRD_SETTINGS,
@@ -321,3 +322,39 @@ def test_spec_scheduling_policy_offers_every_policy_a_pod_may_ask_for(path):
     every policy the extender serves (so fgd-cluster-aware too), defaulting to the default."""
     policy = crd_spec(path)["scheduling"]["properties"]["policy"]
     assert (policy["enum"], policy["default"]) == (list(PLACEMENT_POLICIES), DEFAULT_POLICY)
+
+
+DRA_SAMPLES = ROOT / "deploy" / "samples" / "dra"
+DRA_TEMPLATES = {"whole-gpu.yaml": "gpu", "mig-3g40gb.yaml": "mig", "share-4gi.yaml": "share"}
+
+
+def dra_sample(name: str) -> dict:
+    text = (DRA_SAMPLES / name).read_text()
+    assert text.startswith("#"), f"{name} has no comment header"
+    return yaml.safe_load(text)
+
+
+def test_the_dra_samples_are_the_three_templates_and_a_service_that_claims():
+    assert {p.name for p in DRA_SAMPLES.glob("*.yaml")} == {*DRA_TEMPLATES, "smollm2-claim.yaml"}
+
+
+@pytest.mark.parametrize(("name", "kind"), DRA_TEMPLATES.items())
+def test_a_dra_template_sample_asks_for_what_the_operator_would_render(name, kind):
+    """The hand-written templates and the operator's (claims.py) ask for the same devices."""
+    body = dra_sample(name)
+    assert (body["apiVersion"], body["kind"]) == ("resource.k8s.io/v1", "ResourceClaimTemplate")
+    (request,) = body["spec"]["spec"]["devices"]["requests"]
+    claim = {"gpu": {"kind": "gpu"}, "share": {"kind": "share", "memory": "4Gi"},
+             "mig": {"kind": "mig", "migProfile": "3g.40gb"}}[kind]  # fmt: skip
+    rendered = device_request(read_claims({"claims": [{"name": request["name"], **claim}]}, "")[0])
+    assert request == rendered
+
+
+def test_the_dra_service_sample_is_the_shared_smollm2_by_claim(schema):
+    body = dra_sample("smollm2-claim.yaml")
+    assert violations(body, schema, "") == []
+    shared = yaml.safe_load((ROOT / "deploy/samples/smollm2-shared.yaml").read_text())["spec"]
+    assert body["spec"]["model"] == shared["model"]
+    assert body["spec"]["resources"] == {
+        "claims": [{"name": "gpu", "kind": "share", "memory": "4Gi"}]
+    }

@@ -24,7 +24,7 @@ from gateway.config import GatewayConfig, check
 from gateway.tenants import TenantLimits
 from images import cluster_binaries
 from inference_operator.config import SETTINGS as OPERATOR_SETTINGS
-from infergrid import constants
+from infergrid import constants, dra
 from infergrid.settings import parse_settings
 from scheduler_extender.config import DEFAULT_PREEMPTIBLE
 from scheduler_extender.config import SETTINGS as EXTENDER_SETTINGS
@@ -205,7 +205,12 @@ def test_rbac_matches_what_each_component_calls(default):
                         ("", "pods", "list"), ("", "pods", "watch"),
                         ("", "pods/binding", "create"),
                         ("", "pods/eviction", "create"), ("", "pods", "delete"),
-                        ("", "events", "create")}  # fmt: skip
+                        ("", "events", "create"),
+                        ("resource.k8s.io", "resourceclaims", "list"),
+                        ("resource.k8s.io", "resourceclaims", "watch"),
+                        ("resource.k8s.io", "resourceslices", "list"),
+                        ("resource.k8s.io", "resourceslices", "watch"),
+                        ("resource.k8s.io", "deviceclasses", "get")}  # fmt: skip
     gateway = rules_of(default, "ClusterRole", "-gateway")
     assert gateway == {("infergrid.io", "inferenceservices", "list"),
                        ("infergrid.io", "inferenceservices", "watch"),
@@ -226,6 +231,8 @@ def test_rbac_matches_what_each_component_calls(default):
     assert ("", "services", "get") in operator  # a child's name is checked before a write
     assert ("", "services", "delete") not in operator
     assert ("apps", "replicasets", "list") in operator
+    for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
+        assert ("resource.k8s.io", "resourceclaimtemplates", verb) in operator
     # Leases: only the component's own, by name, in the release namespace.
     for suffix, lease in (("-scheduler", "ig-infergrid-scheduler"),
                           ("-extender", "ig-infergrid-extender")):  # fmt: skip
@@ -416,7 +423,7 @@ def test_scheduler_configuration_matches_the_local_cluster(default):
     assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
         "filter", "prioritize", "bind",
     )  # fmt: skip
-    ignored = {constants.RESOURCE_GPU_MEMORY, constants.RESOURCE_GPU_CORES}
+    ignored = {constants.RESOURCE_GPU_MEMORY, constants.RESOURCE_GPU_CORES, dra.RESOURCE_GPU_CLAIM}
     assert extender["managedResources"] == [
         {"name": name, "ignoredByScheduler": name in ignored} for name in extender_resources()
     ]
@@ -1217,3 +1224,132 @@ def test_bad_anonymous_values_are_rejected_naming_the_key(args, where):
     done = helm("template", "ig", str(CHART), "--kube-version", KUBE_VERSION, *OPEN_GATEWAY, *args)
     assert done.returncode != 0, f"{args} was accepted"
     assert where in done.stderr, done.stderr
+
+
+DRA_POOL = ["--set-json", "nodePools=" + json.dumps([
+    {"name": "gpu", "nodeSelector": {}, "mode": "devicePlugin"},
+    {"name": "dra", "nodeSelector": {"infergrid.io/pool": "dra"}, "mode": "dra"},
+])]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def with_dra_pool() -> list[dict]:
+    if not HELM.exists():
+        pytest.skip(f"helm is not built ({HELM}); run `make cluster-build`")
+    return render(*DRA_POOL)
+
+
+def node_terms(daemonset: dict) -> list[dict]:
+    affinity = pod_spec(daemonset)["affinity"]["nodeAffinity"]
+    return affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+
+
+def test_by_default_every_gpu_node_is_a_device_plugin_node_and_nothing_of_dra_renders(default):
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["nodePools"] == [{"name": "gpu", "nodeSelector": {}, "mode": "devicePlugin"}]
+    plugin = one(default, "DaemonSet", "-device-plugin")
+    assert node_terms(plugin) == values["devicePlugin"]["gpuNodeSelectorTerms"]
+    assert not by_kind(default, "DeviceClass")
+    assert not [o for o in default if "dra-driver" in o["metadata"]["name"]]
+
+
+def test_a_dra_pool_gets_the_dra_driver_and_the_device_plugin_leaves_it(with_dra_pool):
+    """A node is in one mode: the plugin's terms exclude the pool, the driver's select it."""
+    gpu_terms = yaml.safe_load((CHART / "values.yaml").read_text())["devicePlugin"][
+        "gpuNodeSelectorTerms"
+    ]
+    pool = {"key": "infergrid.io/pool", "values": ["dra"]}
+    plugin = node_terms(one(with_dra_pool, "DaemonSet", "-device-plugin"))
+    driver = node_terms(one(with_dra_pool, "DaemonSet", "-dra-driver"))
+    assert plugin == [{"matchExpressions": [*t["matchExpressions"], {**pool, "operator": "NotIn"}]}
+                      for t in gpu_terms]  # fmt: skip
+    assert driver == [{"matchExpressions": [*t["matchExpressions"], {**pool, "operator": "In"}]}
+                      for t in gpu_terms]  # fmt: skip
+
+
+def test_the_dra_driver_runs_as_pinned_with_the_kubelets_and_cdi_folders(with_dra_pool):
+    daemonset = one(with_dra_pool, "DaemonSet", "-dra-driver")
+    (driver,) = pod_spec(daemonset)["containers"]
+    assert driver["command"] == ["infergrid-dra-driver", "--config",
+                                 "/etc/infergrid/dra-driver.yaml"]  # fmt: skip
+    assert driver["image"] == one(with_dra_pool, "DaemonSet", "-device-plugin")["spec"][
+        "template"]["spec"]["containers"][0]["image"]  # fmt: skip
+    env = {e["name"]: e for e in driver["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod_spec(daemonset)["volumes"]
+             if "hostPath" in v}  # fmt: skip
+    assert set(paths.values()) == {"/var/lib/kubelet/plugins",
+                                   "/var/lib/kubelet/plugins_registry", "/var/run/cdi"}  # fmt: skip
+    config = yaml.safe_load(
+        one(with_dra_pool, "ConfigMap", "-dra-driver")["data"]["dra-driver.yaml"]
+    )
+    assert config == {"version": "v1", "pluginDir": "/var/lib/kubelet/plugins/gpu.infergrid.io",
+                      "registryDir": "/var/lib/kubelet/plugins_registry",
+                      "cdiDir": "/var/run/cdi", "mps": False, "mpsRoot": "/run/infergrid/mps",
+                      "metricsPort": 0}  # fmt: skip
+    driver_role = rules_of(with_dra_pool, "ClusterRole", "-dra-driver")
+    slices = {("resource.k8s.io", "resourceslices", v)
+              for v in ("get", "list", "watch", "create", "update", "patch", "delete")}  # fmt: skip
+    assert driver_role == slices | {("resource.k8s.io", "resourceclaims", "get"),
+                                    ("", "nodes", "get")}  # fmt: skip
+    check_rbac(with_dra_pool)
+    check_labels(with_dra_pool)
+
+
+def test_with_mps_and_a_fake_fleet_the_dra_driver_runs_the_mps_daemons_on_the_fleet():
+    objects = render(*DRA_POOL, "--set", "devicePlugin.config.mps=true",
+                     "--set", "devicePlugin.fakeFleet=nodes: []")  # fmt: skip
+    daemonset = one(objects, "DaemonSet", "-dra-driver")
+    containers = {c["name"]: c for c in pod_spec(daemonset)["containers"]}
+    assert containers["mps-control-daemon"]["command"] == ["infergrid-mps-daemon"]
+    mounts = {m["mountPath"] for m in containers["dra-driver"]["volumeMounts"]}
+    assert "/run/infergrid/mps" in mounts
+    data = one(objects, "ConfigMap", "-dra-driver")["data"]
+    assert yaml.safe_load(data["dra-driver.yaml"])["fakeFleet"] == "/etc/infergrid/fleet.yaml"
+    assert data["fleet.yaml"].strip() == "nodes: []"
+    assert yaml.safe_load(data["device-plugin.yaml"])["mps"] is True
+
+
+def test_the_device_classes_are_the_contracts(with_dra_pool):
+    classes = {
+        c["metadata"]["name"]: c["spec"]["selectors"] for c in by_kind(with_dra_pool, "DeviceClass")
+    }
+    assert set(classes) == {dra.CLASS_GPU, dra.CLASS_SHARE, dra.CLASS_MIG}
+    for name, kind in ((dra.CLASS_GPU, dra.TYPE_GPU), (dra.CLASS_SHARE, dra.TYPE_GPU),
+                       (dra.CLASS_MIG, dra.TYPE_MIG)):  # fmt: skip
+        expression = (f'device.driver == "{dra.DRIVER}" && '
+                      f'device.attributes["{dra.DRIVER}"].{dra.ATTR_TYPE} == "{kind}"')  # fmt: skip
+        assert classes[name] == [{"cel": {"expression": expression}}]
+
+
+def test_the_claim_marker_is_ignored_by_kube_scheduler():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    managed = {r["name"]: r["ignoredByScheduler"] for r in values["scheduler"]["managedResources"]}
+    assert managed[dra.RESOURCE_GPU_CLAIM] is True
+
+
+def test_the_dra_driver_may_set_the_gpu_env_the_admission_policy_forbids_others(with_dra_pool):
+    policy = one(with_dra_pool, "ValidatingAdmissionPolicy", "-gpu-env")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert "'ig-infergrid-dra-driver'" in condition["expression"]
+
+
+@pytest.mark.parametrize(
+    ("pools", "message"),
+    [
+        ([{"name": "a", "nodeSelector": {}, "mode": "dra"}], "nodePools a: a dra pool needs"),
+        ([{"name": "a", "nodeSelector": {"k": "v"}, "mode": "devicePlugin"},
+          {"name": "b", "nodeSelector": {"k": "v"}, "mode": "dra"}],
+         "nodePools b: its nodeSelector is the same as pool a's"),
+        ([{"name": "a", "nodeSelector": {}, "mode": "devicePlugin"},
+          {"name": "a", "nodeSelector": {"k": "v"}, "mode": "dra"}],
+         "nodePools: the name a is used twice"),
+        ([{"name": "a", "nodeSelector": {}, "mode": "kubelet"}], "nodePools/0/mode"),
+    ],
+)  # fmt: skip
+@needs_helm
+def test_bad_node_pools_are_rejected_naming_the_pool(tmp_path, pools, message):
+    values = tmp_path / "pools.yaml"
+    values.write_text(yaml.safe_dump({"nodePools": pools}))
+    done = helm("template", "ig", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(values))
+    assert done.returncode != 0 and message in done.stderr, done.stderr

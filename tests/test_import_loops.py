@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
     "infergrid": ROOT / "infergrid",
     "device_plugin": ROOT / "device_plugin",
+    "dra_driver": ROOT / "dra_driver",
     "scheduler_extender": ROOT / "scheduler_extender",
     "inference_operator": ROOT / "operator" / "inference_operator",
     "batching_engine": ROOT / "batching_engine",

@@ -33,16 +33,31 @@ def test_each_node_has_its_own_subnet_and_a_non_loopback_ip_on_its_bridge(tmp_pa
 
 def test_containerd_runs_cri_as_this_machine_class_needs(tmp_path):
     config = tomllib.loads(node_configs.containerd_config(node(tmp_path)))
-    assert config["version"] == 2
+    assert config["version"] == 3
     assert config["grpc"]["address"] == "/run/infergrid/local-a100/containerd.sock"
-    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
-    assert cri["restrict_oom_score_adj"] is True  # no CAP_SYS_RESOURCE
-    assert cri["disable_apparmor"] is True
-    assert cri["sandbox_image"] == "docker.io/infergrid/pause:abc"
-    assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
-    assert cri["cni"]["conf_dir"].endswith("nodes/local-a100/cni")
+    runtime = config["plugins"]["io.containerd.cri.v1.runtime"]
+    assert runtime["restrict_oom_score_adj"] is True  # no CAP_SYS_RESOURCE
+    assert runtime["disable_apparmor"] is True
+    assert runtime["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
+    assert runtime["cni"]["conf_dir"].endswith("nodes/local-a100/cni")
+    images = config["plugins"]["io.containerd.cri.v1.images"]
+    assert images["pinned_images"]["sandbox"] == "docker.io/infergrid/pause:abc"
     # Nothing under /opt: the opt plugin keeps to the node's own folder.
     assert config["plugins"]["io.containerd.internal.v1.opt"]["path"].startswith(str(tmp_path))
+
+
+def test_containerd_reads_the_cdi_specs_a_dra_driver_writes(tmp_path):
+    runtime = tomllib.loads(node_configs.containerd_config(node(tmp_path)))["plugins"][
+        "io.containerd.cri.v1.runtime"
+    ]
+    assert runtime["enable_cdi"] is True
+    assert runtime["cdi_spec_dirs"] == [str(node_configs.CDI_DIR)]
+
+
+def test_the_kubelet_turns_on_the_dra_gates_the_control_plane_has(tmp_path):
+    config = yaml.safe_load(node_configs.kubelet_config(node(tmp_path), tmp_path / "ca.crt"))
+    gates = {"DRAConsumableCapacity": True, "DRAPartitionableDevices": True}
+    assert config["featureGates"] == gates
 
 
 def test_the_cni_bridge_is_no_gateway_so_forwarding_stays_off(tmp_path):

@@ -16,8 +16,12 @@ ROOT = Path(__file__).resolve().parents[2]
 PROTOS = (
     Path("device_plugin/kubelet/v1beta1/api.proto"),
     Path("device_plugin/kubelet/podresources/v1/api.proto"),
+    Path("dra_driver/kubelet/dra/v1/api.proto"),
+    Path("dra_driver/kubelet/pluginregistration/v1/api.proto"),
 )
-"""The device plugin API (the plugin serves it) and the PodResources API (the plugin reads it)."""
+"""The device plugin API (the plugin serves it), the PodResources API (the plugin reads it),
+and the DRA and plugin-registration APIs (the DRA driver serves both): one generator for every
+kubelet API in the project, so all stubs come from the same grpcio-tools."""
 PROTO = PROTOS[0]
 OUTPUTS = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
 

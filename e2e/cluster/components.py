@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from infergrid import constants, mig
+from infergrid import constants, dra, mig
 from infergrid.fleet import FleetNode
 
 from .certs import SERVICE_CIDR, CertPaths
@@ -97,6 +97,7 @@ def extender_resources() -> list[str]:
         constants.RESOURCE_VGPU,
         constants.RESOURCE_GPU_MEMORY,
         constants.RESOURCE_GPU_CORES,
+        dra.RESOURCE_GPU_CLAIM,
         *sorted({constants.mig_resource(p) for f in mig.MIG_FAMILIES for p in f.profiles}),
     ]
 
@@ -129,7 +130,7 @@ def infergrid_scheduler_config(layout: Layout, profile: dict | None = None) -> s
     advertised by a node, so kube-scheduler must ignore them. `profile` replaces
     InferGrid's own (a benchmark's stock-scoring scheduler).
     """
-    ignored = {constants.RESOURCE_GPU_MEMORY, constants.RESOURCE_GPU_CORES}
+    ignored = {constants.RESOURCE_GPU_MEMORY, constants.RESOURCE_GPU_CORES, dra.RESOURCE_GPU_CLAIM}
     return yaml.safe_dump(
         {
             "apiVersion": "kubescheduler.config.k8s.io/v1",
@@ -186,7 +187,12 @@ def device_plugin_command(
 
 def scheduler_command(layout: Layout, config: Path, port: int) -> list[str]:
     """A kube-scheduler run from a KubeSchedulerConfiguration file."""
-    return [str(layout.bins["kube-scheduler"]), f"--config={config}", *_serving(port, layout)]
+    return [
+        str(layout.bins["kube-scheduler"]),
+        f"--config={config}",
+        dra.feature_gates_flag(),
+        *_serving(port, layout),
+    ]
 
 
 def _serving(port: int, layout: Layout) -> list[str]:
@@ -239,6 +245,7 @@ def commands(layout: Layout) -> dict[str, list[str]]:
             "--kubelet-preferred-address-types=InternalIP,Hostname",
             f"--kubelet-client-certificate={c.admin_cert}",
             f"--kubelet-client-key={c.admin_key}",
+            dra.feature_gates_flag(),
         ],
         "kube-controller-manager": [
             str(b["kube-controller-manager"]),
@@ -251,12 +258,14 @@ def commands(layout: Layout) -> dict[str, list[str]]:
             f"--cluster-signing-key-file={c.ca_key}",
             "--controllers=*,-nodeipam",
             "--node-monitor-grace-period=2m",
+            dra.feature_gates_flag(),
         ],
         "kube-scheduler": [
             str(b["kube-scheduler"]),
             f"--kubeconfig={layout.kubeconfig}",
             *_serving(layout.scheduler_port, layout),
             "--leader-elect=false",
+            dra.feature_gates_flag(),
         ],
         "infergrid-scheduler": scheduler_command(
             layout, s / "infergrid-scheduler.yaml", layout.infergrid_scheduler_port

@@ -38,6 +38,7 @@ WELL_KNOWN_DIRS = (
     "/opt/containerd",
     "/etc/cni",
     "/run/infergrid",
+    "/var/run/cdi",
 )
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from infergrid import dra
+
 # Real nodes take their pod subnets from here, one /24 each; the first address of a node's
 # subnet is its bridge's and the node's own IP (the kubelet refuses a loopback node IP).
 REAL_NODE_CIDR = ipaddress.ip_network("10.85.0.0/16")
@@ -22,6 +24,8 @@ REAL_NODE_CIDR = ipaddress.ip_network("10.85.0.0/16")
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_ROOT = Path("/var/lib/kubelet")
 CNI_BIN_DIR = Path("/usr/lib/cni")
+# Where containerd reads CDI specs from, and the DRA driver writes the ones it prepares.
+CDI_DIR = Path("/var/run/cdi")
 # Every real node carries this label, so a pod (or a test) can ask for one.
 REAL_NODE_LABEL = "infergrid.io/real-node"
 
@@ -73,15 +77,19 @@ class NodeLayout:
 
 
 def _toml(value: object) -> str:
-    """A TOML scalar; JSON's string and number forms are valid TOML for what is used here."""
+    """A TOML value; JSON's string, number and array forms are valid TOML for what is used here."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
     return json.dumps(str(value) if isinstance(value, Path) else value)
 
 
 def containerd_config(node: NodeLayout) -> str:
-    """containerd 1.6 (config version 2) with the CRI plugin for one node.
+    """containerd 2 (config version 3) with the CRI plugins for one node.
 
+    - `enable_cdi`: a DRA driver's prepared devices reach the container as CDI devices, read
+      from `CDI_DIR` (containerd 2 turns CDI on by default; it is set here to say so);
     - `restrict_oom_score_adj`: without CAP_SYS_RESOURCE every sandbox fails with
       "can't get final child's PID from pipe: EOF" when runc writes oom_score_adj;
     - `disable_apparmor`: the machine has no AppArmor;
@@ -89,27 +97,37 @@ def containerd_config(node: NodeLayout) -> str:
     - the `opt` plugin is pointed into the node's own folder, not /opt/containerd, and pod
       network namespaces are mounted under the node's state, not /run/netns.
     """
-    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    runtime, images = (
+        'plugins."io.containerd.cri.v1.runtime"',
+        'plugins."io.containerd.cri.v1.images"',
+    )
     sections = {
         "": {
-            "version": 2,
+            "version": 3,
             "root": node.containerd_root,
             "state": node.run_dir / "state",
         },
         "grpc": {"address": node.containerd_socket},
         "ttrpc": {"address": node.run_dir / "ttrpc.sock"},
         'plugins."io.containerd.internal.v1.opt"': {"path": node.containerd_root / "opt"},
-        cri: {
-            "sandbox_image": node.sandbox_image,
+        images: {"snapshotter": "overlayfs"},
+        f"{images}.pinned_images": {"sandbox": node.sandbox_image},
+        runtime: {
+            "enable_cdi": True,
+            "cdi_spec_dirs": [CDI_DIR],
             "restrict_oom_score_adj": True,
             "disable_apparmor": True,
             "enable_selinux": False,
             "netns_mounts_under_state_dir": True,
         },
-        f"{cri}.containerd": {"snapshotter": "overlayfs", "default_runtime_name": "runc"},
-        f"{cri}.containerd.runtimes.runc": {"runtime_type": "io.containerd.runc.v2"},
-        f"{cri}.containerd.runtimes.runc.options": {"SystemdCgroup": False},
-        f"{cri}.cni": {"bin_dir": CNI_BIN_DIR, "conf_dir": node.cni_conf_dir, "max_conf_num": 1},
+        f"{runtime}.containerd": {"default_runtime_name": "runc"},
+        f"{runtime}.containerd.runtimes.runc": {"runtime_type": "io.containerd.runc.v2"},
+        f"{runtime}.containerd.runtimes.runc.options": {"SystemdCgroup": False},
+        f"{runtime}.cni": {
+            "bin_dirs": [CNI_BIN_DIR],
+            "conf_dir": node.cni_conf_dir,
+            "max_conf_num": 1,
+        },
     }
     lines = []
     for section, values in sections.items():
@@ -185,6 +203,7 @@ def kubelet_config(node: NodeLayout, ca_cert: Path) -> str:
             "nodeStatusUpdateFrequency": "4s",
             "syncFrequency": "10s",
             "fileCheckFrequency": "10s",
+            "featureGates": dict(dra.FEATURE_GATES),
         },
         sort_keys=False,
     )

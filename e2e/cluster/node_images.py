@@ -8,6 +8,7 @@ from pathlib import Path
 
 from images import record
 from images.build import build, images_home
+from images.cluster_binaries import paths
 from images.containerd_load import LoadError, load
 
 from .processes import ClusterError
@@ -27,7 +28,7 @@ def node_images() -> tuple[str, Callable[[Path], None]]:
 
     def load_into(socket: Path) -> None:
         try:
-            load(address=socket, prune=True)
+            load(address=socket, prune=True, ctr_binary=str(paths()["ctr"]))
         except LoadError as err:
             raise ClusterError(f"loading the images into containerd failed: {err}") from None
 

@@ -1,8 +1,9 @@
 """What a real node needs from the machine, and installing it from Debian's packages.
 
-The kubelet is built from the pinned Go modules like the control plane; the container
-runtime (containerd, runc) and the CNI plugins come from the distribution, installed on first
-use. A machine that lacks one and cannot install it gets an error naming the package.
+The kubelet and containerd 2 (with its runc shim and ctr) are built from the pinned Go modules
+like the control plane: Debian's containerd 1.6 has no CDI, which DRA needs. runc and the CNI
+plugins come from the distribution, installed on first use. A machine that lacks one and cannot
+install it gets an error naming the package.
 """
 
 from __future__ import annotations
@@ -32,9 +33,6 @@ class Requirement:
 
 CNI_PACKAGE = "containernetworking-plugins"
 REQUIREMENTS = (
-    Requirement("containerd", "containerd", "containerd"),
-    Requirement("containerd's runc shim", "containerd-shim-runc-v2", "containerd"),
-    Requirement("ctr", "ctr", "containerd"),
     Requirement("runc", "runc", "runc"),
     Requirement("the CNI bridge plugin", str(CNI_BIN_DIR / "bridge"), CNI_PACKAGE),
     Requirement("the CNI host-local IPAM", str(CNI_BIN_DIR / "host-local"), CNI_PACKAGE),

@@ -20,6 +20,7 @@ from pathlib import Path
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from images import cluster_binaries
 from infergrid.fleet import FleetNode
 from infergrid.inventory import node_capacity
 
@@ -35,7 +36,9 @@ from .node_configs import (
 from .processes import ClusterError, ProcessTable, wait_until
 
 RUN_ROOT = Path("/run/infergrid")
-STORE = "real-node"  # the one containerd root under $INFERGRID_CACHE/containerd
+STORE = "real-node-v2"  # the one containerd 2 root under $INFERGRID_CACHE/containerd
+CTR = str(cluster_binaries.paths()["ctr"])
+"""containerd 2's own client, built with it."""
 NODE_ROLE_BINDING = "infergrid-local:nodes"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
@@ -138,10 +141,13 @@ class RealNodes:
         _service_to_apiserver(node, cluster.apiserver_port)
         node.containerd_config.write_text(containerd_config(node))
         (node.cni_conf_dir / "10-infergrid.conflist").write_text(cni_config(node))
+        # containerd finds its runc shim on PATH: the one built beside it.
+        binary = cluster.bins["containerd"]
         self.processes.start(
-            f"containerd-{node.name}", [shutil.which("containerd") or "containerd",
-                                        f"--config={node.containerd_config}"],
-        )  # fmt: skip
+            f"containerd-{node.name}",
+            [str(binary), f"--config={node.containerd_config}"],
+            env={**os.environ, "PATH": f"{binary.parent}:{os.environ.get('PATH', '')}"},
+        )
         wait_until(
             lambda: _ctr(node, "version") is not None,
             30,
@@ -265,7 +271,7 @@ def _ctr(node: NodeLayout, *args: str) -> str | None:
 
 def _ctr_at(socket_path: Path, *args: str) -> str | None:
     done = subprocess.run(
-        ["ctr", "--address", str(socket_path), "-n", "k8s.io", *args],
+        [CTR, "--address", str(socket_path), "-n", "k8s.io", *args],
         capture_output=True,
         text=True,
     )
@@ -276,7 +282,7 @@ def _remove_containers(socket_path: Path) -> None:
     """Kills and removes every container of a node's containerd, while it still runs."""
     if not socket_path.exists():
         return
-    ctr = ["ctr", "--address", str(socket_path), "-n", "k8s.io"]
+    ctr = [CTR, "--address", str(socket_path), "-n", "k8s.io"]
 
     def ids(kind: str) -> list[str]:
         done = subprocess.run([*ctr, kind, "ls", "-q"], capture_output=True, text=True)

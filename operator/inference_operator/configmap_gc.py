@@ -7,16 +7,20 @@ collected once nothing can start a pod from it any more: no current Deployment n
 no ReplicaSet that has or wants pods names it (a rollout under way, or rolled back,
 scales those up again), and no pod that still exists (terminating included) mounts it.
 The config the current spec renders is always kept, so a collection racing a reconcile
-never takes the ConfigMap it is about to point a Deployment at. Pure: the handlers list
-the objects and pass them in.
+never takes the ConfigMap it is about to point a Deployment at. A service's
+ResourceClaimTemplates are named by hash the same way (claims.py), and go by the same rule.
+Pure: the handlers list the objects and pass them in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from .claims import templates_named
 from .ownership import controlled_by
+
+PodSpecNames = Callable[[Mapping[str, Any]], set[str]]
 
 
 def mounted_configmaps(pod_spec: Mapping[str, Any]) -> set[str]:
@@ -31,21 +35,40 @@ def configmaps_in_use(
     pods: Iterable[Mapping[str, Any]],
 ) -> set[str]:
     """Every ConfigMap a pod of the service runs with, or may yet be started with."""
+    return _in_use(deployments, replicasets, pods, mounted_configmaps)
+
+
+def claim_templates_in_use(
+    deployments: Iterable[Mapping[str, Any]],
+    replicasets: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+) -> set[str]:
+    """Every ResourceClaimTemplate a pod of the service was or may yet be started with."""
+    return _in_use(deployments, replicasets, pods, templates_named)
+
+
+def _in_use(
+    deployments: Iterable[Mapping[str, Any]],
+    replicasets: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    names: PodSpecNames,
+) -> set[str]:
     used: set[str] = set()
     for workload in deployments:
-        used |= mounted_configmaps(workload["spec"]["template"]["spec"])
+        used |= names(workload["spec"]["template"]["spec"])
     for rs in replicasets:
         if rs["spec"].get("replicas") or (rs.get("status") or {}).get("replicas"):
-            used |= mounted_configmaps(rs["spec"]["template"]["spec"])
+            used |= names(rs["spec"]["template"]["spec"])
     for pod in pods:
-        used |= mounted_configmaps(pod["spec"])
+        used |= names(pod["spec"])
     return used
 
 
 def collectable(
     configmaps: Iterable[Mapping[str, Any]], uid: str, keep: set[str]
 ) -> list[tuple[str, str]]:
-    """(name, uid) of each ConfigMap this service controls and nothing needs any more.
+    """(name, uid) of each object (ConfigMap or claim template) this service controls and
+    nothing needs any more.
 
     One it does not control is never collected, whatever its labels say.
     """

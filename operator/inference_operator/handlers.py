@@ -41,6 +41,7 @@ from .autoscaler import (
     history_after,
     ratios,
 )
+from .claims import template_name
 from .conditions import (
     compute_status,
     observe_deployment,
@@ -49,7 +50,12 @@ from .conditions import (
     transitions,
 )
 from .config import OperatorConfig, scans_namespaces
-from .configmap_gc import collectable, configmaps_in_use, rollout_settled
+from .configmap_gc import (
+    claim_templates_in_use,
+    collectable,
+    configmaps_in_use,
+    rollout_settled,
+)
 from .engine_access import EngineAccess
 from .gpu_faults import pod_to_replace
 from .kube import Kube
@@ -112,7 +118,7 @@ def reconcile(
     service = _spec_or_report(memo, body)
     try:
         _apply_or_report(memo, body, service)
-        collect_configmaps(memo, namespace, name)
+        collect_unused(memo, namespace, name)
         refresh_status(memo, namespace, name)
     except ApiException as err:
         raise kopf.TemporaryError(f"API: {err.status} {err.reason}", delay=RETRY_DELAY_S) from err
@@ -133,7 +139,7 @@ def deployment_event(
     if type == "DELETED" or _edited_by_others(memo, body):
         restore(memo, namespace, name, body, deleted=type == "DELETED")
     elif rollout_settled(body):
-        collect_configmaps(memo, namespace, name)
+        collect_unused(memo, namespace, name)
     refresh_status(memo, namespace, name)
 
 
@@ -146,7 +152,7 @@ def pod_event(
     A pod gone may have been the last one mounting an old ConfigMap.
     """
     if type == "DELETED":
-        collect_configmaps(memo, namespace, labels[LABEL_SERVICE])
+        collect_unused(memo, namespace, labels[LABEL_SERVICE])
     refresh_status(memo, namespace, labels[LABEL_SERVICE])
 
 
@@ -212,29 +218,43 @@ def delete_owned(memo: kopf.Memo, namespace: str, kind: str, name: str, uid: str
     return memo.kube.delete(kind, namespace, name, found["metadata"]["uid"])
 
 
-def collect_configmaps(memo: kopf.Memo, namespace: str, name: str) -> None:
-    """Deletes the service's engine ConfigMaps that no pod runs with or may start with.
+def collect_unused(memo: kopf.Memo, namespace: str, name: str) -> None:
+    """Deletes the service's engine ConfigMaps and ResourceClaimTemplates that no pod runs
+    with or may start with.
 
-    The ConfigMaps are listed before the service is read, so each one listed was made
-    for the spec read or an older one, and the spec read's own are kept.
+    They are listed before the service is read, so each one listed was made for the spec
+    read or an older one, and the spec read's own are kept.
     """
     configmaps = memo.kube.configmaps(namespace, name)
+    templates = memo.kube.claim_templates(namespace, name)
     owner = memo.kube.service(namespace, name)
-    if not configmaps or owner is None or owner["metadata"].get("deletionTimestamp"):
+    if not (configmaps or templates) or owner is None or owner["metadata"].get("deletionTimestamp"):
         return
     try:
         service = _parse(memo, owner)
     except ContractError:
         return  # reconcile has already reported it
-    keep = {configmap_name(service, name, t) for t in track_replicas(service)}
-    keep |= configmaps_in_use(
-        memo.kube.deployments(namespace, name).values(),
+    uid = owner["metadata"]["uid"]
+    workloads = (
+        list(memo.kube.deployments(namespace, name).values()),
         memo.kube.replicasets(namespace, name),
         memo.kube.pods(namespace, f"{LABEL_SERVICE}={name}"),
     )
-    for configmap, uid in collectable(configmaps, owner["metadata"]["uid"], keep):
-        if memo.kube.delete("ConfigMap", namespace, configmap, uid):
-            log.info("%s/%s: deleted ConfigMap %s: no pod uses it", namespace, name, configmap)
+    keep = {configmap_name(service, name, t) for t in track_replicas(service)}
+    keep |= configmaps_in_use(*workloads)
+    _delete_unused(memo, owner, "ConfigMap", collectable(configmaps, uid, keep))
+    keep = {template_name(name, c) for c in service.resources.claims}
+    keep |= claim_templates_in_use(*workloads)
+    _delete_unused(memo, owner, "ResourceClaimTemplate", collectable(templates, uid, keep))
+
+
+def _delete_unused(
+    memo: kopf.Memo, owner: dict[str, Any], kind: str, unused: list[tuple[str, str]]
+) -> None:
+    namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+    for child, uid in unused:
+        if memo.kube.delete(kind, namespace, child, uid):
+            log.info("%s/%s: deleted %s %s: no pod uses it", namespace, name, kind, child)
 
 
 def restore(

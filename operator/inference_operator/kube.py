@@ -34,6 +34,7 @@ class Kube:
         self.policy = client.PolicyV1Api(api)
         self.networking = client.NetworkingV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.resource = client.ResourceV1Api(api)
 
     def read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """One object of a child's kind, or None when there is none of that name."""
@@ -69,6 +70,13 @@ class Kube:
     def configmaps(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """The ConfigMaps labelled as the service's (ownership.py decides whose they are)."""
         return self._list(self.core.list_namespaced_config_map, namespace, _selector(name))
+
+    def claim_templates(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The ResourceClaimTemplates labelled as the service's; none where the API server
+        serves no resource.k8s.io/v1 (before Kubernetes 1.34)."""
+        list_templates = self.resource.list_namespaced_resource_claim_template
+        found = _absent_is_none(lambda: self._list(list_templates, namespace, _selector(name)))
+        return found or []
 
     def replicasets(self, namespace: str, name: str) -> list[dict[str, Any]]:
         return self._list(self.apps.list_namespaced_replica_set, namespace, _selector(name))
@@ -116,6 +124,7 @@ class Kube:
             "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
             "Secret": self.core.patch_namespaced_secret,
             "NetworkPolicy": self.networking.patch_namespaced_network_policy,
+            "ResourceClaimTemplate": self.resource.patch_namespaced_resource_claim_template,
         }
 
     def _readers(self) -> dict[str, Callable[..., Any]]:
@@ -126,6 +135,7 @@ class Kube:
             "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget,
             "Secret": self.core.read_namespaced_secret,
             "NetworkPolicy": self.networking.read_namespaced_network_policy,
+            "ResourceClaimTemplate": self.resource.read_namespaced_resource_claim_template,
         }
 
     def _deleters(self) -> dict[str, Callable[..., Any]]:
@@ -133,6 +143,7 @@ class Kube:
             "ConfigMap": self.core.delete_namespaced_config_map,
             "Deployment": self.apps.delete_namespaced_deployment,
             "Pod": self.core.delete_namespaced_pod,
+            "ResourceClaimTemplate": self.resource.delete_namespaced_resource_claim_template,
         }
 
     @staticmethod

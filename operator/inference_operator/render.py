@@ -36,6 +36,7 @@ from infergrid.storage_uri import (
 )
 from infergrid.tracks import CANARY, STABLE, TRACKS, deployment_name
 
+from .claims import container_claims, pod_claims, render_template, whole_gpus
 from .engine_access import (
     NO_FENCES,
     EngineAccess,
@@ -165,10 +166,12 @@ def track_uri(spec: ServiceSpec, track: str) -> tuple[str, str]:
 
 def engine_config(spec: ServiceSpec, track: str) -> dict[str, Any]:
     """What the engine reads from INFERGRID_ENGINE_CONFIG: its model and batching settings,
-    and one tensor-parallel rank per whole GPU of the replica (1 for a share or a MIG slice)."""
+    and one tensor-parallel rank per whole GPU of the replica, claimed or not (1 for a share
+    or a MIG slice)."""
     model = spec.model
     uri, _ = track_uri(spec, track)
-    engine = {**spec.engine, "tensorParallelSize": spec.resources.gpus or 1}
+    ranks = spec.resources.gpus or whole_gpus(spec.resources.claims) or 1
+    engine = {**spec.engine, "tensorParallelSize": ranks}
     return encode(ModelRef(model.name, uri, model.format, model.task), engine, ENGINE_PORT)
 
 
@@ -252,8 +255,9 @@ def render_children(
     storage: ModelStorage = ModelStorage(),
     access: EngineAccess = NO_FENCES,
 ) -> list[dict[str, Any]]:
-    """Every child; the ConfigMaps, the token Secret and the NetworkPolicy come before the
-    Deployments, so that no pod starts without its config, its token or its fence."""
+    """Every child; the ConfigMaps, the claim templates, the token Secret and the
+    NetworkPolicy come before the Deployments, so that no pod starts without its config,
+    its GPUs' claims, its token or its fence."""
     tracks = track_replicas(spec)
     fences = []
     if access.token_key:
@@ -264,6 +268,7 @@ def render_children(
                                             _labels(name)))  # fmt: skip
     return [
         *(render_configmap(spec, name, namespace, t) for t in tracks),
+        *(render_template(name, namespace, c, _labels(name)) for c in spec.resources.claims),
         *fences,
         *(render_deployment(spec, name, namespace, t, storage, access) for t in tracks),
         render_service(spec, name, namespace),
@@ -356,8 +361,8 @@ def _mount(name: str, path: str, read_only: bool) -> dict[str, Any]:
 
 def gpu_limits(resources: Resources) -> dict[str, str]:
     """The extended resources of one engine container, as the device plugin advertises them;
-    none for a CPU-only service."""
-    if resources.cpu_only:
+    none for a CPU-only service or one whose GPUs come by claim (claims.py)."""
+    if resources.cpu_only or resources.claims:
         return {}
     if resources.gpus is not None:
         return {RESOURCE_GPU: str(resources.gpus)}
@@ -379,6 +384,8 @@ def _pod_spec(spec: ServiceSpec, name: str, track: str, storage: TrackStorage) -
         "containers": [_container(spec, track, storage)],
         "volumes": [config, {"name": TMP_VOLUME, "emptyDir": {}}, *storage.volumes],
     }
+    if spec.resources.claims:
+        pod["resourceClaims"] = pod_claims(name, spec.resources.claims)
     if spec.scheduling.priority_class_name:
         pod["priorityClassName"] = spec.scheduling.priority_class_name
     if spec.scheduling.tolerations:
@@ -400,6 +407,9 @@ def _container(spec: ServiceSpec, track: str, storage: TrackStorage) -> dict[str
                                   ("memory", spec.resources.memory)) if v}  # fmt: skip
     limits = gpu_limits(spec.resources)
     resources: dict[str, Any] = {"limits": limits} if limits else {}
+    if spec.resources.claims:
+        resources = container_claims(spec.resources.claims)
+        requests |= resources["requests"]
     if requests:
         resources["requests"] = requests
     runtime = spec.runtime

@@ -23,6 +23,7 @@ from infergrid.serving_config import FORMATS, TASKS, read_crd_engine
 from infergrid.storage_uri import parse_storage_uri
 from infergrid.tracks import MAX_NAME_WITH_CANARY
 
+from .claims import Claim, read_claims
 from .priority_classes import check_priority_class
 
 MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]+gb$")
@@ -46,8 +47,9 @@ class Model:
 
 @dataclass(frozen=True, slots=True)
 class Resources:
-    """At most one of `gpus`, `gpu_memory_mib` or `mig_profile` is set; none makes a CPU-only
-    service, whose pods the default scheduler places with no GPU involved."""
+    """At most one of `gpus`, `gpu_memory_mib`, `mig_profile` or `claims` (GPUs by DRA
+    ResourceClaim, claims.py) is set; none makes a CPU-only service, whose pods the default
+    scheduler places with no GPU involved."""
 
     gpus: int | None = None
     gpu_memory_mib: int | None = None
@@ -57,10 +59,12 @@ class Resources:
     cpu: str | None = None
     memory: str | None = None
     gpu_constraint: GpuConstraint = GpuConstraint()
+    claims: tuple[Claim, ...] = ()
 
     @property
     def cpu_only(self) -> bool:
-        return self.gpus is None and self.gpu_memory_mib is None and self.mig_profile is None
+        devices = (self.gpus, self.gpu_memory_mib, self.mig_profile)
+        return all(d is None for d in devices) and not self.claims
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +211,11 @@ def _resources(doc: dict[str, Any]) -> Resources:
     given = [key for key in ("gpus", "gpuMemoryMiB", "migProfile") if doc.get(key) is not None]
     if len(given) > 1:
         raise ContractError(path, f"set at most one of gpus, gpuMemoryMiB, migProfile; got {given}")
+    if given and doc.get("claims"):
+        raise ContractError(
+            join(path, "claims"),
+            f"GPUs come by device plugin ({given[0]}) or by claim, not both: set one",
+        )
     resources = Resources(
         gpus=_optional(doc, "gpus", path, 1, 8),
         gpu_memory_mib=_optional(doc, "gpuMemoryMiB", path, 256, 1048576),
@@ -216,7 +225,13 @@ def _resources(doc: dict[str, Any]) -> Resources:
         cpu=field(doc, "cpu", str, path, None),
         memory=field(doc, "memory", str, path, None),
         gpu_constraint=_gpu_constraint(doc, path),
+        claims=read_claims(doc, path),
     )
+    if resources.claims and not resources.gpu_constraint.empty:
+        key = "gpuModels" if resources.gpu_constraint.models else "minComputeCapability"
+        raise ContractError(
+            join(path, key), "is not allowed with claims: a claim's DeviceClass picks its devices"
+        )
     if resources.gpu_cores is not None and resources.gpu_memory_mib is None:
         raise ContractError(join(path, "gpuCores"), "is only allowed with gpuMemoryMiB")
     if resources.topology is not None and (resources.gpus or 0) < 2:

@@ -13,7 +13,7 @@ from typing import Any
 import kopf
 import pytest
 
-from inference_operator import handlers, render
+from inference_operator import claims, handlers, render
 from inference_operator.config import OperatorConfig
 from inference_operator.metrics_scrape import OVER_CAP, MetricsUnreadable, ScrapeRound
 from infergrid.engine_metrics import EngineSample
@@ -56,6 +56,9 @@ class RecordingKube:
 
     def configmaps(self, namespace: str, name: str) -> list[dict[str, Any]]:
         return self.of_kind("ConfigMap")
+
+    def claim_templates(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        return self.of_kind("ResourceClaimTemplate")
 
     def deployments(self, namespace: str, name: str) -> dict[str, dict[str, Any]]:
         return {d["metadata"]["name"]: d for d in self.of_kind("Deployment")}
@@ -231,8 +234,26 @@ def test_old_configmaps_go_once_nothing_uses_them(events):
         m.kube.objects[("ConfigMap", name)] = found(name, owner)
     template = {"spec": {"volumes": [{"name": "c", "configMap": {"name": "chat-stable-rolling"}}]}}
     m.kube.replicaset_list = [{"spec": {"replicas": 1, "template": template}}]
-    handlers.collect_configmaps(m, "ns", "chat")
+    handlers.collect_unused(m, "ns", "chat")
     assert m.kube.deleted == [("ConfigMap", "chat-stable-old", "uid-chat-stable-old")]
+
+
+def test_old_claim_templates_go_once_nothing_uses_them(events):
+    """A template's spec is immutable, so a changed claim is a new one; the old one goes like
+    an old ConfigMap."""
+    m = memo()
+    body = service(resources={"claims": [{"name": "gpu", "kind": "share", "memory": "8Gi"}]})
+    m.kube.owner = body
+    (claim,) = handlers._parse(m, body).resources.claims
+    current = claims.template_name("chat", claim)
+    for name, owner in ((current, "u-1"), ("chat-gpu-old", "u-1"),
+                        ("chat-gpu-rolling", "u-1"), ("theirs", "u-2")):  # fmt: skip
+        m.kube.objects[("ResourceClaimTemplate", name)] = found(name, owner)
+    rolling = {"name": "gpu", "resourceClaimTemplateName": "chat-gpu-rolling"}
+    template = {"spec": {"resourceClaims": [rolling]}}
+    m.kube.replicaset_list = [{"spec": {"replicas": 1, "template": template}}]
+    handlers.collect_unused(m, "ns", "chat")
+    assert m.kube.deleted == [("ResourceClaimTemplate", "chat-gpu-old", "uid-chat-gpu-old")]
 
 
 def running(pod: str) -> dict[str, Any]:

@@ -17,22 +17,30 @@ from inference_operator.spec import parse_spec
 def kube() -> Kube:
     k = Kube.__new__(Kube)
     k.apps, k.core, k.policy, k.custom = MagicMock(), MagicMock(), MagicMock(), MagicMock()
-    k.networking = MagicMock()
+    k.networking, k.resource = MagicMock(), MagicMock()
     return k
 
 
 def test_every_kind_of_child_rendered_can_be_read_and_applied():
     """The ownership check reads each child before the apply writes it."""
     access = EngineAccess(network_policy=True, token_key=b"k" * 32)
+    claims = [{"name": "gpu", "kind": "share", "memory": "4Gi"}]
     service = parse_spec({"model": {"name": "m", "storageUri": "pkg://m"},
-                          "resources": {"gpus": 1}}, "engine", "scheduler")  # fmt: skip
+                          "resources": {"claims": claims}}, "engine", "scheduler")  # fmt: skip
     k, called = Kube.__new__(Kube), []
-    k.apps = k.core = k.policy = k.networking = Answering(called)
+    k.apps = k.core = k.policy = k.networking = k.resource = Answering(called)
     for child in render_children(service, "chat", "ns", access=access):
         k.read(child["kind"], "ns", child["metadata"]["name"])
         k.apply(child)
     assert {"read_namespaced_secret", "patch_namespaced_secret", "read_namespaced_network_policy",
-            "patch_namespaced_network_policy"} <= set(called)  # fmt: skip
+            "patch_namespaced_network_policy", "read_namespaced_resource_claim_template",
+            "patch_namespaced_resource_claim_template"} <= set(called)  # fmt: skip
+
+
+def test_claim_templates_are_none_where_the_api_serves_no_dra():
+    k = kube()
+    k.resource.list_namespaced_resource_claim_template.side_effect = ApiException(status=404)
+    assert k.claim_templates("ns", "chat") == []
 
 
 class Answering:

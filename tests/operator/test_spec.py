@@ -38,6 +38,12 @@ def test_every_sample_parses(path):
     parse(yaml.safe_load(path.read_text())["spec"])
 
 
+def test_the_dra_sample_asks_for_a_share_by_claim():
+    body = yaml.safe_load((SAMPLES / "dra" / "smollm2-claim.yaml").read_text())
+    (claim,) = parse(body["spec"]).resources.claims
+    assert (claim.kind, claim.memory, claim.cores) == ("share", "4Gi", None)
+
+
 SCHEDULING = sorted((SAMPLES / "scheduling").glob("*.yaml"))
 
 

@@ -23,6 +23,22 @@ Each failure names the keys at fault.
 {{- if and .Values.gateway.enabled (eq (int .Values.gateway.metricsPort) 8080) }}
 {{- fail "gateway.metricsPort (8080) must differ from the gateway's API port, 8080" }}
 {{- end }}
+{{- $selectors := dict }}
+{{- $poolNames := dict }}
+{{- range .Values.nodePools }}
+{{- if hasKey $poolNames .name }}
+{{- fail (printf "nodePools: the name %s is used twice" .name) }}
+{{- end }}
+{{- $_ := set $poolNames .name true }}
+{{- if and (eq .mode "dra") (not .nodeSelector) }}
+{{- fail (printf "nodePools %s: a dra pool needs a nodeSelector: {} would take every GPU node from the device plugin" .name) }}
+{{- end }}
+{{- $key := toJson .nodeSelector }}
+{{- if hasKey $selectors $key }}
+{{- fail (printf "nodePools %s: its nodeSelector is the same as pool %s's; a node must be in one pool, in one mode" .name (get $selectors $key)) }}
+{{- end }}
+{{- $_ := set $selectors $key .name }}
+{{- end }}
 {{- $ignored := list }}
 {{- range .Values.scheduler.managedResources }}{{ if .ignoredByScheduler }}{{ $ignored = append $ignored .name }}{{ end }}{{ end }}
 {{- if and .Values.scheduler.enabled (not (has "infergrid.io/gpu-memory" $ignored)) }}

@@ -1,0 +1,1 @@
+"""The kubelet's plugin registration API, read by its plugin watcher."""
