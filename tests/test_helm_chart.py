@@ -1353,3 +1353,18 @@ def test_bad_node_pools_are_rejected_naming_the_pool(tmp_path, pools, message):
     values.write_text(yaml.safe_dump({"nodePools": pools}))
     done = helm("template", "ig", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(values))
     assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+def test_kube_scheduler_takes_the_feature_gates_dra_mode_needs():
+    def scheduler_args(*args: str) -> list[str]:
+        deployment = one(render(*args), "Deployment", "-scheduler")
+        (kube_scheduler,) = [c for c in pod_spec(deployment)["containers"]
+                             if c["name"] == "kube-scheduler"]  # fmt: skip
+        return kube_scheduler["args"]
+
+    assert not [a for a in scheduler_args() if a.startswith("--feature-gates")]
+    gates = "--feature-gates=DRAConsumableCapacity=true,DRAPartitionableDevices=false"
+    assert gates in scheduler_args(
+        "--set", "scheduler.kubeScheduler.featureGates.DRAPartitionableDevices=false",
+        "--set", "scheduler.kubeScheduler.featureGates.DRAConsumableCapacity=true",
+    )  # fmt: skip
