@@ -117,8 +117,10 @@ def _python_image(
     port: int,
     checks: tuple[tuple[str, ...], ...] = (),
     more_scripts: tuple[str, ...] = (),
+    more_parts: tuple[str, ...] = (),
 ) -> PythonImage:
-    """`more_scripts` are the part's other programs, each run with --help as a check."""
+    """`more_scripts` are the part's other programs, each run with --help as a check;
+    `more_parts` other InferGrid packages the image carries beside `part`."""
     project = pyproject["project"]
     scripts = project["scripts"]
     missing = [s for s in (script, *more_scripts) if s not in scripts]
@@ -132,7 +134,7 @@ def _python_image(
         name=name,
         debian_packages=base,
         pip_groups=tuple(groups),
-        packages=("infergrid", part),
+        packages=("infergrid", part, *more_parts),
         scripts=tuple((s, scripts[s]) for s in ("infergrid", script, *more_scripts)),
         run=RunConfig(
             entrypoint=(f"{VENV}/bin/{script}",),
@@ -163,6 +165,7 @@ def images(pyproject: dict) -> dict[str, Image]:
                 "infergrid-mps-daemon",
                 "infergrid-fake-mps-control",
             ),
+            more_parts=("dra_driver",),
         ),
         _python_image(
             "scheduler-extender",

@@ -5,6 +5,7 @@ so they agree on every rule; a request that breaks one fails with the container
 and resource named, before any node is looked at.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -22,6 +23,7 @@ from infergrid.constants import (
     RESOURCE_VGPU,
     TOPOLOGIES,
 )
+from infergrid.dra import RESOURCE_GPU_CLAIM
 from infergrid.errors import ContractError
 from infergrid.gpu_models import GpuConstraint, read_constraint
 from infergrid.mig import MIG_PROFILE_NAME
@@ -30,6 +32,7 @@ from infergrid.quantity import parse_whole_quantity
 Kind = Literal["none", "whole", "share", "mig"]
 
 _OWN_RESOURCES: Final = (RESOURCE_VGPU, RESOURCE_GPU_MEMORY, RESOURCE_GPU_CORES)
+_KNOWN_RESOURCES: Final = (*_OWN_RESOURCES, RESOURCE_GPU_CLAIM)
 _SHARE_SETTINGS: Final = (RESOURCE_GPU_MEMORY, RESOURCE_GPU_CORES)
 _ALL_CORES: Final = 100
 
@@ -61,6 +64,9 @@ class PodGpuRequest:
     policy: str = DEFAULT_POLICY
     topology: str | None = None
     gpu_constraint: GpuConstraint = GpuConstraint()
+    by_claim: bool = False
+    """The pod's GPUs come by ResourceClaim (it asks ``infergrid.io/gpu-claim``): only DRA
+    nodes take it, and its GPU containers stand for its claims' requests."""
 
     @property
     def gpu_containers(self) -> tuple[ContainerGpuRequest, ...]:
@@ -92,8 +98,19 @@ class _Asked:
         return ContractError(where, f"container {self.name!r}: {reason}")
 
 
-def parse_pod_request(pod: object, default_policy: str = DEFAULT_POLICY) -> PodGpuRequest:
-    """The GPU request of a pod given as Kubernetes JSON (camelCase keys)."""
+ClaimContainers = Callable[[dict[str, Any]], tuple[ContainerGpuRequest, ...]]
+"""The GPU containers that stand for a pod's claims (``infergrid.dra_ledger``)."""
+
+
+def parse_pod_request(
+    pod: object, default_policy: str = DEFAULT_POLICY, claims: ClaimContainers | None = None
+) -> PodGpuRequest:
+    """The GPU request of a pod given as Kubernetes JSON (camelCase keys).
+
+    A pod that asks ``infergrid.io/gpu-claim`` gets its GPUs by claim: no container may also
+    ask the device plugin, and its GPU containers are ``claims(pod)`` (none where the reader
+    passes no ``claims``: the device plugin, which never serves it).
+    """
     pod = expect(pod, dict, "pod")
     spec = field(pod, "spec", dict)
     containers = [
@@ -103,12 +120,36 @@ def parse_pod_request(pod: object, default_policy: str = DEFAULT_POLICY) -> PodG
     containers += [
         _container(obj, path, init=False) for obj, path in each(spec, "containers", dict, "spec")
     ]
+    by_claim = asks_claims(pod)
+    if by_claim:
+        plugin = next((c for c in containers if c.kind != "none"), None)
+        if plugin is not None:
+            raise ContractError(
+                "spec",
+                f"container {plugin.name!r}: a pod asking {RESOURCE_GPU_CLAIM} gets its "
+                "GPUs by claim only, not from the device plugin too",
+            )
+        containers += claims(pod) if claims is not None else ()
     return PodGpuRequest(
+        by_claim=by_claim,
         containers=tuple(containers),
         policy=_annotation(pod, ANNOTATION_PLACEMENT_POLICY, PLACEMENT_POLICIES, default_policy),
         topology=_annotation(pod, ANNOTATION_TOPOLOGY, TOPOLOGIES, None),
         gpu_constraint=read_constraint(_annotations(pod)),
     )
+
+
+def asks_claims(pod: dict[str, Any]) -> bool:
+    """Whether a container of the pod asks ``infergrid.io/gpu-claim`` (in limits or
+    requests), which marks a pod whose GPUs come by ResourceClaim."""
+    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+    for key in ("initContainers", "containers"):
+        for container in spec.get(key) or []:
+            resources = (container.get("resources") or {}) if isinstance(container, dict) else {}
+            for section in ("limits", "requests"):
+                if RESOURCE_GPU_CLAIM in (resources.get(section) or {}):
+                    return True
+    return False
 
 
 def _annotations(pod: dict[str, Any]) -> dict[str, Any]:
@@ -155,9 +196,9 @@ def _gpu_amounts(resources: dict[str, Any], path: str, name: str) -> dict[str, _
 def _is_gpu_resource(resource: object, path: str, name: str) -> bool:
     if not isinstance(resource, str):
         return False
-    if resource.startswith(RESOURCE_DOMAIN_PREFIX) and resource not in _OWN_RESOURCES:
+    if resource.startswith(RESOURCE_DOMAIN_PREFIX) and resource not in _KNOWN_RESOURCES:
         raise ContractError(
-            path, f"container {name!r}: unknown resource; known: {', '.join(_OWN_RESOURCES)}"
+            path, f"container {name!r}: unknown resource; known: {', '.join(_KNOWN_RESOURCES)}"
         )
     return resource in (RESOURCE_GPU, *_OWN_RESOURCES) or resource.startswith(RESOURCE_MIG_PREFIX)
 

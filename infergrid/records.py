@@ -8,8 +8,8 @@ what the extender offers and the pods the plugin honours are the ones it placed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Final, TypeVar
 
 from infergrid.assignment_annotation import PodAssignment, decode_assignment
@@ -21,6 +21,7 @@ from infergrid.constants import (
     RESOURCE_MIG_PREFIX,
     RESOURCE_VGPU,
 )
+from infergrid.dra_ledger import DraDevice, SliceRecord, idle_usage, pool_inventory
 from infergrid.errors import ContractError
 from infergrid.inventory import GpuInventory, decode_inventory
 from infergrid.placement.host import HostRequest
@@ -50,6 +51,11 @@ class NodeRecord:
     """Allocatable CPU in millicores (0 where the node reports none readable)."""
     memory_mib: int = 0
     """Allocatable memory in MiB (0 where the node reports none readable)."""
+    dra: bool = False
+    """Its GPUs are offered through DRA (ResourceSlices), not the device plugin."""
+
+
+BOTH_MODES: Final = "offers its GPUs both through the device plugin and DRA"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +119,30 @@ def node_record(node: dict[str, Any]) -> NodeRecord:
             problems.append(f"{key}: node: names {doc.node!r}, not this node {name!r}")
     cpu, memory = _allocatable(node)
     return NodeRecord(name, inventory, usage, "; ".join(problems) or None, cpu, memory)
+
+
+def with_slices(
+    record: NodeRecord, slices: Iterable[SliceRecord]
+) -> tuple[NodeRecord, Mapping[str, DraDevice]]:
+    """The node's record once its ResourceSlices of InferGrid's driver are read, and their
+    devices by name (empty where it has none).
+
+    A node with slices is a DRA node: its inventory is theirs, and nothing measures its
+    use beside the claims (``idle_usage``). A node that also publishes the device plugin's
+    inventory is a problem and offers nothing: the two would hand out the same GPUs. Bad
+    or incomplete slices are a problem too.
+    """
+    slices = list(slices)
+    if not slices:
+        return record, {}
+    if record.inventory is not None or record.problem:
+        problem = "; ".join(p for p in (record.problem, f"node {record.name} {BOTH_MODES}") if p)
+        return replace(record, inventory=None, usage=None, problem=problem, dra=True), {}
+    try:
+        inventory, devices = pool_inventory(record.name, slices)
+    except ContractError as err:
+        return replace(record, usage=None, problem=str(err), dra=True), {}
+    return replace(record, inventory=inventory, usage=idle_usage(inventory), dra=True), devices
 
 
 def _allocatable(node: dict[str, Any]) -> tuple[int, int]:

@@ -23,6 +23,10 @@ be the cached one. A tentative hold keeps no version, so a placement annotation 
 prioritize and bind is placed as it was when the pod was scheduled, as kube-scheduler's own
 bind acts on its snapshot; a container's GPU resources cannot change on a live pod.
 
+A pod whose GPUs come by claim is bound with no assignment: kube-scheduler's DRA plugin wrote
+its claims' allocation in PreBind, and the watch cache counts that allocation as its holding
+(a tentative hold confirmed here lasts until then).
+
 A tentative reservation that prioritize made for the pod (`tentative`) is the early one when
 it is on the bind's node (confirmed); on another node it is released and the pod placed on
 the bind's node from the same request (moved).
@@ -45,7 +49,7 @@ from infergrid.assignment_annotation import PodAssignment, decode_assignment, en
 from infergrid.constants import ANNOTATION_GPU_ASSIGNMENT
 from infergrid.errors import ContractError
 from infergrid.placement import fit, resolve_policy, to_pod_assignment
-from infergrid.pod_request import PodGpuRequest, parse_pod_request
+from infergrid.pod_request import PodGpuRequest
 from scheduler_extender import metrics
 from scheduler_extender.protocol import BindingArgs
 from scheduler_extender.tentative import bind_outcome
@@ -189,6 +193,8 @@ class Binder:
             return None
         if early.version is not None and early.version != record.resource_version:
             return None  # the body kept is not the pod the cache holds: read which is current
+        if early.request.by_claim:  # its claims' allocation is its assignment
+            return Plan(early.request.policy, record.resource_version, None)
         written = encode_assignment(early.assignment)
         return Plan(early.request.policy, record.resource_version, written)
 
@@ -237,12 +243,12 @@ class Binder:
         if bound_to:
             raise _already_bound(args, bound_to)
         try:
-            request = parse_pod_request(pod, self.default_policy)
+            request = self.view.request_of(pod, self.default_policy)
         except ContractError as err:
             raise BindError("invalid-request", f"invalid GPU request: {err}") from None
         existing = _existing_assignment(meta)
         recorded = existing is not None and existing.node == args.node
-        return request, bool(request.gpu_containers) and not recorded
+        return request, bool(request.gpu_containers) and not recorded and not request.by_claim
 
     def _reserve(self, args: BindingArgs, request: PodGpuRequest):
         """Places the pod on the node and holds it in the cache: other filters see it now."""

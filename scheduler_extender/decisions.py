@@ -4,7 +4,10 @@ Every rejected node gets its reason, so the pod's FailedScheduling event
 tells people what to change. A node that can never take the pod (unknown, no
 inventory, invalid request) goes to FailedAndUnresolvableNodes, so preemption
 does not evict pods for nothing, and so does a pod asking for a policy that does
-not exist: its reason names the annotation. The view brings the nodes up to date;
+not exist: its reason names the annotation. So does a node that serves GPUs the other way
+than the pod asks for them: a pod asking ``infergrid.io/gpu-claim`` goes to DRA nodes only,
+a device-plugin pod never there (a claim pod's request is read from its claims in the cache,
+so the same core and policy decide both). The view brings the nodes up to date;
 the placement core's ``NodeSet``, the entry point the simulator replays through
 too, answers for all of them at once. This module only resolves the pod's request
 and policy once and normalises.
@@ -14,11 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
+from infergrid.dra_ledger import ClaimMissing
 from infergrid.errors import ContractError
 from infergrid.placement import (
     LEARNING,
@@ -31,11 +35,16 @@ from infergrid.placement import (
 )
 from infergrid.placement.preemption import without
 from infergrid.pod_host import parse_host_request
-from infergrid.pod_request import PodGpuRequest, parse_pod_request
+from infergrid.pod_request import PodGpuRequest
 from infergrid.records import pod_priority
 from scheduler_extender.preemptor import split_holders
 from scheduler_extender.protocol import Victims
 from scheduler_extender.view import PlacementView
+
+CLAIM_PENDING: Final = "claim-pending"
+"""The rejection category of every node while a claim the pod names is not there yet."""
+GPU_MODE: Final = "gpu-mode"
+"""The rejection category of a node that serves GPUs the other way than the pod asks."""
 
 
 @dataclass
@@ -63,7 +72,10 @@ def filter_nodes(
     pod: dict[str, Any], names: list[str], view: PlacementView, default_policy: str, now: datetime
 ) -> FilterOutcome:
     try:
-        request = parse_pod_request(pod, default_policy)
+        request = view.request_of(pod, default_policy)
+    except ClaimMissing as err:
+        return FilterOutcome(failed=dict.fromkeys(names, str(err)),
+                             categories=[CLAIM_PENDING] * len(names))  # fmt: skip
     except ContractError as err:
         return FilterOutcome(
             unresolvable={n: f"invalid GPU request: {err}" for n in names},
@@ -76,6 +88,7 @@ def filter_nodes(
     found = view.nodes.filter(names, request, policy, rows, missing)
     view.remember(found, len(names))
     out = FilterOutcome(found.passed, found.failed, found.unresolvable, found.categories)
+    _keep_mode(out, request, view)
     own = _recorded_on(uid, view)
     if own in out.failed and _fits_beside_others(request, uid, own, view, policy, now):
         del out.failed[own]
@@ -84,6 +97,22 @@ def filter_nodes(
             if category in out.categories:
                 out.categories.remove(category)
     return out
+
+
+def _keep_mode(out: FilterOutcome, request: PodGpuRequest, view: PlacementView) -> None:
+    """Makes every node that serves GPUs the other way (device plugin or DRA) than the pod
+    asks unresolvable: no preemption there gives it room. Nothing to do for a device-plugin
+    pod in a cluster without DRA nodes, the common case."""
+    dra = view.cache.dra_nodes()
+    if not request.by_claim and not (request.gpu_containers and dra):
+        return
+    for name in [n for n in (*out.passed, *out.failed) if (n in dra) != request.by_claim]:
+        why = view.wrong_mode(request, name)
+        if why is not None:
+            out.failed.pop(name, None)
+            out.unresolvable[name] = why
+            out.categories.append(GPU_MODE)
+    out.passed = [n for n in out.passed if n not in out.unresolvable]
 
 
 def _recorded_on(uid: str, view: PlacementView) -> str | None:
@@ -124,7 +153,7 @@ def prioritize_nodes(
 ) -> dict[str, int]:
     """0–10 per node, normalised over the nodes that fit; the others get 0."""
     try:
-        request = parse_pod_request(pod, default_policy)
+        request = view.request_of(pod, default_policy)
     except ContractError:
         return dict.fromkeys(names, 0)
     rows, _ = view.current(names, now)
@@ -158,14 +187,16 @@ def preempt_nodes(
     fits nowhere, so every node is dropped.
     """
     try:
-        request = parse_pod_request(pod, default_policy)
+        request = view.request_of(pod, default_policy)
     except ContractError:
         return {}
     if not request.gpu_containers:
-        return dict(proposed)
+        return {n: v for n, v in proposed.items() if view.wrong_mode(request, n) is None}
     policy, priority = _policy(request, view), pod_priority(pod)
     kept: dict[str, Victims] = {}
     for name, victims in proposed.items():
+        if view.wrong_mode(request, name) is not None:
+            continue
         node = view.node_state(name, now)
         if isinstance(node, str):
             continue

@@ -15,6 +15,10 @@ reservation, so the victims' replacements, of lower priority, cannot take them b
 its victims are still there (terminating), each new filter of the pod renews the hold and
 evicts no one else. The decision is `plan`, over the cache; filter (`app.py`) applies it.
 
+The same holds for pods whose GPUs come by claim on DRA nodes: kube-scheduler cannot preempt
+for DRA devices at all. Their allocated claims are GPU holders in the cache like assignments
+(charged to the one pod each is reserved for), so the same plan evicts them and holds the room.
+
 A plan whose eviction is refused (for a reason a deletion cannot get past: RBAC, an admission
 policy) is given up, and so is preemption for that pod until something changes: the victim
 it could not evict goes, or `retry_s` pass. Without that, each new filter of the pod would plan
@@ -38,7 +42,7 @@ from infergrid.assignment_annotation import PodAssignment
 from infergrid.errors import ContractError
 from infergrid.placement import Holder, cheapest_node, resolve_policy
 from infergrid.placement import without as without_victims
-from infergrid.pod_request import PodGpuRequest, parse_pod_request
+from infergrid.pod_request import PodGpuRequest
 from infergrid.records import PodRecord, pod_priority
 from scheduler_extender import metrics
 from scheduler_extender.config import DEFAULT_PREEMPTIBLE
@@ -205,7 +209,7 @@ class Preemptor:
         if not uid or not may_preempt(pod):
             return None
         try:
-            request = parse_pod_request(pod, self.default_policy)
+            request = self.view.request_of(pod, self.default_policy)
         except ContractError:
             return None
         if not request.gpu_containers or self.stopped(uid):

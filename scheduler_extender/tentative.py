@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from infergrid.errors import ContractError
 from infergrid.placement import NodeState, fit, resolve_policy, to_pod_assignment
-from infergrid.pod_request import PodGpuRequest, parse_pod_request
+from infergrid.pod_request import PodGpuRequest
 from scheduler_extender import metrics
 from scheduler_extender.view import PlacementView
 
@@ -99,7 +99,7 @@ class Reserver:
         """Holds the pod's placement on `node`; False where there is none to hold (no GPU
         container, an invalid request, no longer fits, a bind already holds the pod)."""
         try:
-            request = parse_pod_request(pod, self.default_policy)
+            request = self.view.request_of(pod, self.default_policy)
         except ContractError:
             return False
         if not request.gpu_containers:

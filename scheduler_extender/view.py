@@ -26,13 +26,16 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from itertools import compress
 from operator import itemgetter
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
+from infergrid.dra import RESOURCE_GPU_CLAIM
+from infergrid.dra_ledger import pod_claim_containers
 from infergrid.placement import (
     HostRequest,
     HostResources,
@@ -44,7 +47,7 @@ from infergrid.placement import (
     build_node_state,
     resolve_policy,
 )
-from infergrid.pod_request import PodGpuRequest
+from infergrid.pod_request import PodGpuRequest, parse_pod_request
 from infergrid.records import NodeRecord
 from scheduler_extender.watch_cache import ClusterCache
 
@@ -108,13 +111,32 @@ class PlacementView:
         """Whether ``prepare`` built every node's state: the extender is ready only then."""
         self._shapes: OrderedDict[tuple[PodGpuRequest, HostRequest | None], None] = OrderedDict()
 
+    def request_of(self, pod: dict[str, Any], default_policy: str) -> PodGpuRequest:
+        """The pod's GPU request; a pod whose GPUs come by claim is read from its claims in
+        the cache (``ClaimMissing`` while one is not there yet)."""
+        claims = partial(pod_claim_containers, lookup=self.cache.claim)
+        return parse_pod_request(pod, default_policy, claims)
+
+    def wrong_mode(self, request: PodGpuRequest, name: str) -> str | None:
+        """Why ``name`` never takes the pod for the way it gets its GPUs (by claim, or from
+        the device plugin); None where it may. A pod without GPUs goes anywhere."""
+        dra = name in self.cache.dra_nodes()
+        if request.by_claim and not dra:
+            return (f"node {name} offers its GPUs through the device plugin; this pod asks "
+                    "for them by ResourceClaim")  # fmt: skip
+        if dra and not request.by_claim and request.gpu_containers:
+            return (f"node {name} offers its GPUs through DRA; this pod asks the device "
+                    f"plugin (ask {RESOURCE_GPU_CLAIM} and a ResourceClaim instead)")  # fmt: skip
+        return None
+
     def _why_none(self, name: str, record: NodeRecord | None) -> str | None:
         if record is None:
             return f"node {name} is not in the extender's cache"
         if record.problem:
             return f"node {name} has an unreadable GPU annotation: {record.problem}"
         if record.inventory is None:
-            return f"node {name} publishes no GPU inventory (is the device plugin running?)"
+            return (f"node {name} publishes no GPU inventory (is the device plugin or the "
+                    "DRA driver running?)")  # fmt: skip
         return None
 
     def _key(self, record: NodeRecord, version: int, now: datetime) -> NodeKey:

@@ -1,10 +1,11 @@
 """The extender's view of nodes and pods, fed by list+watch, so filter and score never call the API.
 
-Everything the extender decides from is in annotations: a node's inventory and
-usage, a pod's assignment. The cache keeps them decoded and indexes assignments
-by node. Events are applied by pure methods that take Kubernetes JSON, so tests
-need no cluster; ``start`` adds the one I/O edge, two list+watch threads
-(``infergrid.reflector``).
+Everything the extender decides from is in annotations and DRA objects: a node's
+inventory and usage, a pod's assignment; on a DRA node, InferGrid's ResourceSlices and
+the allocated ResourceClaims (``claims.py``). The cache keeps them decoded and indexes
+assignments and claim holdings by node, one ledger for both modes. Events are applied
+by pure methods that take Kubernetes JSON, so tests need no cluster; ``start`` adds the
+one I/O edge, four list+watch threads (``infergrid.reflector``).
 
 A reservation is an assignment the extender has just written at bind, held until
 the watch delivers the pod carrying it, so two binds in a row cannot both take
@@ -21,15 +22,29 @@ import logging
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from kubernetes import client
+from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError
 
 from infergrid.assignment_annotation import PodAssignment
+from infergrid.dra import DRIVER
+from infergrid.dra_ledger import ClaimRecord, DraDevice, claim_record, slice_record
 from infergrid.pod_request import PodGpuRequest
-from infergrid.records import LIVE_PODS, NodeRecord, PodRecord, is_live, node_record, pod_record
+from infergrid.records import (
+    LIVE_PODS,
+    NodeRecord,
+    PodRecord,
+    is_live,
+    node_record,
+    pod_record,
+    with_slices,
+)
 from infergrid.reflector import Reflector, Source
+from scheduler_extender.claims import ClaimLedger
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +56,8 @@ EVENT_TYPES: Final = (ADDED, MODIFIED, DELETED)
 CHANGE_LOG: Final = 1024
 """Commits whose touched nodes ``changed_since`` remembers; a reader further behind rereads all."""
 _UNTOUCHED: Final[frozenset[str]] = frozenset()
+HTTP_NOT_FOUND: Final = 404
+DISCOVERY_RETRY_S: Final = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +100,14 @@ class ClusterCache:
         self.reconnects = 0
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeRecord] = {}
+        """Each node's record, with its slices read (``with_slices``)."""
+        self._plain: dict[str, NodeRecord] = {}
+        """Each node's record from its annotations alone."""
+        self._devices: dict[str, Mapping[str, DraDevice]] = {}
+        """Per DRA node, its devices by name, as claim results name them."""
+        self._dra = ClaimLedger()
+        self._dra_nodes: frozenset[str] = frozenset()
+        """The nodes whose GPUs come through DRA: only claim pods may go there."""
         self._pods: dict[str, PodRecord] = {}
         self._reservations: dict[str, _Reservation] = {}
         self._deadlines: list[tuple[float, str]] = []
@@ -101,6 +126,8 @@ class ClusterCache:
         self._changes: deque[tuple[int, frozenset[str]]] = deque(maxlen=CHANGE_LOG)
         self._nodes_listed = threading.Event()
         self._pods_listed = threading.Event()
+        self._slices_listed = threading.Event()
+        self._claims_listed = threading.Event()
 
     # Events.
 
@@ -110,16 +137,15 @@ class ClusterCache:
         name = node["metadata"]["name"]
         record = None if event_type == DELETED else node_record(node)
         with self._lock:
-            before = self._nodes.get(name)
-            if before == record:
+            if self._plain.get(name) == record:
                 return
-            self._count(before, -1)
-            self._count(record, 1)
             if record is None:
-                del self._nodes[name]
+                del self._plain[name]
             else:
-                self._nodes[name] = record
-            self._commit({name})
+                self._plain[name] = record
+            touched = self._reread({name})
+            if touched:
+                self._commit(touched)
 
     def apply_pod(self, event_type: str, pod: dict[str, Any]) -> None:
         """One watch event of a Pod; a deleted or finished pod frees its GPUs."""
@@ -144,16 +170,51 @@ class ClusterCache:
         """A relist: afterwards the nodes are exactly ``nodes``, as if added one by one."""
         records = {r.name: r for r in map(node_record, nodes)}
         with self._lock:
-            names = self._nodes.keys() | records.keys()
-            changed = {n for n in names if self._nodes.get(n) != records.get(n)}
-            self._nodes = records
-            self._gpus_per_model.clear()
-            self._gpu_nodes_cpu = 0
-            for record in records.values():
-                self._count(record, 1)
+            names = self._plain.keys() | records.keys()
+            moved = {n for n in names if self._plain.get(n) != records.get(n)}
+            self._plain = records
+            changed = self._reread(moved)
             if changed:
                 self._commit(changed)
         self._nodes_listed.set()
+
+    def apply_slice(self, event_type: str, obj: dict[str, Any]) -> None:
+        """One watch event of a ResourceSlice of InferGrid's driver."""
+        _check_event(event_type)
+        record = None if event_type == DELETED else slice_record(obj)
+        with self._lock:
+            touched = self._reread(self._dra.put_slice(obj["metadata"]["name"], record))
+            if touched:
+                self._commit(touched)
+
+    def replace_all_slices(self, slices: list[dict[str, Any]]) -> None:
+        """A relist of the driver's ResourceSlices."""
+        records = [slice_record(s) for s in slices]
+        with self._lock:
+            touched = self._reread(self._dra.replace_slices(records))
+            if touched:
+                self._commit(touched)
+        self._slices_listed.set()
+
+    def apply_claim(self, event_type: str, obj: dict[str, Any]) -> None:
+        """One watch event of a ResourceClaim: an allocated one holds devices. A claim that
+        holds nothing on a node (pending, another driver's) moves no version: filter reads
+        it by name when its pod comes, and no node's state depends on it."""
+        _check_event(event_type)
+        record = None if event_type == DELETED else claim_record(obj)
+        with self._lock:
+            touched = self._recharge(self._dra.put_claim(obj["metadata"]["uid"], record))
+            if touched:
+                self._commit(touched)
+
+    def replace_all_claims(self, claims: list[dict[str, Any]]) -> None:
+        """A relist of every ResourceClaim."""
+        records = [claim_record(c) for c in claims]
+        with self._lock:
+            touched = self._recharge(self._dra.replace_claims(records))
+            if touched:
+                self._commit(touched)
+        self._claims_listed.set()
 
     def replace_all_pods(self, pods: list[dict[str, Any]], listed_at: int | None = None) -> None:
         """A relist: afterwards the pods are exactly the live ones of ``pods``.
@@ -187,7 +248,7 @@ class ClusterCache:
         """
         with self._lock:
             pod = self._pods.get(uid)
-            if pod is not None and pod.assignment is not None:
+            if (pod is not None and pod.assignment is not None) or self._dra.charged(uid):
                 return
             self._reservations[uid] = _Reservation(namespace, name, assignment, self.version + 1)
             self._commit(self._refresh(uid))
@@ -216,7 +277,7 @@ class ClusterCache:
         with self._lock:
             pod, held = self._pods.get(uid), self._reservations.get(uid)
             decided = pod is not None and (pod.assignment is not None or bool(pod.node_name))
-            if decided or (held is not None and held.until is None):
+            if decided or self._dra.charged(uid) or (held is not None and held.until is None):
                 return False
             made = _Reservation(namespace, name, assignment, self.version + 1, until, request)
             self._reservations[uid] = made
@@ -279,6 +340,15 @@ class ClusterCache:
         with self._lock:
             return self._pods.get(uid)
 
+    def dra_nodes(self) -> frozenset[str]:
+        """The nodes that offer their GPUs through DRA (their slices), problem ones too."""
+        return self._dra_nodes
+
+    def claim(self, namespace: str, name: str) -> ClaimRecord | None:
+        """A ResourceClaim by its namespace and name."""
+        with self._lock:
+            return self._dra.claim(namespace, name)
+
     def gpu_totals(self) -> tuple[dict[str, int], int]:
         """GPUs of each model, and allocatable CPU millicores in all, over the nodes that
         have GPUs."""
@@ -299,19 +369,22 @@ class ClusterCache:
             return self._requested.get(node, (0, 0))
 
     def assignments_on(self, node: str) -> list[PodAssignment]:
-        """Every assignment on ``node``, reservations included, oldest first."""
+        """Every assignment on ``node``, reservations and claim holdings included, oldest
+        first (claims first: they count as made at the epoch)."""
         with self._lock:
-            held = self._on_node.get(node, {})
-            return [held[uid] for uid in sorted(held, key=lambda u: (held[u].assigned_at, u))]
+            held = self._holdings(node)
+            return [a for _, a in sorted(held, key=lambda h: (h[1].assigned_at, h[0]))]
 
     def holders_on(self, node: str) -> list[tuple[str, PodRecord | None, PodAssignment]]:
         """(uid, pod, assignment) of every GPU holder on ``node``; the pod is None for a
-        bind's reservation whose pod event has not come yet (it is never a victim)."""
+        bind's reservation whose pod event has not come yet, and for a claim charged to
+        itself (neither is ever a victim)."""
         with self._lock:
-            held = self._on_node.get(node, {})
-            return [
-                (uid, self._pods.get(uid), assignment) for uid, assignment in sorted(held.items())
-            ]
+            held = sorted(self._holdings(node), key=lambda h: h[0])
+            return [(uid, self._pods.get(uid), assignment) for uid, assignment in held]
+
+    def _holdings(self, node: str) -> list[tuple[str, PodAssignment]]:
+        return [*self._on_node.get(node, {}).items(), *self._dra.held_on(node).items()]
 
     def lookup(self, names: list[str]) -> list[tuple[NodeRecord | None, int]]:
         """Each node's record and version under one lock: filter reads thousands at once."""
@@ -345,20 +418,62 @@ class ClusterCache:
                 "pods": len(self._pods),
                 "assigned_pods": sum(1 for p in self._pods.values() if p.assignment is not None),
                 "reservations": len(self._reservations),
-            }
+            } | self._dra.size()
+
+    def _listed(self) -> tuple[threading.Event, ...]:
+        return self._nodes_listed, self._pods_listed, self._slices_listed, self._claims_listed
 
     def synced(self) -> bool:
-        """Both kinds have been listed once, so an empty answer means empty, not unknown."""
-        return self._nodes_listed.is_set() and self._pods_listed.is_set()
+        """Every kind has been listed once, so an empty answer means empty, not unknown."""
+        return all(listed.is_set() for listed in self._listed())
 
     def wait_synced(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        for listed in (self._nodes_listed, self._pods_listed):
+        for listed in self._listed():
             if not listed.wait(max(0.0, deadline - time.monotonic())):
                 return False
         return True
 
     # Index upkeep.
+
+    def _reread(self, names: set[str]) -> set[str]:
+        """Merges each named node's annotations with its slices again, and what claims hold
+        there; returns the nodes whose record or holdings changed."""
+        touched = set()
+        for name in names:
+            plain = self._plain.get(name)
+            record, devices = None, {}
+            if plain is not None:
+                record, devices = with_slices(plain, self._dra.slices_of(name))
+            before = self._nodes.get(name)
+            if devices:
+                self._devices[name] = devices
+            else:
+                self._devices.pop(name, None)
+            if before != record:
+                self._count(before, -1)
+                self._count(record, 1)
+                if record is None:
+                    del self._nodes[name]
+                else:
+                    self._nodes[name] = record
+                touched.add(name)
+                if (record is not None and record.dra) != (name in self._dra_nodes):
+                    self._dra_nodes = self._dra_nodes ^ {name}
+        return touched | self._recharge(names)
+
+    def _recharge(self, names: set[str]) -> set[str]:
+        """Works out again what allocated claims hold on each named node; a pod they now
+        hold devices for needs no reservation any more. The nodes whose holdings changed."""
+        touched = set()
+        for name in names:
+            changed, charged = self._dra.recharge(name, self._devices.get(name, {}))
+            if changed:
+                touched.add(name)
+            for uid in charged & self._reservations.keys():
+                del self._reservations[uid]
+                touched |= self._refresh(uid)
+        return touched
 
     def _refresh(self, uid: str) -> set[str]:
         """Re-indexes what ``uid`` holds: its pod's assignment, else its reservation, and
@@ -428,7 +543,7 @@ class ClusterCache:
         self.version += 1
         self._changes.append((self.version, frozenset(touched) if touched else _UNTOUCHED))
         for name in touched:
-            if name in self._nodes or name in self._on_node:
+            if name in self._nodes or name in self._on_node or self._dra.has_holdings(name):
                 self._node_versions[name] = self.version
             else:
                 self._node_versions.pop(name, None)
@@ -436,9 +551,11 @@ class ClusterCache:
     # The I/O edge.
 
     def start(self, api: client.ApiClient, stop: threading.Event) -> None:
-        """Starts the node and pod list+watch threads; they end soon after ``stop`` is set."""
+        """Starts the node, pod, slice and claim list+watch threads; they end soon after
+        ``stop`` is set. On an API server without ``resource.k8s.io/v1`` (before 1.34) there
+        are no slices or claims: those two count as listed, and empty."""
         core = client.CoreV1Api(api)
-        sources = (
+        sources = [
             Source(
                 "nodes",
                 core.list_node,
@@ -454,13 +571,52 @@ class ClusterCache:
                 self.apply_pod,
                 mark=lambda: self.version,
             ),
-        )
+        ]
+        if serves_dra(api, stop):
+            resource = client.ResourceV1Api(api)
+            sources += [
+                Source(
+                    "resourceslices",
+                    resource.list_resource_slice,
+                    {"field_selector": f"spec.driver={DRIVER}"},
+                    lambda slices, _listed_at: self.replace_all_slices(slices),
+                    self.apply_slice,
+                ),
+                Source(
+                    "resourceclaims",
+                    resource.list_resource_claim_for_all_namespaces,
+                    {},
+                    lambda claims, _listed_at: self.replace_all_claims(claims),
+                    self.apply_claim,
+                ),
+            ]
+        else:
+            log.warning("the API server serves no resource.k8s.io/v1: DRA nodes are not read")
+            self.replace_all_slices([])
+            self.replace_all_claims([])
         reflector = Reflector(self.resync_s, self.watch_timeout_s, self._reconnected)
         reflector.start(sources, stop)
 
     def _reconnected(self) -> None:
         with self._lock:
             self.reconnects += 1
+
+
+def serves_dra(api: client.ApiClient, stop: threading.Event) -> bool:
+    """Whether the API server serves ``resource.k8s.io/v1``; asked until it answers (or ``stop``
+    is set), since the extender cannot read DRA nodes right without knowing."""
+    while not stop.is_set():
+        try:
+            client.ResourceV1Api(api).get_api_resources(_request_timeout=10)
+            return True
+        except ApiException as err:
+            if err.status == HTTP_NOT_FOUND:
+                return False
+            log.warning("asking whether resource.k8s.io/v1 is served failed: %s", err.reason)
+        except (HTTPError, OSError) as err:
+            log.warning("asking whether resource.k8s.io/v1 is served failed: %s", err)
+        stop.wait(DISCOVERY_RETRY_S)
+    return False
 
 
 def _check_event(event_type: str) -> None:

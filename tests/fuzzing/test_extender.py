@@ -194,6 +194,8 @@ def cache_of_the_sample_fleet():
     cache = ClusterCache()
     cache.replace_all_nodes(nodes)
     cache.replace_all_pods([running])
+    cache.replace_all_slices([])
+    cache.replace_all_claims([])
     return cache
 
 

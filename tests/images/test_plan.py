@@ -9,6 +9,7 @@ from images import components, plan
 SOURCES = {
     "infergrid": "i0",
     "device_plugin": "d0",
+    "dra_driver": "r0",
     "scheduler_extender": "s0",
     "inference_operator": "o0",
     "gateway": "g0",

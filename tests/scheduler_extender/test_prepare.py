@@ -29,6 +29,8 @@ def view() -> PlacementView:
     cache = ClusterCache()
     cache.replace_all_nodes([node_json(name) for name in NAMES])
     cache.replace_all_pods([])
+    cache.replace_all_slices([])
+    cache.replace_all_claims([])
     return PlacementView(cache, timedelta(days=1))
 
 

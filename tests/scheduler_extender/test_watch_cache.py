@@ -143,7 +143,14 @@ def test_assignments_are_indexed_by_their_node_oldest_first(cache):
         assignment("node-a", minute=1),
         assignment("node-a", minute=5),
     ]
-    assert cache.size() == {"nodes": 0, "pods": 4, "assigned_pods": 3, "reservations": 0}
+    assert cache.size() == {
+        "nodes": 0,
+        "pods": 4,
+        "assigned_pods": 3,
+        "reservations": 0,
+        "resourceslices": 0,
+        "resourceclaims": 0,
+    }
 
 
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
@@ -426,11 +433,13 @@ def test_an_unchanged_relist_changes_no_version(cache):
     assert (cache.version, cache.node_version("node-a")) == (version, node_version)
 
 
-def test_synced_after_both_kinds_are_listed(cache):
+def test_synced_after_every_kind_is_listed(cache):
     assert not cache.wait_synced(0)
     cache.replace_all_nodes([])
-    assert not cache.synced()
     cache.replace_all_pods([])
+    cache.replace_all_slices([])
+    assert not cache.synced()
+    cache.replace_all_claims([])
     assert cache.synced() and cache.wait_synced(0)
 
 
@@ -586,17 +595,35 @@ class FakeWatchResponse:
 class ScriptedCore:
     """list_node and list_pod_for_all_namespaces answering from scripts, then idling."""
 
-    def __init__(self, nodes: list, stop: threading.Event) -> None:
-        self.scripts = {"nodes": nodes, "pods": [listing([])]}
+    def __init__(self, nodes: list, stop: threading.Event, serves_dra: bool = True) -> None:
+        self.serves_dra = serves_dra
+        self.scripts = {
+            "nodes": nodes,
+            "pods": [listing([])],
+            "resourceslices": [listing([])],
+            "resourceclaims": [listing([])],
+        }
         self.stop = stop
         self.done = threading.Event()
         self.calls: list[dict[str, Any]] = []
+
+    def get_api_resources(self, **params):
+        """Discovery of resource.k8s.io/v1: a 404 where the API server does not serve it."""
+        if not self.serves_dra:
+            raise ApiException(status=404, reason="Not Found")
+        return SimpleNamespace(resources=[])
 
     def list_node(self, **params):
         return self._answer("nodes", params)
 
     def list_pod_for_all_namespaces(self, **params):
         return self._answer("pods", params)
+
+    def list_resource_slice(self, **params):
+        return self._answer("resourceslices", params)
+
+    def list_resource_claim_for_all_namespaces(self, **params):
+        return self._answer("resourceclaims", params)
 
     def _answer(self, kind: str, params: dict):
         self.calls.append({"kind": kind, **params})
@@ -610,6 +637,24 @@ class ScriptedCore:
             self.done.set()
         self.stop.wait(0.05)
         return FakeWatchResponse([])
+
+
+def test_an_api_server_without_dra_has_no_slices_or_claims_to_wait_for(monkeypatch):
+    """Before Kubernetes 1.34 there is no resource.k8s.io/v1: the extender still syncs and
+    places by the device plugin's annotations, and never lists what is not served."""
+    stop = threading.Event()
+    core = ScriptedCore([listing([gpu_node("node-a")])], stop, serves_dra=False)
+    monkeypatch.setattr(watch_cache.client, "CoreV1Api", lambda api: core)
+    monkeypatch.setattr(watch_cache.client, "ResourceV1Api", lambda api: core)
+    cache = ClusterCache(watch_timeout_s=1)
+    cache.start(None, stop)
+    try:
+        assert cache.wait_synced(5)
+        assert core.done.wait(10)
+    finally:
+        stop.set()
+    assert set(cache.nodes()) == {"node-a"}
+    assert {c["kind"] for c in core.calls} == {"nodes", "pods"}
 
 
 def listing(items: list[dict], version: str = "10") -> SimpleNamespace:
@@ -635,6 +680,7 @@ def test_the_loop_relists_on_gone_and_reconnects_after_errors(monkeypatch):
         stop,
     )
     monkeypatch.setattr(watch_cache.client, "CoreV1Api", lambda api: core)
+    monkeypatch.setattr(watch_cache.client, "ResourceV1Api", lambda api: core)
     cache = ClusterCache(watch_timeout_s=1)
     cache.start(None, stop)
     try:
@@ -648,3 +694,5 @@ def test_the_loop_relists_on_gone_and_reconnects_after_errors(monkeypatch):
     versions = [c.get("resource_version") for c in node_calls[:6]]
     assert versions == [None, "10", None, None, "30", "31"]
     assert all(c["field_selector"] == LIVE_PODS for c in core.calls if c["kind"] == "pods")
+    slices = [c for c in core.calls if c["kind"] == "resourceslices"]
+    assert slices and all(c["field_selector"] == "spec.driver=gpu.infergrid.io" for c in slices)

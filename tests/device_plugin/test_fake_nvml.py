@@ -15,7 +15,7 @@ from infergrid.nvml.backend import GpuProcess, NvmlBackend, NvmlError, XidEvent
 from infergrid.nvml.fake import FakeNvml, interpolate
 from infergrid.nvml.fake_telemetry import GENERIC, NVLINK_SHARE, board_of
 
-SAMPLE = Path(__file__).parents[1] / "e2e" / "fleets" / "sample.yaml"
+SAMPLE = Path(__file__).parents[2] / "e2e" / "fleets" / "sample.yaml"
 NODES = {node.name: node for node in load_fleet(SAMPLE).nodes}
 
 
