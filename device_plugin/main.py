@@ -19,30 +19,19 @@ from kubernetes import client, config
 
 from device_plugin.config import PluginConfig, add_flags, load_config
 from device_plugin.kube import KubePods, patch_node, set_node_condition
-from device_plugin.ops_server import serve_ops
 from device_plugin.pod_resources import PodResourcesClient
 from device_plugin.runtime import DevicePluginRuntime
 from infergrid.errors import ContractError
-from infergrid.fleet import load_fleet
 from infergrid.nvml.backend import NvmlBackend, NvmlError
+from infergrid.nvml.opened import open_backend
+from infergrid.ops_server import serve_ops
 from infergrid.process import configure_logging, kube_api
 
 log = logging.getLogger("infergrid.device_plugin")
 
 
 def make_backend(cfg: PluginConfig) -> NvmlBackend:
-    if cfg.fake_fleet is None:
-        from infergrid.nvml.real import RealNvml
-
-        return RealNvml()
-    from infergrid.nvml.fake import FakeNvml
-
-    nodes = {n.name: n for n in load_fleet(cfg.fake_fleet).nodes}
-    if cfg.node_name not in nodes:
-        raise ContractError(
-            "nodeName", f"{cfg.node_name!r} is not in {cfg.fake_fleet} ({', '.join(nodes)})"
-        )
-    return FakeNvml(nodes[cfg.node_name])
+    return open_backend(cfg.fake_fleet, cfg.node_name)
 
 
 def _fake_work(backend: NvmlBackend) -> Callable[[dict[str, float]], None] | None:

@@ -11,7 +11,7 @@ driver at start with the field named, never when a claim is prepared.
     cdiDir: /var/run/cdi
     mps: false
     mpsRoot: /run/infergrid/mps
-    metricsPort: 0          # /metrics and /healthz on this port, 0 = off
+    metricsPort: 0          # /metrics, /healthz and /readyz on this port, 0 = off
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ SETTINGS: Final = (
     Setting("mps", "mps", boolean, "shares get the MPS daemon and limits (device plugin's)",
             boolean=True),
     Setting("mpsRoot", "mps_root", _absolute, "host folder of the MPS daemons' pipes"),
-    Setting("metricsPort", "metrics_port", whole(0, 65535), "/metrics and /healthz; 0: off"),
+    Setting("metricsPort", "metrics_port", whole(0, 65535), "/metrics, /healthz and /readyz; 0: off"),
 )  # fmt: skip
 
 

@@ -24,31 +24,20 @@ from dra_driver.claims import ApiError, ClaimPreparer
 from dra_driver.config import DriverConfig, add_flags, load_config
 from dra_driver.gpus import NodeGpus
 from dra_driver.kube import KubeApi
-from dra_driver.ops import serve_ops
 from dra_driver.plugin import KubeletPlugin
 from dra_driver.publisher import SlicePublisher
 from infergrid.constants import ANNOTATION_GPU_INVENTORY
 from infergrid.errors import ContractError
-from infergrid.fleet import load_fleet
 from infergrid.nvml.backend import NvmlBackend, NvmlError
+from infergrid.nvml.opened import open_backend
+from infergrid.ops_server import serve_ops
 from infergrid.process import configure_logging, kube_api
 
 log = logging.getLogger("infergrid.dra_driver")
 
 
 def make_backend(cfg: DriverConfig) -> NvmlBackend:
-    if cfg.fake_fleet is None:
-        from infergrid.nvml.real import RealNvml
-
-        return RealNvml()
-    from infergrid.nvml.fake import FakeNvml
-
-    nodes = {n.name: n for n in load_fleet(cfg.fake_fleet).nodes}
-    if cfg.node_name not in nodes:
-        raise ContractError(
-            "nodeName", f"{cfg.node_name!r} is not in {cfg.fake_fleet} ({', '.join(nodes)})"
-        )
-    return FakeNvml(nodes[cfg.node_name])
+    return open_backend(cfg.fake_fleet, cfg.node_name)
 
 
 def node_owner(node: dict) -> dict:

@@ -41,7 +41,7 @@ from e2e.operator_support import (
     delete_service,
     kubectl,
 )
-from e2e.test_mps import complete, pod_env
+from e2e.test_mps import complete, pod_env, serving_pod
 from infergrid import dra
 from infergrid.assignment_annotation import decode_assignment
 from infergrid.constants import (
@@ -56,8 +56,6 @@ from infergrid.quantity import parse_whole_quantity
 pytestmark = pytest.mark.e2e
 
 SAMPLE = Path(__file__).resolve().parents[1] / "deploy/samples/dra/smollm2-claim.yaml"
-READY_TIMEOUT = 600
-"""The first start on a node unpacks the engine image (torch) from containerd's store."""
 
 
 def node_slices(cluster, node: str) -> list[dict]:
@@ -174,17 +172,6 @@ def claim_service(name: str) -> dict:
     return body
 
 
-def serving(core: client.CoreV1Api, namespace: str, name: str) -> client.V1Pod:
-    def ready() -> list[client.V1Pod]:
-        pods = core.list_namespaced_pod(
-            namespace, label_selector=f"{LABEL_INFERENCESERVICE}={name}"
-        ).items
-        return [p for p in pods if all(s.ready for s in container_statuses(p) or [False])]
-
-    wait_until(lambda: len(ready()) == 1, READY_TIMEOUT, f"the engine of {name} Ready")
-    return ready()[0]
-
-
 def pod_claim(cluster, namespace: str, pod: client.V1Pod) -> dict:
     (status,) = pod.status.resource_claim_statuses
     return (
@@ -198,7 +185,7 @@ def test_a_service_claiming_a_share_is_allocated_prepared_served_and_unprepared(
     rel, real = dra_node
     namespace, core = rel.served, client.CoreV1Api(cluster.api)
     create_service(cluster.api, namespace, claim_service("chat-dra"))
-    pod = serving(core, namespace, "chat-dra")
+    pod = serving_pod(core, namespace, "chat-dra")
     assert pod.spec.node_name == real.name
     claim = pod_claim(cluster, namespace, pod)
     (result,) = claim["status"]["allocation"]["devices"]["results"]

@@ -1,4 +1,6 @@
-"""/metrics, /healthz and /readyz on one small HTTP server, in a thread of its own."""
+"""/metrics, /healthz and /readyz on one small HTTP server, in a thread of its own: the node
+agents' (device plugin, DRA driver). /healthz answers while the process runs; /readyz once
+``ready()`` says the kubelet can reach it."""
 
 from __future__ import annotations
 
