@@ -86,7 +86,7 @@ SETTINGS: Final = (
     Setting("mps", "mps", boolean, "shares get the MPS daemon and limits (device plugin's)",
             boolean=True),
     Setting("mpsRoot", "mps_root", _absolute, "host folder of the MPS daemons' pipes"),
-    Setting("metricsPort", "metrics_port", whole(0, 65535), "/metrics, /healthz and /readyz; 0: off"),
+    Setting("metricsPort", "metrics_port", whole(0, 65535), "/metrics, /healthz, /readyz; 0: off"),
 )  # fmt: skip
 
 
