@@ -27,9 +27,11 @@ from e2e.cluster.node_images import image_ref
 from e2e.cluster.processes import wait_until
 from e2e.extender_support import share_pod
 from e2e.helm_release import (
+    CHART_CLASSES,
     CHART_SCHEDULER,
     Release,
     component_pods,
+    give_tier,
     helm,
     install_on_real_node,
     ok,
@@ -76,7 +78,9 @@ def withdraw_device_plugin(cluster, node: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def dra_node(cluster, helm_ready, namespaces, infsvc_crd) -> Iterator[tuple[Release, FleetNode]]:
+def dra_node(
+    cluster, helm_ready, namespaces, infsvc_crd, priority_classes
+) -> Iterator[tuple[Release, FleetNode]]:
     """The chart with the real node's pool in DRA mode; the cluster's own device plugin
     process stopped meanwhile, and the node handed back to it after, with no slice left."""
     if not cluster.local:
@@ -89,6 +93,7 @@ def dra_node(cluster, helm_ready, namespaces, infsvc_crd) -> Iterator[tuple[Rele
             cluster, namespaces, "--set-json", f"nodePools={json.dumps(pools)}",
             "--set", "gateway.enabled=false",
         )  # fmt: skip
+        give_tier(cluster.api, rel.served)
         try:
             yield rel, real
         finally:
@@ -236,11 +241,14 @@ KWOK_NODE = "h100"
 """The device-plugin node of the burst: two H100s of 81559 MiB, so four shares fit."""
 
 
-def claim_pod(name: str, template: str) -> dict:
-    """A pod whose GPU share comes by claim, through the chart's scheduler and its extender."""
+def claim_pod(name: str, template: str, role: str | None = None) -> dict:
+    """A pod whose GPU share comes by claim, through the chart's scheduler and its extender;
+    of the chart's `role` PriorityClass (online, offline) where one is given."""
+    classes = {"priorityClassName": CHART_CLASSES[role]["name"]} if role else {}
     return {
         "metadata": {"name": name},
         "spec": {
+            **classes,
             "schedulerName": CHART_SCHEDULER,
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
             "containers": [{
@@ -291,12 +299,29 @@ def held_by_assignments(pods: list[client.V1Pod]) -> dict[tuple[str, str], int]:
     return held
 
 
-def test_a_burst_of_claim_pods_and_device_plugin_pods_never_overcommits_a_gpu(cluster, dra_node):
+@pytest.fixture()
+def bare_pods(cluster, dra_node) -> Iterator[str]:
+    """The served namespace for a test's own pods and templates; emptied after, until no claim
+    holds a device there, so the next test finds the GPUs free."""
+    rel, _ = dra_node
+    namespace = rel.served
+    yield namespace
+    core, resource = client.CoreV1Api(cluster.api), client.ResourceV1Api(cluster.api)
+    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    wait_until(lambda: not core.list_namespaced_pod(namespace).items, 120, "the pods gone")
+    resource.delete_collection_namespaced_resource_claim_template(namespace)
+    wait_until(lambda: not resource.list_namespaced_resource_claim(namespace).items, 120,
+               "the pods' claims gone")  # fmt: skip
+
+
+def test_a_burst_of_claim_pods_and_device_plugin_pods_never_overcommits_a_gpu(
+    cluster, dra_node, bare_pods
+):
     """Six claim pods for the real node's two share GPUs and six device-plugin pods for the
     KWOK H100 node's two GPUs, made at once and interleaved, through the one extender: four of
     each are placed, two of each wait, and no GPU gives more memory than it has."""
-    rel, real = dra_node
-    namespace, core = rel.served, client.CoreV1Api(cluster.api)
+    _, real = dra_node
+    namespace, core = bare_pods, client.CoreV1Api(cluster.api)
     kubectl(cluster.kubeconfig, "apply", "-n", namespace, "-f", "-",
             stdin=json.dumps(share_template("burst-share", SHARE_MIB)))  # fmt: skip
     for i in range(6):
@@ -334,3 +359,36 @@ def test_a_burst_of_claim_pods_and_device_plugin_pods_never_overcommits_a_gpu(cl
     assigned = held_by_assignments(pods("plugin-"))
     assert sum(assigned.values()) == 4 * SHARE_MIB
     assert all(node == KWOK_NODE and mib <= memory[uuid] for (node, uuid), mib in assigned.items())
+
+
+def test_an_online_claim_pod_that_finds_the_gpus_full_evicts_one_offline_claim_holder(
+    cluster, dra_node, bare_pods
+):
+    """kube-scheduler cannot preempt for DRA devices, and asks no extender once its DRA plugin
+    refused every node; the extender's leader finds the refused pod and evicts the cheapest
+    offline claim holder for it, and the pod's claim is then allocated on the freed GPU."""
+    _, real = dra_node
+    namespace, core = bare_pods, client.CoreV1Api(cluster.api)
+    half = real.inventory.gpus[0].memory_mib // 2
+    kubectl(cluster.kubeconfig, "apply", "-n", namespace, "-f", "-",
+            stdin=json.dumps(share_template("half", half)))  # fmt: skip
+    for i in range(4):  # both share GPUs full
+        core.create_namespaced_pod(namespace, claim_pod(f"batch-{i}", "half", "offline"))
+
+    def bound(prefix: str) -> list[str]:
+        pods = core.list_namespaced_pod(namespace).items
+        return sorted(p.metadata.name for p in pods
+                      if p.metadata.name.startswith(prefix) and p.spec.node_name)  # fmt: skip
+
+    wait_until(lambda: len(bound("batch-")) == 4, 120, "four offline holders placed")
+    core.create_namespaced_pod(namespace, claim_pod("chat", "half", "online"))
+    wait_until(lambda: bound("chat"), 180, "the online pod placed after preemption")
+    left = bound("batch-")
+    assert len(left) == 3, left
+    reasons = [e.reason for e in core.list_namespaced_event(namespace).items
+               if e.involved_object.name == "chat"]  # fmt: skip
+    assert "Preempting" in reasons, reasons
+    share_gpus = {dra.gpu_device(g.index): g.memory_mib for g in real.inventory.gpus
+                  if not g.mig_instances}  # fmt: skip
+    held = held_by_claims(cluster, namespace, real.name)
+    assert all(mib <= share_gpus[device] for device, mib in held.items()), held

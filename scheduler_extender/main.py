@@ -24,6 +24,7 @@ from infergrid.process import configure_logging, kube_api
 from infergrid.settings import add_flags, load_settings
 from scheduler_extender.app import ExtenderService
 from scheduler_extender.binder import Binder
+from scheduler_extender.claim_preemption import pending_lister, preempt_for_claims
 from scheduler_extender.config import SETTINGS, ExtenderConfig, check
 from scheduler_extender.leader import LeaseElector
 from scheduler_extender.pending_binds import BindBarrier
@@ -122,6 +123,11 @@ async def serve(
         runners.append(await listen(service.metrics_app(), cfg.metrics_address, cfg.metrics_port))
         log.info("metrics on %s:%d", cfg.metrics_address, cfg.metrics_port)
     tasks = [asyncio.create_task(prepare_when_synced(view, stop))]
+    if preemptor is not None:
+        tasks.append(asyncio.create_task(preempt_for_claims(
+            pending_lister(client.CoreV1Api(api)), preemptor, lambda: sorted(cache.dra_nodes()),
+            lambda: datetime.now(UTC), is_leader, stop,
+        )))  # fmt: skip
     if token is not None:
         tasks.append(asyncio.create_task(token.run()))
     loop = asyncio.get_running_loop()
