@@ -21,7 +21,7 @@ from infergrid.constants import (
     RESOURCE_MIG_PREFIX,
     RESOURCE_VGPU,
 )
-from infergrid.dra_ledger import DraDevice, SliceRecord, idle_usage, pool_inventory
+from infergrid.dra_slices import DraDevice, SliceRecord, idle_usage, pool_inventory
 from infergrid.errors import ContractError
 from infergrid.inventory import GpuInventory, decode_inventory
 from infergrid.placement.host import HostRequest

@@ -18,7 +18,8 @@ from datetime import UTC, datetime
 from typing import Final
 
 from infergrid.assignment_annotation import ContainerAssignment, PodAssignment
-from infergrid.dra_ledger import ClaimRecord, DraDevice, SliceRecord, holdings
+from infergrid.dra_ledger import ClaimRecord, holdings
+from infergrid.dra_slices import DraDevice, SliceRecord
 
 log = logging.getLogger(__name__)
 

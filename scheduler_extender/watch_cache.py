@@ -32,7 +32,8 @@ from urllib3.exceptions import HTTPError
 
 from infergrid.assignment_annotation import PodAssignment
 from infergrid.dra import DRIVER
-from infergrid.dra_ledger import ClaimRecord, DraDevice, claim_record, slice_record
+from infergrid.dra_ledger import ClaimRecord, claim_record
+from infergrid.dra_slices import DraDevice, slice_record
 from infergrid.pod_request import PodGpuRequest
 from infergrid.records import (
     LIVE_PODS,

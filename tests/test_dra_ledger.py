@@ -12,12 +12,10 @@ from infergrid.dra_ledger import (
     ClaimMissing,
     claim_record,
     claim_requests,
-    decode_slice,
     holdings,
     pod_claim_containers,
-    pool_inventory,
-    slice_record,
 )
+from infergrid.dra_slices import decode_slice, pool_inventory, slice_record
 from infergrid.errors import ContractError
 from infergrid.inventory import GpuLink, MigInstance
 from infergrid.pod_request import ContainerGpuRequest, parse_pod_request

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infergrid import dra_ledger
+from infergrid import dra_ledger, dra_slices
 from infergrid.assignment_annotation import decode_assignment
 from infergrid.constants import (
     ANNOTATION_GPU_ASSIGNMENT,
@@ -57,7 +57,7 @@ def plugin_node(name: str) -> dict:
     inventory = GpuInventory(name, gpus)
     annotations = {
         ANNOTATION_GPU_INVENTORY: encode_inventory(inventory),
-        ANNOTATION_GPU_USAGE: encode_usage(dra_ledger.idle_usage(inventory)),
+        ANNOTATION_GPU_USAGE: encode_usage(dra_slices.idle_usage(inventory)),
     }
     return {"metadata": {"name": name, "annotations": annotations}}
 
