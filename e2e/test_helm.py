@@ -72,6 +72,7 @@ from e2e.operator_support import container_statuses, on_kwok
 from e2e.part_process import PartProcess
 from e2e.real_pods import logs_of, shell_pod, wait_phase
 from images import cluster_binaries
+from infergrid import dra
 from infergrid.assignment_annotation import (
     AssignedGpu,
     ContainerAssignment,
@@ -532,11 +533,23 @@ def test_only_the_extender_may_write_gpu_assignments(
     bind(extender, ns, holder, node, text)
     extender_core = client.CoreV1Api(extender)
     message = forbidden(lambda: extender_core.delete_namespaced_pod(holder, ns))
-    assert "holds a GPU assignment and whose PriorityClass is preemptible" in message
+    assert "holds a GPU assignment or claims its GPUs, and whose PriorityClass is preemptible" in (
+        message
+    )
     core.create_namespaced_pod(ns, {"metadata": {"name": bystander}, "spec": spec})
     message = forbidden(lambda: extender_core.delete_namespaced_pod(bystander, ns))
     assert "holds a GPU assignment" in message
     extender_core.delete_namespaced_pod(pod, ns, grace_period_seconds=0)
+    # A pod that claims its GPUs (DRA) holds no assignment: of a preemptible class it may go.
+    claims = {"limits": {dra.RESOURCE_GPU_CLAIM: "1"}}
+    claimer = offline | {"containers": [spec["containers"][0] | {"resources": claims}]}
+    classless = {k: v for k, v in claimer.items() if k != "priorityClassName"}
+    for name, body in (("claimer", claimer), ("classless", classless)):
+        core.create_namespaced_pod(ns, {"metadata": {"name": name}, "spec": body})
+    extender_core.delete_namespaced_pod("claimer", ns, grace_period_seconds=0)
+    assert "PriorityClass is preemptible" in forbidden(
+        lambda: extender_core.delete_namespaced_pod("classless", ns)
+    )
 
     # Its node: only infergrid.io/ labels and annotations of its own node.
     plugin_core = client.CoreV1Api(plugin)
