@@ -162,10 +162,14 @@ def test_a_bully_of_an_allowed_class_evicts_no_gpu_pod_outside_the_preemptible_c
         share["spec"] = only_on(share["spec"], nodes) | {"schedulerName": CHART_SCHEDULER}
         core.create_namespaced_pod(team_b, share)
 
-    def bound() -> int:
-        return sum(1 for p in core.list_namespaced_pod(team_b).items if p.spec.node_name)
+    def settled() -> int:
+        """Bound and Ready: KWOK writes each pod's status once more after its bind, and a
+        version read before that would change with no eviction."""
+        return sum(1 for p in core.list_namespaced_pod(team_b).items if p.spec.node_name
+                   and any(c.type == "Ready" and c.status == "True"
+                           for c in p.status.conditions or []))  # fmt: skip
 
-    wait_until(lambda: bound() == 8, 120, "team-b's eight shares bound, two per GPU")
+    wait_until(lambda: settled() == 8, 120, "team-b's eight shares bound, two per GPU, Ready")
     victims = versions(core, team_b)
 
     bully = gpu_pod(BULLY, {constants.RESOURCE_GPU: "1"})
