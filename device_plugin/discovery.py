@@ -17,8 +17,8 @@ from typing import TypeVar
 
 from device_plugin.health import HealthTracker
 from infergrid.constants import DEFAULT_VGPU_SLOTS_PER_GPU
-from infergrid.inventory import EccState, Gpu, GpuInventory, GpuLink, MigInstance
-from infergrid.nvml.backend import DeviceInfo, NvmlBackend, NvmlError
+from infergrid.inventory import Gpu, GpuInventory
+from infergrid.nvml.backend import NvmlBackend, NvmlError
 from infergrid.usage import GpuUsage, GpuUsageSample
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def _gpu(backend: NvmlBackend, index: int, health: HealthTracker | None) -> Gpu 
     if health is not None and ecc is not None:
         health.record_ecc(info.uuid, ecc)
     healthy = not failures and (health is None or health.is_healthy(info.uuid))
-    return _published(info, healthy, mig_instances, links, ecc)
+    return info.published(healthy, mig_instances, links, ecc)
 
 
 def _read(read: Callable[[int], T], index: int, fallback: T, failures: list[NvmlError]) -> T:
@@ -81,29 +81,6 @@ def _read(read: Callable[[int], T], index: int, fallback: T, failures: list[Nvml
     except NvmlError as error:
         failures.append(error)
         return fallback
-
-
-def _published(
-    info: DeviceInfo,
-    healthy: bool,
-    mig_instances: tuple[MigInstance, ...],
-    links: tuple[GpuLink, ...],
-    ecc: EccState | None,
-) -> Gpu:
-    return Gpu(
-        uuid=info.uuid,
-        index=info.index,
-        model=info.model,
-        memory_mib=info.memory_mib,
-        sm_count=info.sm_count,
-        compute_capability=info.compute_capability,
-        numa_node=info.numa_node,
-        healthy=healthy,
-        mig_enabled=info.mig_enabled,
-        mig_instances=mig_instances if info.mig_enabled else (),
-        links=links,
-        ecc=ecc,
-    )
 
 
 def _links_within(gpu: Gpu, present: set[int]) -> Gpu:

@@ -46,19 +46,7 @@ def _gpu(backend: NvmlBackend, index: int) -> Gpu | None:
         links = backend.links(index)
     except NvmlError as err:
         log.warning("GPU %d (%s) is published without links: %s", index, info.uuid, err)
-    return Gpu(
-        uuid=info.uuid,
-        index=info.index,
-        model=info.model,
-        memory_mib=info.memory_mib,
-        sm_count=info.sm_count,
-        compute_capability=info.compute_capability,
-        numa_node=info.numa_node,
-        healthy=healthy,
-        mig_enabled=info.mig_enabled,
-        mig_instances=instances,
-        links=links,
-    )
+    return info.published(healthy, instances, links)
 
 
 class NodeGpus:

@@ -8,7 +8,7 @@ file, so everything above this seam runs the same with or without a GPU.
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from infergrid.inventory import EccState, GpuLink, MigInstance
+from infergrid.inventory import EccState, Gpu, GpuLink, MigInstance
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +23,30 @@ class DeviceInfo:
     compute_capability: str
     numa_node: int
     mig_enabled: bool
+
+    def published(
+        self,
+        healthy: bool,
+        mig_instances: tuple[MigInstance, ...],
+        links: tuple[GpuLink, ...],
+        ecc: EccState | None = None,
+    ) -> Gpu:
+        """The GPU as a node agent offers it (device plugin inventory, DRA slices): MIG
+        instances only where MIG is on."""
+        return Gpu(
+            uuid=self.uuid,
+            index=self.index,
+            model=self.model,
+            memory_mib=self.memory_mib,
+            sm_count=self.sm_count,
+            compute_capability=self.compute_capability,
+            numa_node=self.numa_node,
+            healthy=healthy,
+            mig_enabled=self.mig_enabled,
+            mig_instances=mig_instances if self.mig_enabled else (),
+            links=links,
+            ecc=ecc,
+        )
 
 
 @dataclass(frozen=True, slots=True)
